@@ -1,0 +1,3 @@
+from compress_dqn.cli import main
+
+main()

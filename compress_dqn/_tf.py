@@ -1,0 +1,49 @@
+"""The one place that imports TensorFlow: quiet by default, legacy Keras, thread settings.
+
+Every module that needs TensorFlow imports it from here, so the environment switches are set
+before the first import and `--help`, `validate` and the TFLite runtime never pay for it.
+Set COMPRESS_DQN_TF_LOGS=1 to see TensorFlow's own start-up logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from compress_dqn._quiet import quiet_stderr
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+with quiet_stderr():
+    import tensorflow as tf  # noqa: E402
+    import tf_keras  # noqa: E402
+
+    tf.get_logger().setLevel("ERROR")
+    # Touch the device list once while stderr is quiet: CUDA probing logs here too.
+    tf.config.list_physical_devices()
+
+__all__ = ["tf", "tf_keras", "configure_threads", "set_seed", "quiet_stderr"]
+
+
+def configure_threads(intra_op: int | None) -> None:
+    """Set TensorFlow's intra-op thread count (None keeps TensorFlow's default).
+
+    Small MLP updates run faster on one thread than on two on a 2-core machine: the matrices are
+    too small to amortise the synchronisation. Must run before the first TensorFlow op.
+    """
+    if intra_op is None:
+        return
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, intra_op))
+    except RuntimeError:  # already initialised in this process (tests, notebooks): keep going
+        pass
+
+
+def set_seed(seed: int) -> None:
+    """Seed TensorFlow's global generator and make CPU kernels deterministic."""
+    tf_keras.utils.set_random_seed(seed)
+    with contextlib.suppress(Exception):
+        tf.config.experimental.enable_op_determinism()

@@ -1,0 +1,124 @@
+"""The command line: parse, call, print. Heavy imports happen inside commands, so `--help` and
+`validate` never load TensorFlow. Bad input exits with code 2 and one line on stderr."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from compress_dqn import __version__
+from compress_dqn.errors import UserError
+
+EXIT_USAGE = 2
+
+
+def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn UserError into `error: ...` on stderr and exit code 2; Ctrl-C into a resume hint."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+        except KeyboardInterrupt:
+            click.echo("interrupted; rerun the same command to resume", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="compress-dqn")
+def main() -> None:
+    """Train a DQN baseline, compress it, export slim policies and measure what it cost."""
+
+
+def _load(recipe: str, seed: int | None, overrides: tuple[str, ...]):
+    from compress_dqn.recipe import load_recipe
+
+    extra = list(overrides)
+    if seed is not None:
+        extra.append(f"seed={seed}")
+    return load_recipe(recipe, extra)
+
+
+_set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+    help="Override a recipe key, e.g. --set train.total_timesteps=1000 (repeatable).",
+)
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--out", type=click.Path(path_type=Path), help="Run directory (default: runs/NAME[-seedN]). An interrupted run there is resumed.")
+@click.option("--seed", type=int, help="Override the recipe's seed.")
+@_set_option
+@click.option("--quiet", is_flag=True, help="No progress output.")
+@_user_errors
+def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, ...], quiet: bool) -> None:
+    """Train, export and evaluate the recipe's policies; writes RUN_DIR/results.json."""
+    loaded = _load(recipe, seed, overrides)
+    run_dir = out or Path("runs") / (loaded.name if seed is None else f"{loaded.name}-seed{seed}")
+    from compress_dqn.pipeline import run as run_pipeline
+
+    outcome = run_pipeline(loaded, run_dir, quiet=quiet, log=lambda m: click.echo(m, err=True))
+    baseline = outcome.results["variants"][0]
+    click.echo(json.dumps({"run_dir": str(outcome.run_dir), "baseline_return": baseline["return"]["mean"],
+                           "results": str(outcome.run_dir / "results.json")}))
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--seed", type=int, help="Override the recipe's seed.")
+@_set_option
+@_user_errors
+def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
+    """Check a recipe and its environment without training (and without importing TensorFlow)."""
+    loaded = _load(recipe, seed, overrides)
+    from compress_dqn.envs import env_info, make_env
+    from compress_dqn.replay import ReplayBuffer
+
+    env = make_env(loaded.env.id, loaded.env.kwargs, loaded.env.max_episode_steps)
+    info = env_info(env, loaded.env.id)
+    env.close()
+    capacity = loaded.train.buffer_size
+    if loaded.replay.memory is not None:
+        capacity = min(capacity, ReplayBuffer.capacity_for_budget(loaded.replay.memory, info.obs_shape, info.obs_dtype, info.n_actions))
+    nbytes = capacity * ReplayBuffer.bytes_per_row(info.obs_shape, info.obs_dtype, info.n_actions)
+    click.echo(
+        f"ok: {recipe}: {loaded.env.id} (obs {info.obs_shape} {info.obs_dtype}, {info.n_actions} actions), "
+        f"{loaded.train.total_timesteps} steps, replay {capacity} transitions = {nbytes / 2**20:.1f} MiB"
+    )
+
+
+@main.command()
+@click.argument("policy", type=click.Path(path_type=Path))
+@click.option("--env", "env_id", required=True, help="Gymnasium environment id, e.g. CartPole-v1.")
+@click.option("--episodes", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Episodes use seeds SEED..SEED+EPISODES-1.")
+@_user_errors
+def evaluate(policy: Path, env_id: str, episodes: int, seed: int) -> None:
+    """Play greedy episodes with a .tflite file or SavedModel directory; prints JSON."""
+    from compress_dqn.envs import env_info, make_env
+    from compress_dqn.evaluate import evaluate as run_evaluation
+    from compress_dqn.policy import check_compatible, load_policy
+    from compress_dqn.recipe import EnvConfig
+
+    env = make_env(env_id)
+    info = env_info(env, env_id)
+    env.close()
+    loaded = load_policy(policy)
+    check_compatible(loaded, info.obs_shape, info.n_actions, env_id, str(policy))
+    stats = run_evaluation(loaded.act, EnvConfig(id=env_id), episodes, seed)
+    click.echo(json.dumps({"policy": str(policy), "env_id": env_id, "seed": seed, "return": stats.to_dict()}))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

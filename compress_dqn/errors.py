@@ -1,0 +1,2 @@
+class UserError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""

@@ -1,0 +1,79 @@
+"""Greedy evaluation on fixed episode seeds, with a bootstrap confidence interval.
+
+Every variant is evaluated on the same seeds (eval.seed .. eval.seed + episodes - 1), so
+differences between variants are paired comparisons, not noise between episode draws.
+This module never imports TensorFlow: it takes any `act(obs) -> int`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from compress_dqn.envs import make_env
+from compress_dqn.recipe import EnvConfig
+
+Act = Callable[[np.ndarray], int]
+
+
+@dataclass(frozen=True)
+class ReturnStats:
+    """Per-episode returns and their summary, as stored in results.json."""
+
+    mean: float
+    std: float
+    ci95: tuple[float, float]
+    episodes: list[float]
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["ci95"] = list(self.ci95)
+        return data
+
+
+def bootstrap_ci(values: np.ndarray, confidence: float = 0.95, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean (fixed seed, so the same returns give the same CI)."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) < 2:
+        return float(values.mean()), float(values.mean())
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
+
+
+def summarize(returns: Iterable[float]) -> ReturnStats:
+    """Mean, std (population) and 95% bootstrap CI of episode returns."""
+    values = np.asarray(list(returns), dtype=np.float64)
+    return ReturnStats(
+        mean=float(values.mean()),
+        std=float(values.std()),
+        ci95=bootstrap_ci(values),
+        episodes=[float(v) for v in values],
+    )
+
+
+def run_episodes(act: Act, env: EnvConfig, seeds: Iterable[int]) -> list[float]:
+    """Play one greedy episode per seed and return the undiscounted returns."""
+    instance = make_env(env.id, env.kwargs, env.max_episode_steps)
+    returns = []
+    try:
+        for seed in seeds:
+            obs, _ = instance.reset(seed=int(seed))
+            total, done = 0.0, False
+            while not done:
+                obs, reward, terminated, truncated, _ = instance.step(act(obs))
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+    finally:
+        instance.close()
+    return returns
+
+
+def evaluate(act: Act, env: EnvConfig, episodes: int, seed: int) -> ReturnStats:
+    """Evaluate on seeds seed .. seed+episodes-1."""
+    return summarize(run_episodes(act, env, range(seed, seed + episodes)))

@@ -1,0 +1,84 @@
+"""Slim SavedModel and TFLite writers, both with one `serving_default` signature.
+
+The signature maps an observation batch `[None, *obs_shape]` (the environment's dtype) to
+`{"q_values": float32 [None, n_actions], "action": int32 [None]}`. The SavedModel tracks only
+the network's variables, not the Keras objects, optimizer or training graph, so it holds the
+weights and one inference function. Both are written under a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from compress_dqn._tf import quiet_stderr, tf, tf_keras
+
+SIGNATURE = "serving_default"
+INPUT_NAME = "observations"
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Swap a finished directory into place; the old one is removed only after the rename."""
+    old = final.with_name(f".old-{final.name}-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def serving_module(model: tf_keras.Model, obs_shape: Sequence[int], obs_dtype: np.dtype) -> tf.Module:
+    """A tf.Module holding only the model's variables and the serving function."""
+    module = tf.Module()
+    module.weights = list(model.weights)  # track variables only: no Keras metadata is saved
+
+    @tf.function(input_signature=[tf.TensorSpec([None, *obs_shape], tf.as_dtype(np.dtype(obs_dtype)), name=INPUT_NAME)])
+    def serve(observations):
+        q_values = model(tf.cast(observations, tf.float32), training=False)
+        return {"q_values": q_values, "action": tf.argmax(q_values, axis=-1, output_type=tf.int32)}
+
+    module.serve = serve
+    return module
+
+
+def export_saved_model(model: tf_keras.Model, obs_shape: Sequence[int], obs_dtype: np.dtype, path: Path) -> Path:
+    """Write a slim SavedModel directory at path (atomically)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    module = serving_module(model, obs_shape, obs_dtype)
+    with quiet_stderr():
+        tf.saved_model.save(module, str(tmp), signatures={SIGNATURE: module.serve})
+    _replace_dir(tmp, path)
+    return path
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write a file under a temporary name, fsync, then rename into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def export_tflite(
+    saved_model_dir: Path,
+    path: Path,
+    configure: Callable[[tf.lite.TFLiteConverter], None] | None = None,
+) -> Path:
+    """Convert a SavedModel's serving signature to a .tflite file (fp32 unless `configure` says otherwise)."""
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir), signature_keys=[SIGNATURE])
+    if configure is not None:
+        configure(converter)
+    with quiet_stderr():
+        data = converter.convert()
+    write_bytes_atomic(Path(path), data)
+    return Path(path)

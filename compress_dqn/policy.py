@@ -1,0 +1,173 @@
+"""Runtime policy loaders with one interface: `act(obs) -> int` and `q_values(batch)`.
+
+`TFLitePolicy` runs on `ai_edge_litert` alone and never imports TensorFlow: a deployed TFLite
+policy should cost megabytes, not the ~700 MB of a TensorFlow process. `SavedModelPolicy`
+imports TensorFlow lazily. A SavedModel is code: load one only from a source you trust.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from compress_dqn.errors import UserError
+
+SIGNATURE = "serving_default"
+_TFLITE_MAGIC = b"TFL3"
+
+
+class Policy(Protocol):
+    """What evaluation and measurement need from a policy artifact."""
+
+    obs_shape: tuple[int, ...]
+    n_actions: int
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray: ...
+    def act(self, obs: np.ndarray) -> int: ...
+
+
+class TFLitePolicy:
+    """A .tflite policy run by the LiteRT interpreter (XNNPACK on CPU)."""
+
+    def __init__(self, path: str | Path, num_threads: int = 1) -> None:
+        path = Path(path)
+        head = _read_head(path)
+        if head[4:8] != _TFLITE_MAGIC:
+            raise UserError(f"{path}: not a TFLite flatbuffer (no TFL3 identifier); pass a .tflite file written by compress-dqn")
+        from ai_edge_litert.interpreter import Interpreter
+
+        from compress_dqn._quiet import quiet_stderr
+
+        try:
+            with quiet_stderr():
+                self._interp = Interpreter(model_path=str(path), num_threads=num_threads)
+        except (ValueError, RuntimeError) as exc:
+            raise UserError(f"{path}: the TFLite runtime cannot load it ({str(exc).splitlines()[0]}); is it truncated?") from None
+        signatures = self._interp.get_signature_list()
+        if SIGNATURE not in signatures:
+            raise UserError(f"{path}: no {SIGNATURE!r} signature (has {sorted(signatures)}); export it with compress-dqn")
+        runner = self._interp.get_signature_runner(SIGNATURE)
+        inputs, outputs = runner.get_input_details(), runner.get_output_details()
+        if len(inputs) != 1 or not {"q_values", "action"} <= set(outputs):
+            raise UserError(
+                f"{path}: signature {SIGNATURE!r} maps {sorted(inputs)} -> {sorted(outputs)}; "
+                "expected one observation input -> q_values, action"
+            )
+        del runner  # it holds views into the interpreter, which would block resizing
+        self._in = next(iter(inputs.values()))
+        self._q = outputs["q_values"]
+        self._action = outputs["action"]
+        self.obs_shape = tuple(int(d) for d in self._in["shape_signature"][1:])
+        self.n_actions = int(self._q["shape_signature"][-1])
+        self.input_dtype = np.dtype(self._in["dtype"])
+        self._batch = 0
+        self._resize(1)
+
+    def _resize(self, batch: int) -> None:
+        if batch != self._batch:
+            self._interp.resize_tensor_input(self._in["index"], [batch, *self.obs_shape])
+            self._interp.allocate_tensors()
+            self._batch = batch
+
+    def _prepare(self, obs: np.ndarray) -> np.ndarray:
+        scale, zero_point = self._in["quantization"]
+        if scale and self.input_dtype.kind in "iu":  # full-integer model: quantize the input
+            info = np.iinfo(self.input_dtype)
+            obs = np.clip(np.round(np.asarray(obs, np.float32) / scale + zero_point), info.min, info.max)
+        return np.ascontiguousarray(obs, dtype=self.input_dtype)
+
+    def _run(self, obs: np.ndarray) -> None:
+        self._resize(len(obs))
+        self._interp.set_tensor(self._in["index"], self._prepare(obs))
+        self._interp.invoke()
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        self._run(np.asarray(obs))
+        q = self._interp.get_tensor(self._q["index"])
+        scale, zero_point = self._q["quantization"]
+        if scale and q.dtype.kind in "iu":
+            q = (q.astype(np.float32) - zero_point) * scale
+        return np.asarray(q, dtype=np.float32)
+
+    def act(self, obs: np.ndarray) -> int:
+        self._run(np.asarray(obs)[None])
+        return int(self._interp.get_tensor(self._action["index"])[0])
+
+
+class SavedModelPolicy:
+    """A SavedModel policy run by TensorFlow (imported on first use)."""
+
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        if not (path / "saved_model.pb").exists():
+            raise UserError(f"{path}: not a SavedModel directory (no saved_model.pb); pass a .tflite file or a SavedModel dir")
+        from compress_dqn._tf import tf
+
+        try:
+            loaded = tf.saved_model.load(str(path))
+        except Exception as exc:  # TensorFlow raises many types for corrupt files
+            raise UserError(f"{path}: TensorFlow cannot load this SavedModel ({type(exc).__name__}); is it complete?") from None
+        if SIGNATURE not in loaded.signatures:
+            raise UserError(f"{path}: no {SIGNATURE!r} signature (has {sorted(loaded.signatures)}); export it with compress-dqn")
+        self._loaded = loaded  # keep the variables alive
+        self._fn = loaded.signatures[SIGNATURE]
+        args = self._fn.structured_input_signature[1]
+        outputs = self._fn.structured_outputs
+        if len(args) != 1 or not {"q_values", "action"} <= set(outputs):
+            raise UserError(
+                f"{path}: signature {SIGNATURE!r} maps {sorted(args)} -> {sorted(outputs)}; "
+                "expected one observation input -> q_values, action"
+            )
+        (self._input_name, spec), = args.items()
+        self.obs_shape = tuple(int(d) for d in spec.shape[1:])
+        self.n_actions = int(outputs["q_values"].shape[-1])
+        self.input_dtype = np.dtype(spec.dtype.as_numpy_dtype)
+        self._tf = tf
+
+    def _call(self, obs: np.ndarray) -> dict:
+        return self._fn(**{self._input_name: self._tf.constant(np.asarray(obs, dtype=self.input_dtype))})
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        return self._call(obs)["q_values"].numpy()
+
+    def act(self, obs: np.ndarray) -> int:
+        return int(self._call(np.asarray(obs)[None])["action"].numpy()[0])
+
+
+def _read_head(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file; check the path") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory without saved_model.pb; pass a .tflite file or a SavedModel dir") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(head) < 8:
+        raise UserError(f"{path}: file is empty or truncated ({os.path.getsize(path)} bytes); re-export the policy")
+    return head
+
+
+def load_policy(path: str | Path, num_threads: int = 1) -> TFLitePolicy | SavedModelPolicy:
+    """A .tflite file or a SavedModel directory, chosen by what the path is."""
+    path = Path(path)
+    if path.is_dir():
+        return SavedModelPolicy(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such file or directory; pass a .tflite file or a SavedModel dir")
+    return TFLitePolicy(path, num_threads=num_threads)
+
+
+def check_compatible(policy: Policy, obs_shape: tuple[int, ...], n_actions: int, env_id: str, source: str) -> None:
+    """Refuse a policy whose observation or action sizes do not match the environment."""
+    if tuple(policy.obs_shape) != tuple(obs_shape):
+        raise UserError(
+            f"{source}: policy expects observations of shape {tuple(policy.obs_shape)} but {env_id} gives "
+            f"{tuple(obs_shape)}; pass the environment the policy was trained on"
+        )
+    if policy.n_actions != n_actions:
+        raise UserError(f"{source}: policy has {policy.n_actions} actions but {env_id} has {n_actions}")

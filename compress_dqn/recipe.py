@@ -1,0 +1,386 @@
+"""The YAML recipe as pydantic models: pure data, validated before anything runs.
+
+Keys follow the names RL users know from the RL Zoo / Stable-Baselines3 (`buffer_size`,
+`learning_starts`, `target_update_interval`, ...), with the same meaning, so a Zoo
+hyperparameter block can be pasted under `train:`. Errors name the dotted key, the bad value and
+what is allowed, in one line. This module must not import TensorFlow or numpy: `validate` and
+`--help` stay fast.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from compress_dqn.errors import UserError
+
+# ---------------------------------------------------------------------------------------------
+# Value types: counts written as 1e6, byte sizes written as "512MiB", closed intervals.
+# ---------------------------------------------------------------------------------------------
+
+_BYTE_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def _parse_count(value: Any) -> Any:
+    """Accept 50000, 5e4, "5e4" and "50_000" for integer counts; reject fractions and booleans."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a whole number")
+    if isinstance(value, str):
+        text = value.strip().replace("_", "")
+        try:
+            value = float(text) if any(c in text.lower() for c in ".e") else int(text)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a whole number (write e.g. 50000 or 5e4)") from None
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ValueError(f"{value!r} is not a whole number")
+        value = int(value)
+    return value
+
+
+def _parse_float(value: Any) -> Any:
+    """Accept 2.3e-3 written either way (YAML reads `1e-3` without a dot as a string)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a number")
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ValueError(f"{value!r} is not a number") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value!r} is not a finite number")
+    return value
+
+
+def parse_byte_size(value: Any) -> int:
+    """Parse 536870912, "512MiB", "1.5 GB" into bytes (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a size")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value) or value < 0 or value != int(value):
+            raise ValueError(f"{value!r} is not a whole number of bytes")
+        return int(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a size (write e.g. 512MiB)")
+    match = _SIZE_RE.match(value)
+    unit = match.group(2).lower() if match else ""
+    if not match or (unit and unit not in _BYTE_UNITS):
+        raise ValueError(
+            f"{value!r} is not a size; write a number with a unit from B, KB, MB, GB, TB, KiB, MiB, "
+            "GiB, TiB (e.g. 512MiB)"
+        )
+    return int(float(match.group(1)) * _BYTE_UNITS[unit or "b"])
+
+
+def _interval(lo: float | None, hi: float | None, lo_open: bool = False, hi_open: bool = False):
+    """A validator that says `1.5 is not in [0, 1]` rather than pydantic's generic wording."""
+
+    def fmt(x: float | None) -> str:
+        return "inf" if x is None else f"{x:g}"
+
+    text = f"{'(' if lo_open else '['}{fmt(lo)}, {fmt(hi)}{')' if hi_open else ']'}"
+
+    def check(value: Any) -> Any:
+        bad_lo = lo is not None and (value <= lo if lo_open else value < lo)
+        bad_hi = hi is not None and (value >= hi if hi_open else value > hi)
+        if bad_lo or bad_hi:
+            raise ValueError(f"{value!r} is not in {text}")
+        return value
+
+    return check
+
+
+def _count(lo: int = 0) -> Any:
+    return Annotated[int, BeforeValidator(_parse_count), AfterValidator(_interval(lo, None))]
+
+
+def _real(lo: float | None, hi: float | None, lo_open: bool = False, hi_open: bool = False) -> Any:
+    return Annotated[
+        float, BeforeValidator(_parse_float), AfterValidator(_interval(lo, hi, lo_open, hi_open))
+    ]
+
+
+Count = _count(0)
+PositiveCount = _count(1)
+Probability = _real(0.0, 1.0)
+ByteSize = Annotated[int, BeforeValidator(parse_byte_size)]
+
+
+class StrictModel(BaseModel):
+    """Rejects unknown keys with a did-you-mean and the list of valid keys."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            valid = list(cls.model_fields)
+            for key in data:
+                if key not in cls.model_fields:
+                    close = difflib.get_close_matches(str(key), valid, n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    raise PydanticCustomError(
+                        "unknown_key",
+                        "unknown key{hint}; valid keys: {valid}",
+                        {"key": str(key), "hint": hint, "valid": ", ".join(valid)},
+                    )
+        return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------
+
+
+class EnvConfig(StrictModel):
+    """Which gymnasium environment to train and evaluate on."""
+
+    id: str = Field(min_length=1)
+    """A registered gymnasium id, e.g. CartPole-v1 or LunarLander-v3. Discrete actions only."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments passed to gymnasium.make."""
+    max_episode_steps: Annotated[int | None, BeforeValidator(_parse_count)] = None
+    """Override the environment's time limit (episodes end truncated, and bootstrap)."""
+
+
+class TrainConfig(StrictModel):
+    """DQN hyperparameters, named and defined as in Stable-Baselines3 / the RL Zoo."""
+
+    total_timesteps: PositiveCount = 50_000
+    """Environment steps to train for (the Zoo's n_timesteps)."""
+    net_arch: list[Annotated[int, BeforeValidator(_parse_count)]] = Field(default_factory=lambda: [64, 64])
+    """Hidden layer widths of the MLP Q-network."""
+    activation: Literal["relu", "tanh"] = "relu"
+    """Hidden layer activation."""
+    learning_rate: _real(0.0, 1.0, lo_open=True) = 1e-4
+    """Adam step size."""
+    buffer_size: PositiveCount = 1_000_000
+    """Replay capacity in transitions; replay.memory can bound it further by bytes."""
+    learning_starts: Count = 100
+    """Environment steps collected before the first gradient step."""
+    batch_size: PositiveCount = 32
+    """Transitions per gradient step."""
+    gamma: Probability = 0.99
+    """Discount factor."""
+    tau: _real(0.0, 1.0, lo_open=True) = 1.0
+    """Target update coefficient: 1.0 is a hard copy, smaller values are Polyak averaging."""
+    target_update_interval: PositiveCount = 10_000
+    """Environment steps between target network updates (SB3 counts env steps, not updates)."""
+    train_freq: PositiveCount = 4
+    """Environment steps between training phases."""
+    gradient_steps: PositiveCount = 1
+    """Gradient steps per training phase."""
+    exploration_fraction: Probability = 0.1
+    """Share of total_timesteps over which epsilon decays linearly."""
+    exploration_initial_eps: Probability = 1.0
+    """Epsilon at the start."""
+    exploration_final_eps: Probability = 0.05
+    """Epsilon after the decay."""
+    max_grad_norm: _real(0.0, None, lo_open=True) | None = 10.0
+    """Clip the global gradient norm to this (null: no clipping)."""
+    double_dqn: bool = False
+    """Pick next actions with the online network, value them with the target (van Hasselt 2016)."""
+    loss: Literal["huber", "mse"] = "huber"
+    """TD loss; SB3 uses Huber (smooth L1)."""
+    checkpoint_interval: PositiveCount = 10_000
+    """Environment steps between checkpoints (taken at the next episode end, for exact resume)."""
+    eval_interval: Count = 0
+    """Environment steps between evaluations that keep the best weights (0: keep the last)."""
+    eval_episodes: PositiveCount = 10
+    """Episodes per periodic evaluation."""
+    eval_seed: Count = 100_000
+    """First seed of the periodic evaluations; kept apart from eval.seed so the final score is unbiased."""
+    jit_compile: bool = True
+    """Compile the update step with XLA."""
+    intra_op_threads: Annotated[int | None, BeforeValidator(_parse_count)] = None
+    """TensorFlow intra-op threads (null: TensorFlow's default). 1 is fastest for small MLPs."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.exploration_final_eps > self.exploration_initial_eps:
+            raise ValueError(
+                f"exploration_final_eps {self.exploration_final_eps} is above exploration_initial_eps "
+                f"{self.exploration_initial_eps}; epsilon only decays"
+            )
+        if any(width < 1 for width in self.net_arch):
+            raise ValueError(f"net_arch {self.net_arch} has a layer width below 1")
+        return self
+
+
+class ReplayConfig(StrictModel):
+    """Replay buffer bounds beyond train.buffer_size."""
+
+    memory: ByteSize | None = None
+    """Byte budget for the buffer (e.g. 512MiB); the capacity is the smaller of this and buffer_size."""
+
+
+class EvalConfig(StrictModel):
+    """Final evaluation: greedy episodes on fixed seeds, shared by every variant."""
+
+    episodes: PositiveCount = 100
+    """Number of episodes."""
+    seed: Count = 0
+    """Episodes use seeds seed .. seed+episodes-1."""
+
+
+class Recipe(StrictModel):
+    """One experiment: environment, training, replay, evaluation."""
+
+    name: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """Run name (letters, digits, '.', '_' and '-'); defaults to the recipe file's stem."""
+    seed: Count = 0
+    """Seeds the environment, exploration, replay sampling and network initialisation."""
+    env: EnvConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _seeds_apart(self) -> Recipe:
+        if self.train.eval_interval:
+            lo, hi = self.train.eval_seed, self.train.eval_seed + self.train.eval_episodes
+            if lo < self.eval.seed + self.eval.episodes and self.eval.seed < hi:
+                raise ValueError(
+                    f"train.eval_seed range [{lo}, {hi}) overlaps eval.seed range "
+                    f"[{self.eval.seed}, {self.eval.seed + self.eval.episodes}); move train.eval_seed "
+                    "so model selection never sees the final evaluation episodes"
+                )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, as written to the run directory's recipe.yaml."""
+        return self.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and error formatting
+# ---------------------------------------------------------------------------------------------
+
+
+def _format_error(error: Any) -> str:
+    loc = ".".join(str(part) for part in error["loc"])
+    kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    if kind == "unknown_key":
+        where = f"{loc}.{ctx['key']}" if loc else ctx["key"]
+        return f"{where}: {error['msg']}"
+    if kind == "missing":
+        return f"{loc}: required key is missing"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{loc or 'recipe'}: expected a mapping of keys, got {value!r}"
+    message = error["msg"]
+    if kind == "value_error":
+        message = message.removeprefix("Value error, ")
+        return f"{loc}: {message}" if loc else message
+    if kind == "literal_error":
+        return f"{loc}: {value!r} is not allowed; expected {ctx.get('expected', message)}"
+    return f"{loc}: {value!r} is invalid: {message[0].lower()}{message[1:]}"
+
+
+def format_validation_error(exc: ValidationError, limit: int = 3) -> str:
+    """One line: the first few problems, each as `dotted.key: what is wrong; what is allowed`."""
+    errors = exc.errors(include_url=False)
+    text = "; ".join(_format_error(e) for e in errors[:limit])
+    if len(errors) > limit:
+        text += f" (and {len(errors) - limit} more)"
+    return text.replace("\n", " ")
+
+
+def _apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply `train.gamma=0.9` (the value is read as YAML) to the raw recipe data."""
+    key, sep, raw = override.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"--set {override!r}: write KEY=VALUE, e.g. --set train.total_timesteps=1000")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise UserError(f"--set {override!r}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read YAML data safely, turning every way a file can be bad into one-line UserErrors."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file; check the path") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory; pass a recipe .yaml file") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise UserError(f"{path}: YAML syntax error{where}: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: YAML error: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise UserError(f"{path}: YAML nests too deeply (recursive anchors?)") from None
+
+
+def recipe_from_data(data: Any, source: str = "recipe", overrides: tuple[str, ...] = ()) -> Recipe:
+    """Validate already-parsed recipe data (used by load_recipe and by resume checks)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    for override in overrides:
+        _apply_override(data, override)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(f"{source}: {format_validation_error(exc)}") from None
+    except RecursionError:
+        raise UserError(f"{source}: recipe nests too deeply (recursive anchors?)") from None
+
+
+def load_recipe(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe:
+    """Load and validate a recipe file; the name defaults to the file's stem."""
+    path = Path(path)
+    data = read_yaml(path)
+    if isinstance(data, dict) and "name" not in data:
+        data["name"] = re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem) or "run"
+    return recipe_from_data(data, str(path), tuple(overrides))

@@ -1,0 +1,470 @@
+"""The DQN loop: reads top to bottom like CleanRL's dqn.py, but importable and resumable.
+
+Semantics follow Stable-Baselines3 so RL Zoo hyperparameters mean the same thing here:
+training phases every `train_freq` env steps once `learning_starts` have passed, each of
+`gradient_steps` updates; target updates counted in env steps. Speed comes from doing each
+training phase as ONE XLA-compiled call (the target network is constant during a phase, so its
+forward pass is batched over the whole phase) and from acting in numpy, not eager TensorFlow.
+
+Checkpoints (weights, optimizer, replay, counters, RNG states; npz + JSON, no pickle) are taken
+at the first episode end after each `checkpoint_interval`, so a resumed run replays exactly the
+same stream as an uninterrupted one on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from compress_dqn._tf import configure_threads, set_seed, tf, tf_keras
+from compress_dqn.envs import EnvInfo, env_info, make_env, rng_state, seed_env, set_rng_state
+from compress_dqn.evaluate import run_episodes
+from compress_dqn.networks import build_q_network, make_actor
+from compress_dqn.progress import Progress
+from compress_dqn.recipe import EnvConfig, ReplayConfig, TrainConfig
+from compress_dqn.replay import ReplayBuffer
+
+
+class TrainHooks(Protocol):
+    """Callbacks into the loop, so pruning and QAT fine-tunes reuse it instead of copying it.
+
+    Set `per_gradient_step = True` to get `on_gradient_step` before every gradient step (tfmot's
+    pruning step must advance once per update); the loop then runs updates one call each.
+    """
+
+    per_gradient_step: bool
+
+    def on_train_begin(self, trainer: DQNTrainer) -> None: ...
+    def on_gradient_step(self, trainer: DQNTrainer) -> None: ...
+    def on_phase_end(self, trainer: DQNTrainer) -> None: ...
+    def on_train_end(self, trainer: DQNTrainer) -> None: ...
+
+
+class Interrupt(Exception):
+    """Raised by a hook to stop training at once (tests simulate a crash with it)."""
+
+
+@dataclass
+class TrainResult:
+    """What training produced; the model holds the kept (best or last) weights."""
+
+    model: tf_keras.Model
+    replay: ReplayBuffer
+    info: EnvInfo
+    env_steps: int
+    gradient_steps: int
+    episodes: int
+    wall_seconds: float
+    env_steps_per_second: float
+    resumed_from: int | None
+    selected_step: int | None
+    selected_return: float | None
+    episode_returns: list[float] = field(default_factory=list)
+
+
+def linear_epsilon(step: int, cfg: TrainConfig) -> float:
+    """SB3's linear schedule: initial -> final over exploration_fraction of the run."""
+    span = cfg.exploration_fraction * cfg.total_timesteps
+    progress = 1.0 if span <= 0 else min(1.0, step / span)
+    return cfg.exploration_initial_eps + progress * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
+
+
+def make_update_fn(
+    model: tf_keras.Model,
+    target: tf_keras.Model,
+    optimizer: tf_keras.optimizers.Optimizer,
+    cfg: TrainConfig,
+) -> Any:
+    """Build `update(obs, actions, rewards, next_obs, terminated)` over K stacked batches.
+
+    Inputs have a leading phase axis K; the call runs K gradient steps and returns the mean
+    loss and mean Q. Compiled with XLA when cfg.jit_compile.
+    """
+    gamma = tf.constant(cfg.gamma, tf.float32)
+
+    def td_loss(error: tf.Tensor) -> tf.Tensor:
+        if cfg.loss == "huber":
+            abs_error = tf.abs(error)
+            return tf.reduce_mean(tf.where(abs_error < 1.0, 0.5 * tf.square(error), abs_error - 0.5))
+        return tf.reduce_mean(tf.square(error))
+
+    def one_step(obs, actions, td_target):
+        with tf.GradientTape() as tape:
+            q_all = model(obs, training=True)
+            q_taken = tf.gather(q_all, actions, batch_dims=1)
+            loss = td_loss(tf.stop_gradient(td_target) - q_taken)
+        grads = tape.gradient(loss, model.trainable_variables)
+        if cfg.max_grad_norm is not None:
+            grads, _ = tf.clip_by_global_norm(grads, cfg.max_grad_norm)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss, tf.reduce_mean(q_taken)
+
+    @tf.function(jit_compile=cfg.jit_compile, reduce_retracing=True)
+    def update(obs, actions, rewards, next_obs, terminated):
+        k_steps = tf.shape(obs)[0]
+        batch = tf.shape(obs)[1]
+        if not cfg.double_dqn:
+            # The target network is fixed for the phase: one batched forward pass for all K steps.
+            flat_next = tf.reshape(next_obs, tf.concat([[k_steps * batch], tf.shape(next_obs)[2:]], 0))
+            next_q = tf.reshape(target(flat_next, training=False), [k_steps, batch, -1])
+            all_targets = rewards + gamma * (1.0 - terminated) * tf.reduce_max(next_q, axis=-1)
+        total_loss = tf.constant(0.0)
+        total_q = tf.constant(0.0)
+        for k in tf.range(k_steps):
+            if cfg.double_dqn:
+                next_actions = tf.argmax(model(next_obs[k], training=False), axis=-1, output_type=tf.int32)
+                next_values = tf.gather(target(next_obs[k], training=False), next_actions, batch_dims=1)
+                td_target = rewards[k] + gamma * (1.0 - terminated[k]) * next_values
+            else:
+                td_target = all_targets[k]
+            loss, q_mean = one_step(obs[k], actions[k], td_target)
+            total_loss += loss
+            total_q += q_mean
+        steps = tf.cast(k_steps, tf.float32)
+        return total_loss / steps, total_q / steps
+
+    return update
+
+
+def make_soft_update_fn(model: tf_keras.Model, target: tf_keras.Model) -> Any:
+    """target <- tau * online + (1 - tau) * target, over all weights."""
+
+    @tf.function
+    def soft_update(tau):
+        for online_var, target_var in zip(model.weights, target.weights):
+            target_var.assign(tau * online_var + (1.0 - tau) * target_var)
+
+    return soft_update
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: a directory per checkpoint, written under a temporary name and renamed.
+# ---------------------------------------------------------------------------------------------
+
+
+def _save_arrays(path: Path, arrays: list[np.ndarray] | dict[str, np.ndarray]) -> None:
+    if isinstance(arrays, list):
+        arrays = {f"a{i:04d}": a for i, a in enumerate(arrays)}
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def _load_arrays(path: Path) -> list[np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return [data[k] for k in sorted(data.files)]
+
+
+def _load_dict(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The newest complete checkpoint, or None."""
+    pointer = ckpt_dir / "latest"
+    if not pointer.exists():
+        return None
+    path = ckpt_dir / pointer.read_text().strip()
+    return path if (path / "state.json").exists() else None
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a small file under a temporary name, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------
+
+
+class DQNTrainer:
+    """Trains one Q-network on one environment; resumable from its checkpoint directory."""
+
+    def __init__(
+        self,
+        train: TrainConfig,
+        env: EnvConfig,
+        replay: ReplayConfig | None = None,
+        seed: int = 0,
+        ckpt_dir: Path | None = None,
+        tb_dir: Path | None = None,
+        hooks: tuple[TrainHooks, ...] = (),
+        label: str = "train",
+        quiet: bool = False,
+    ) -> None:
+        self.cfg, self.env_cfg, self.replay_cfg = train, env, replay or ReplayConfig()
+        self.seed, self.ckpt_dir, self.tb_dir = seed, ckpt_dir, tb_dir
+        self.hooks, self.label, self.quiet = hooks, label, quiet
+        self.step = 0
+        self.gradient_step = 0
+        self.episodes = 0
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        cfg = self.cfg
+        configure_threads(cfg.intra_op_threads)
+        set_seed(self.seed)
+        self.env = make_env(self.env_cfg.id, self.env_cfg.kwargs, self.env_cfg.max_episode_steps)
+        self.info = env_info(self.env, self.env_cfg.id)
+        capacity = cfg.buffer_size
+        if self.replay_cfg.memory is not None:
+            capacity = min(
+                capacity,
+                ReplayBuffer.capacity_for_budget(
+                    self.replay_cfg.memory, self.info.obs_shape, self.info.obs_dtype, self.info.n_actions
+                ),
+            )
+        self.replay = ReplayBuffer(capacity, self.info.obs_shape, self.info.obs_dtype, self.info.n_actions, self.seed)
+        self.model = build_q_network(self.info.obs_shape, self.info.n_actions, cfg.net_arch, cfg.activation)
+        self.target = build_q_network(
+            self.info.obs_shape, self.info.n_actions, cfg.net_arch, cfg.activation, name="target"
+        )
+        self.target.set_weights(self.model.get_weights())
+        self.optimizer = tf_keras.optimizers.Adam(cfg.learning_rate)
+        self.optimizer.build(self.model.trainable_variables)
+        self.update = make_update_fn(self.model, self.target, self.optimizer, cfg)
+        self.soft_update = make_soft_update_fn(self.model, self.target)
+        self.actor = make_actor(self.model)
+        self.rng = np.random.default_rng(self.seed)
+        self.pending_target_updates = 0
+        self.recent_returns: deque[float] = deque(maxlen=20)
+        self.episode_returns: list[float] = []
+        self.best_return: float | None = None
+        self.best_step: int | None = None
+        self.best_weights: list[np.ndarray] | None = None
+        self.next_checkpoint = self.cfg.checkpoint_interval
+        self.next_eval = self.cfg.eval_interval or None
+        self.elapsed_before = 0.0
+        self.writer = tf.summary.create_file_writer(str(self.tb_dir)) if self.tb_dir else None
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _flush_target(self) -> None:
+        """Apply pending target updates in closed form: n Polyak steps of tau = one of 1-(1-tau)^n."""
+        if self.pending_target_updates:
+            tau = 1.0 - (1.0 - self.cfg.tau) ** self.pending_target_updates
+            if tau >= 1.0:
+                self.target.set_weights(self.model.get_weights())
+            else:
+                self.soft_update(tf.constant(tau, tf.float32))
+            self.pending_target_updates = 0
+
+    def save_checkpoint(self) -> Path:
+        assert self.ckpt_dir is not None
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        name = f"step-{self.step:09d}"
+        tmp = self.ckpt_dir / f".tmp-{name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _save_arrays(tmp / "model.npz", self.model.get_weights())
+        _save_arrays(tmp / "target.npz", self.target.get_weights())
+        _save_arrays(tmp / "optimizer.npz", [v.numpy() for v in self.optimizer.variables()])
+        _save_arrays(tmp / "replay.npz", self.replay.state_dict())
+        if self.best_weights is not None:
+            _save_arrays(tmp / "best.npz", self.best_weights)
+        state = {
+            "step": self.step,
+            "gradient_step": self.gradient_step,
+            "episodes": self.episodes,
+            "pending_target_updates": self.pending_target_updates,
+            "next_checkpoint": self.next_checkpoint,
+            "next_eval": self.next_eval,
+            "best_return": self.best_return,
+            "best_step": self.best_step,
+            "episode_returns": self.episode_returns,
+            "elapsed": self.elapsed_before + (time.perf_counter() - self._t0),
+            "rng": json.dumps(self.rng.bit_generator.state),
+            "env_rng": rng_state(self.env),
+        }
+        atomic_write_text(tmp / "state.json", json.dumps(state))
+        final = self.ckpt_dir / name
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        previous = latest_checkpoint(self.ckpt_dir)
+        atomic_write_text(self.ckpt_dir / "latest", name)
+        if previous is not None and previous != final:
+            shutil.rmtree(previous, ignore_errors=True)
+        return final
+
+    def _restore(self, path: Path) -> None:
+        state = json.loads((path / "state.json").read_text())
+        self.model.set_weights(_load_arrays(path / "model.npz"))
+        self.target.set_weights(_load_arrays(path / "target.npz"))
+        for var, value in zip(self.optimizer.variables(), _load_arrays(path / "optimizer.npz")):
+            var.assign(value)
+        self.replay.load_state_dict(_load_dict(path / "replay.npz"))
+        if (path / "best.npz").exists():
+            self.best_weights = _load_arrays(path / "best.npz")
+        self.step, self.gradient_step, self.episodes = state["step"], state["gradient_step"], state["episodes"]
+        self.pending_target_updates = state["pending_target_updates"]
+        self.next_checkpoint, self.next_eval = state["next_checkpoint"], state["next_eval"]
+        self.best_return, self.best_step = state["best_return"], state["best_step"]
+        self.episode_returns = state["episode_returns"]
+        self.recent_returns.extend(self.episode_returns[-20:])
+        self.elapsed_before = state["elapsed"]
+        bit_generator = np.random.PCG64()
+        bit_generator.state = json.loads(state["rng"])
+        self.rng = np.random.Generator(bit_generator)
+        set_rng_state(self.env, state["env_rng"])
+        self.actor.refresh()
+
+    # -- evaluation for model selection --------------------------------------------------------
+
+    def _periodic_eval(self) -> None:
+        seeds = range(self.cfg.eval_seed, self.cfg.eval_seed + self.cfg.eval_episodes)
+        returns = run_episodes(self.actor.act, self.env_cfg, seeds)
+        mean = float(np.mean(returns))
+        self._scalar("eval/mean_return", mean)
+        if self.best_return is None or mean >= self.best_return:
+            self.best_return, self.best_step = mean, self.step
+            self.best_weights = self.model.get_weights()
+        self.progress.message(
+            f"[{self.label}] step {self.step}: eval return {mean:.1f} (best {self.best_return:.1f} at {self.best_step})"
+        )
+
+    def _scalar(self, name: str, value: float) -> None:
+        if self.writer is not None:
+            with self.writer.as_default():
+                tf.summary.scalar(name, value, step=self.step)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _train_phase(self) -> tuple[float, float]:
+        cfg = self.cfg
+        self._flush_target()
+        k_steps, batch = cfg.gradient_steps, cfg.batch_size
+        idx = self.replay.sample_indices(k_steps * batch)
+        b = self.replay.gather(idx)
+
+        def stack(x: np.ndarray) -> np.ndarray:
+            return x.reshape((k_steps, batch) + x.shape[1:])
+
+        obs, next_obs = stack(b.observations), stack(b.next_observations)
+        actions = stack(b.actions.astype(np.int32))
+        rewards, terminated = stack(b.rewards), stack(b.terminated)
+        if any(h.per_gradient_step for h in self.hooks):
+            losses = []
+            for k in range(k_steps):
+                for hook in self.hooks:
+                    hook.on_gradient_step(self)
+                losses.append(self.update(obs[k : k + 1], actions[k : k + 1], rewards[k : k + 1],
+                                          next_obs[k : k + 1], terminated[k : k + 1]))
+                self.gradient_step += 1
+            loss, q_mean = (float(np.mean([float(x[i]) for x in losses])) for i in range(2))
+        else:
+            loss_t, q_t = self.update(obs, actions, rewards, next_obs, terminated)
+            loss, q_mean = float(loss_t), float(q_t)
+            self.gradient_step += k_steps
+        if not np.isfinite(loss):
+            raise FloatingPointError(
+                f"[{self.label}] loss became {loss} at step {self.step}; lower train.learning_rate "
+                "or set train.max_grad_norm (the last checkpoint is kept)"
+            )
+        self.actor.refresh()
+        for hook in self.hooks:
+            hook.on_phase_end(self)
+        return loss, q_mean
+
+    def train(self) -> TrainResult:
+        """Run (or resume) training to cfg.total_timesteps and return the kept model."""
+        cfg = self.cfg
+        self._build()
+        resumed_from = None
+        ckpt = latest_checkpoint(self.ckpt_dir) if self.ckpt_dir else None
+        self._t0 = time.perf_counter()
+        if ckpt is not None:
+            self._restore(ckpt)
+            resumed_from = self.step
+            obs, _ = self.env.reset()
+        else:
+            obs = seed_env(self.env, self.seed)
+        self.progress = Progress(self.label, cfg.total_timesteps, self.step, self.quiet)
+        if resumed_from is not None:
+            self.progress.message(f"[{self.label}] resuming from checkpoint at step {resumed_from}")
+        for hook in self.hooks:
+            hook.on_train_begin(self)
+        episode_return, episode_len = 0.0, 0
+        start_step = self.step
+        try:
+            while self.step < cfg.total_timesteps:
+                # 1. Act: epsilon-greedy with the numpy actor.
+                if self.rng.random() < linear_epsilon(self.step, cfg):
+                    action = int(self.rng.integers(self.info.n_actions))
+                else:
+                    action = self.actor.act(obs)
+                next_obs, reward, terminated, truncated, _ = self.env.step(action)
+                self.replay.add(obs, action, reward, next_obs, terminated, truncated)
+                obs = next_obs
+                episode_return += float(reward)
+                episode_len += 1
+                self.step += 1
+                # 2. Target updates are counted in env steps (as in SB3) and applied lazily.
+                if self.step % cfg.target_update_interval == 0:
+                    self.pending_target_updates += 1
+                # 3. Train every train_freq steps once learning_starts have passed.
+                if self.step % cfg.train_freq == 0 and self.step > cfg.learning_starts:
+                    loss, q_mean = self._train_phase()
+                    self._scalar("train/loss", loss)
+                    self._scalar("train/q_mean", q_mean)
+                    self._scalar("train/epsilon", linear_epsilon(self.step, cfg))
+                    self.progress.update(self.step, float(np.mean(self.recent_returns)) if self.recent_returns else None)
+                if self.next_eval is not None and self.step >= self.next_eval:
+                    self._periodic_eval()
+                    self.next_eval += cfg.eval_interval
+                # 4. Episode end: log, reset, and checkpoint here (resume is exact at episode ends).
+                if terminated or truncated:
+                    self.episodes += 1
+                    self.episode_returns.append(episode_return)
+                    self.recent_returns.append(episode_return)
+                    self._scalar("train/episode_return", episode_return)
+                    self._scalar("train/episode_length", episode_len)
+                    episode_return, episode_len = 0.0, 0
+                    if self.ckpt_dir is not None and self.step >= self.next_checkpoint:
+                        while self.next_checkpoint <= self.step:
+                            self.next_checkpoint += cfg.checkpoint_interval
+                        self.save_checkpoint()
+                    obs, _ = self.env.reset()
+            if self.next_eval is not None and (self.best_step is None or self.best_step < self.step):
+                self._periodic_eval()  # the final weights are a candidate too
+        finally:
+            self.progress.update(self.step, float(np.mean(self.recent_returns)) if self.recent_returns else None)
+            self.progress.close()
+            if self.writer is not None:
+                self.writer.flush()
+        self._flush_target()
+        for hook in self.hooks:
+            hook.on_train_end(self)
+        wall = self.elapsed_before + (time.perf_counter() - self._t0)
+        run_seconds = time.perf_counter() - self._t0
+        if self.best_weights is not None:
+            self.model.set_weights(self.best_weights)
+        self.env.close()
+        return TrainResult(
+            model=self.model,
+            replay=self.replay,
+            info=self.info,
+            env_steps=self.step,
+            gradient_steps=self.gradient_step,
+            episodes=self.episodes,
+            wall_seconds=wall,
+            env_steps_per_second=(self.step - start_step) / run_seconds if run_seconds > 0 else 0.0,
+            resumed_from=resumed_from,
+            selected_step=self.best_step,
+            selected_return=self.best_return,
+            episode_returns=list(self.episode_returns),
+        )

@@ -1,0 +1,123 @@
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from compress_dqn.errors import UserError
+from compress_dqn.recipe import load_recipe, parse_byte_size
+
+from conftest import ROOT, TINY, cli
+
+
+def write(tmp_path, text: str, name: str = "r.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def error_of(path, overrides=()):
+    with pytest.raises(UserError) as exc:
+        load_recipe(path, overrides)
+    return str(exc.value)
+
+
+def test_shipped_recipes_are_valid():
+    for path in (ROOT / "recipes").glob("*.yaml"):
+        recipe = load_recipe(path)
+        assert recipe.name == path.stem
+
+
+def test_scientific_counts_sizes_and_floats(tmp_path):
+    path = write(tmp_path, "env: {id: CartPole-v1}\ntrain: {buffer_size: 1e6, total_timesteps: '5e4', learning_rate: 1e-3}\nreplay: {memory: 256MiB}\n")
+    recipe = load_recipe(path)
+    assert recipe.train.buffer_size == 1_000_000
+    assert recipe.train.total_timesteps == 50_000
+    assert recipe.train.learning_rate == pytest.approx(1e-3)
+    assert recipe.replay.memory == 256 * 2**20
+    assert recipe.name == "r"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("512MiB", 512 * 2**20), ("1GB", 10**9), ("1.5 GiB", int(1.5 * 2**30)), (4096, 4096), ("100", 100),
+])
+def test_byte_sizes(text, expected):
+    assert parse_byte_size(text) == expected
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("train: {gamma: 1.5}", "train.gamma: 1.5 is not in [0, 1]"),
+    ("train: {gama: 0.9}", "train.gama: unknown key (did you mean 'gamma'?)"),
+    ("train: {batch_size: 0.5}", "train.batch_size: 0.5 is not a whole number"),
+    ("train: {batch_size: 0}", "train.batch_size: 0 is not in [1, inf]"),
+    ("train: {learning_rate: 0}", "train.learning_rate: 0.0 is not in (0, 1]"),
+    ("train: {loss: l1}", "train.loss: 'l1' is not allowed; expected 'huber' or 'mse'"),
+    ("train: 5", "train: expected a mapping of keys, got 5"),
+    ("replay: {memory: 12XB}", "replay.memory: '12XB' is not a size"),
+    ("train: {exploration_initial_eps: 0.1, exploration_final_eps: 0.5}", "epsilon only decays"),
+])
+def test_errors_name_the_key_value_and_what_is_allowed(tmp_path, body, fragment):
+    message = error_of(write(tmp_path, f"env: {{id: CartPole-v1}}\n{body}\n"))
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_missing_env_and_bad_yaml_and_bytes(tmp_path):
+    assert "env: required key is missing" in error_of(write(tmp_path, "seed: 1\n"))
+    assert "YAML syntax error at line 3, column 1" in error_of(write(tmp_path, "env:\n  id: [CartPole\n"))
+    bad = tmp_path / "bin.yaml"
+    bad.write_bytes(b"env: {id: \xff\xfe}\n")
+    assert "not UTF-8" in error_of(bad)
+    assert "no such file" in error_of(tmp_path / "nope.yaml")
+    assert "expected a mapping" in error_of(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_overlapping_selection_seeds_rejected(tmp_path):
+    path = write(tmp_path, "env: {id: CartPole-v1}\ntrain: {eval_interval: 100, eval_seed: 5}\neval: {seed: 0, episodes: 10}\n")
+    assert "overlaps eval.seed range" in error_of(path)
+
+
+def test_overrides(tmp_path):
+    recipe = load_recipe(TINY, ["train.gamma=0.5", "seed=3"])
+    assert recipe.train.gamma == 0.5 and recipe.seed == 3
+    assert "train.gamma: 2.0 is not in [0, 1]" in error_of(TINY, ["train.gamma=2"])
+
+
+def test_validate_cli_bad_recipe_exits_2_with_one_line(tmp_path):
+    path = write(tmp_path, "env: {id: CartPole-v1}\ntrain: {gamma: 1.5}\n")
+    result = cli("validate", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "train.gamma: 1.5 is not in [0, 1]" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_validate_and_help_do_not_import_tensorflow():
+    code = (
+        "import sys, time; t=time.perf_counter()\n"
+        "from compress_dqn.cli import main\n"
+        "for args in (['--help'], ['validate', sys.argv[1]]):\n"
+        "    try:\n"
+        "        main(args)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code in (0, None), e.code\n"
+        "print('TF', 'tensorflow' in sys.modules, time.perf_counter() - t)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(TINY)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    flag, seconds = result.stdout.strip().splitlines()[-1].split()[1:]
+    assert flag == "False"
+    assert float(seconds) < 3.0  # ~0.5 s here; generous for a loaded CI machine
+
+
+def test_validate_cli_reports_env_and_replay_size():
+    result = cli("validate", str(TINY))
+    assert result.returncode == 0, result.stderr
+    assert "CartPole-v1" in result.stdout and "replay 1000 transitions" in result.stdout
+
+
+def test_validate_rejects_unknown_env(tmp_path):
+    result = cli("validate", str(write(tmp_path, "env: {id: CartPol-v1}\n")))
+    assert result.returncode == 2
+    assert "did you mean CartPole-v1" in result.stderr

@@ -1,0 +1,109 @@
+"""The DQN loop: schedules, the fused update, and exact resume."""
+
+import numpy as np
+import pytest
+
+from compress_dqn.recipe import load_recipe
+from compress_dqn.train import DQNTrainer, Interrupt, latest_checkpoint, linear_epsilon
+
+from conftest import TINY
+
+
+def tiny(**overrides):
+    return load_recipe(TINY, [f"{k}={v}" for k, v in overrides.items()])
+
+
+def test_linear_epsilon_matches_sb3():
+    cfg = tiny(**{"train.total_timesteps": 1000, "train.exploration_fraction": 0.1,
+                  "train.exploration_final_eps": 0.05}).train
+    assert linear_epsilon(0, cfg) == 1.0
+    assert np.isclose(linear_epsilon(50, cfg), 0.525)
+    assert linear_epsilon(100, cfg) == pytest.approx(0.05)
+    assert linear_epsilon(900, cfg) == pytest.approx(0.05)
+
+
+class StepHook:
+    """Counts gradient steps one by one (forces the unfused path)."""
+
+    per_gradient_step = True
+
+    def __init__(self):
+        self.calls = 0
+
+    def on_train_begin(self, trainer): pass
+    def on_gradient_step(self, trainer): self.calls += 1
+    def on_phase_end(self, trainer): pass
+    def on_train_end(self, trainer): pass
+
+
+class CrashAt(StepHook):
+    """Simulates a crash (kill) once training passes a step."""
+
+    per_gradient_step = False
+
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_phase_end(self, trainer):
+        if trainer.step >= self.step:
+            raise Interrupt(f"crash at {trainer.step}")
+
+
+def train(recipe, **kwargs):
+    return DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=recipe.seed, quiet=True, **kwargs).train()
+
+
+def test_counts_match_sb3_semantics():
+    recipe = tiny()
+    result = train(recipe)
+    cfg = recipe.train
+    phases = sum(1 for s in range(1, cfg.total_timesteps + 1) if s % cfg.train_freq == 0 and s > cfg.learning_starts)
+    assert result.env_steps == cfg.total_timesteps
+    assert result.gradient_steps == phases * cfg.gradient_steps
+    assert result.replay.num_transitions > 0
+
+
+def test_fused_phase_equals_one_call_per_gradient_step():
+    recipe = tiny(**{"train.total_timesteps": 250})
+    fused = train(recipe).model.get_weights()
+    hook = StepHook()
+    stepped = train(recipe, hooks=(hook,)).model.get_weights()
+    assert hook.calls > 0
+    for a, b in zip(fused, stepped):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_training_changes_weights_and_same_seed_same_result():
+    recipe = tiny(**{"train.total_timesteps": 250})
+    a = train(recipe)
+    b = train(recipe)
+    c = train(tiny(**{"train.total_timesteps": 250, "seed": 1}))
+    for x, y in zip(a.model.get_weights(), b.model.get_weights()):
+        np.testing.assert_array_equal(x, y)
+    assert any(not np.array_equal(x, y) for x, y in zip(a.model.get_weights(), c.model.get_weights()))
+
+
+@pytest.mark.parametrize("variant", [{}, {"train.double_dqn": "true", "train.tau": 0.5}])
+def test_resume_after_crash_equals_uninterrupted_run(tmp_path, variant):
+    recipe = tiny(**variant)
+    reference = train(recipe)
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(Interrupt):
+        train(recipe, ckpt_dir=ckpt, hooks=(CrashAt(300),))
+    saved = latest_checkpoint(ckpt)
+    assert saved is not None
+    resumed = train(recipe, ckpt_dir=ckpt)
+    assert 0 < resumed.resumed_from < recipe.train.total_timesteps
+    assert resumed.env_steps == reference.env_steps
+    assert resumed.gradient_steps == reference.gradient_steps
+    assert resumed.episode_returns == reference.episode_returns
+    for x, y in zip(reference.model.get_weights(), resumed.model.get_weights()):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_best_weights_are_kept_when_periodic_eval_is_on():
+    recipe = tiny(**{"train.eval_interval": 100, "train.eval_episodes": 2, "train.eval_seed": 1000})
+    result = train(recipe)
+    assert result.selected_step is not None and result.selected_return is not None
+    assert 0 < result.selected_step <= recipe.train.total_timesteps
