@@ -180,6 +180,29 @@ def test_episode_ends():
     assert [bool(f & replay.VALID) for f in flags[:7]] == [True, True, True, False, True, True, False]
 
 
+@pytest.mark.parametrize("same_object", [True, False])
+@pytest.mark.parametrize("end", ["term", "trunc"])
+def test_reset_obs_equal_to_final_obs_starts_new_row(same_object, end):
+    # Some envs reset to an obs equal to the terminal one; after an episode
+    # end the buffer must still start a new row, never link the episodes.
+    buf = ReplayBuffer(10, (2,), np.float32, N_ACTIONS, seed=0)
+    x0, x1, x2 = (np.array([v, 0.0], np.float32) for v in (0.0, 1.0, 2.0))
+    buf.add(x0, 1, 1.0, x1, False, False)
+    buf.add(x1, 2, 2.0, x2, end == "term", end == "trunc")
+    reset = x2 if same_object else x2.copy()
+    buf.add(reset, 3, 3.0, x0.copy(), False, False)
+    assert buf.size == 5  # rows: x0 x1 x2(final) x2(reset) x0
+    assert buf.num_transitions == 3
+    flags = buf.state_dict()["flags"]
+    assert [bool(f & replay.VALID) for f in flags[:5]] == [True, True, False, True, False]
+    assert bool(flags[1] & replay.TERMINATED) == (end == "term")
+    assert bool(flags[1] & replay.TRUNCATED) == (end == "trunc")
+    batch = buf.gather(np.array([0, 1, 3]))
+    np.testing.assert_array_equal(batch.actions, [1, 2, 3])
+    np.testing.assert_array_equal(batch.terminated, [0.0, 1.0 if end == "term" else 0.0, 0.0])
+    np.testing.assert_array_equal(batch.next_observations, np.stack([x1, x2, x0]))
+
+
 def test_truncation_bootstraps():
     stream = make_stream([3], ["trunc"])
     buf = ReplayBuffer(10, (2,), np.float32, N_ACTIONS, seed=3)

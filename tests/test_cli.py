@@ -1,0 +1,92 @@
+"""The CLI end to end on the tiny recipe: run, results.json, resume after kill -9, evaluate."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import ROOT, TINY, cli
+
+
+def test_run_writes_results_and_rerun_resumes(tmp_path):
+    out = tmp_path / "run"
+    first = cli("run", str(TINY), "--out", str(out), "--quiet")
+    assert first.returncode == 0, first.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["schema_version"] == 1 and results["env_id"] == "CartPole-v1"
+    assert results["eval"] == {"episodes": 5, "seed": 0}
+    (baseline,) = results["variants"]
+    assert baseline["name"] == "baseline"
+    assert (out / baseline["artifacts"]["tflite"]).is_file()
+    assert (out / baseline["artifacts"]["saved_model"] / "saved_model.pb").is_file()
+    assert len(baseline["return"]["episodes"]) == 5
+    lo, hi = baseline["return"]["ci95"]
+    assert lo <= baseline["return"]["mean"] <= hi
+    size = baseline["size"]
+    assert size["params"] == (4 * 16 + 16) + (16 * 16 + 16) + (16 * 2 + 2)
+    assert 0 < size["tflite_gzip_bytes"] < size["tflite_bytes"]
+    assert size["saved_model_bytes"] > 0
+    assert baseline["latency_us"] == {"cpu": None, "gpu": None}
+    assert list((out / "tensorboard" / "baseline").glob("events.out.tfevents.*"))
+    assert (out / "recipe.yaml").is_file()
+
+    # Rerunning the same command redoes nothing and gives the same results.
+    again = cli("run", str(TINY), "--out", str(out), "--quiet")
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / "results.json").read_text()) == results
+    assert "trained" not in again.stderr
+
+    # The policy evaluates through the CLI, deterministically.
+    evaluated = cli("evaluate", str(out / "baseline" / "policy.tflite"), "--env", "CartPole-v1", "--episodes", "5")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["return"]["episodes"] == baseline["return"]["episodes"]
+
+    # A different recipe in the same directory is refused, and nothing is touched.
+    other = cli("run", str(TINY), "--out", str(out), "--set", "train.gamma=0.5")
+    assert other.returncode == 2
+    assert "holds a run of a different recipe (train.gamma: 0.99 -> 0.5)" in other.stderr
+    assert json.loads((out / "results.json").read_text()) == results
+
+
+def test_kill_during_training_then_rerun_resumes(tmp_path):
+    out = tmp_path / "run"
+    args = ["run", str(TINY), "--out", str(out), "--set", "train.total_timesteps=3000", "--set",
+            "train.checkpoint_interval=200"]
+    proc = subprocess.Popen([sys.executable, "-m", "compress_dqn", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    latest = out / "baseline" / "checkpoints" / "latest"
+    deadline = time.time() + 120
+    while not latest.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "results.json").exists()
+    resumed = cli(*args)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from checkpoint at step" in resumed.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["train"]["env_steps"] == 3000
+    assert results["train"]["resumed_from_step"] > 0
+    assert not (out / "baseline" / "checkpoints").exists()
+
+
+def test_bad_inputs_exit_2_without_traceback(tmp_path):
+    bad_png = tmp_path / "x.tflite"
+    bad_png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    cases = [
+        ("run", str(tmp_path / "missing.yaml")),
+        ("evaluate", str(bad_png), "--env", "CartPole-v1"),
+        ("evaluate", str(bad_png), "--env", "NoSuchEnv-v0"),
+    ]
+    for args in cases:
+        result = cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    bad_env = tmp_path / "r.yaml"
+    bad_env.write_text("env: {id: Pendulum-v1}\n")
+    result = cli("run", str(bad_env), "--out", str(tmp_path / "never"))
+    assert result.returncode == 2 and "Discrete action space" in result.stderr
+    assert not (tmp_path / "never").exists()
