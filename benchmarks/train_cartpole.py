@@ -1,0 +1,99 @@
+"""Train a recipe for given seeds and print one JSON line per seed.
+
+    python benchmarks/train_cartpole.py --recipe recipes/cartpole.yaml --seeds 0 1 2 3
+
+Each seed runs in a fresh process (so RSS is that run's alone) and reports train wall seconds,
+env steps/s, gradient steps, the greedy mean return over the recipe's eval episodes (the kept
+weights, evaluated as the pipeline does, on eval.seed..), peak RSS, and RSS at 50% and 100% of
+training (the replay buffer is preallocated, so the two should be equal). Not a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class RssProbe:
+    """Records RSS when training passes 50% and 100% of its steps."""
+
+    per_gradient_step = False
+
+    def __init__(self, total: int) -> None:
+        import psutil
+
+        self.process = psutil.Process()
+        self.marks = {"rss_50": total // 2, "rss_100": total}
+        self.values: dict[str, int] = {}
+
+    def _probe(self, step: int) -> None:
+        for name, mark in self.marks.items():
+            if name not in self.values and step >= mark:
+                self.values[name] = self.process.memory_info().rss
+
+    def on_train_begin(self, trainer) -> None: ...
+    def on_gradient_step(self, trainer) -> None: ...
+    def on_phase_end(self, trainer) -> None:
+        self._probe(trainer.step)
+    def on_train_end(self, trainer) -> None:
+        self._probe(trainer.step)
+
+
+def one(recipe_path: str, seed: int, overrides: list[str]) -> dict:
+    from compress_dqn.evaluate import evaluate
+    from compress_dqn.networks import NumpyActor
+    from compress_dqn.recipe import load_recipe
+    from compress_dqn.train import DQNTrainer
+
+    recipe = load_recipe(recipe_path, [*overrides, f"seed={seed}"])
+    probe = RssProbe(recipe.train.total_timesteps)
+    trainer = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=seed, hooks=(probe,), quiet=True)
+    result = trainer.train()
+    stats = evaluate(NumpyActor(result.model).act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
+    rss_50, rss_100 = probe.values.get("rss_50"), probe.values.get("rss_100")
+    return {
+        "recipe": recipe_path,
+        "seed": seed,
+        "train_wall_seconds": round(result.wall_seconds, 2),
+        "env_steps": result.env_steps,
+        "env_steps_per_second": round(result.env_steps_per_second, 1),
+        "gradient_steps": result.gradient_steps,
+        "eval_episodes": recipe.eval.episodes,
+        "eval_mean_return": round(stats.mean, 2),
+        "selected_step": result.selected_step,
+        "replay_nbytes": result.replay.nbytes,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "rss_50pct_bytes": rss_50,
+        "rss_100pct_bytes": rss_100,
+        "rss_growth_50_to_100_pct": round(100.0 * (rss_100 - rss_50) / rss_50, 2) if rss_50 and rss_100 else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default=str(ROOT / "recipes" / "cartpole.yaml"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one is not None:
+        print(json.dumps(one(args.recipe, args.one, args.overrides)), flush=True)
+        return
+    for seed in args.seeds:
+        extra = [x for o in args.overrides for x in ("--set", o)]
+        done = subprocess.run([sys.executable, __file__, "--recipe", args.recipe, "--one", str(seed), *extra],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            print(json.dumps({"seed": seed, "error": done.stderr.strip().splitlines()[-1:]}), flush=True)
+        else:
+            print(done.stdout.strip().splitlines()[-1], flush=True)
+
+
+if __name__ == "__main__":
+    main()
