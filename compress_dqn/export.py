@@ -69,16 +69,23 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def convert_tflite(
+    saved_model_dir: Path,
+    configure: Callable[[tf.lite.TFLiteConverter], None] | None = None,
+) -> bytes:
+    """A SavedModel's serving signature as TFLite flatbuffer bytes (fp32 unless `configure` says otherwise)."""
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir), signature_keys=[SIGNATURE])
+    if configure is not None:
+        configure(converter)
+    with quiet_stderr():
+        return converter.convert()
+
+
 def export_tflite(
     saved_model_dir: Path,
     path: Path,
     configure: Callable[[tf.lite.TFLiteConverter], None] | None = None,
 ) -> Path:
-    """Convert a SavedModel's serving signature to a .tflite file (fp32 unless `configure` says otherwise)."""
-    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir), signature_keys=[SIGNATURE])
-    if configure is not None:
-        configure(converter)
-    with quiet_stderr():
-        data = converter.convert()
-    write_bytes_atomic(Path(path), data)
+    """Convert a SavedModel's serving signature and write the .tflite file atomically."""
+    write_bytes_atomic(Path(path), convert_tflite(saved_model_dir, configure))
     return Path(path)

@@ -31,6 +31,13 @@ def build_q_network(
     return tf_keras.Sequential(layers, name=name)
 
 
+def independent_copy(model: tf_keras.Model) -> tf_keras.Model:
+    """A copy with its own variables (tfmot wrappers wrap layer objects in place)."""
+    copy = tf_keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
 def count_params(model: tf_keras.Model) -> tuple[int, int]:
     """(parameters, nonzero parameters) over the model's weights."""
     weights = model.get_weights()

@@ -90,8 +90,55 @@ class Stages:
         _atomic_text(self.path, json.dumps(self.done, indent=2))
 
 
+def _load_replay(path: Path, info: Any) -> Any:
+    """The baseline's final replay buffer, fresh for each variant (so each is reproducible alone)."""
+    import numpy as np
+
+    from compress_dqn.replay import ReplayBuffer
+
+    with np.load(path, allow_pickle=False) as data:
+        state = {k: data[k] for k in data.files}
+    replay = ReplayBuffer(len(state["obs"]), info.obs_shape, info.obs_dtype, info.n_actions, seed=0)
+    replay.load_state_dict(state)
+    return replay
+
+
+def _export(model: Any, info: Any, out: Path, converter: Callable[[bool], Any] | None = None,
+            try_sparse: bool = False) -> dict[str, Any]:
+    """SavedModel + TFLite for one model; the sparse TFLite encoding is kept only if it is smaller."""
+    from compress_dqn.export import convert_tflite, export_saved_model, write_bytes_atomic
+
+    export_saved_model(model, info.obs_shape, info.obs_dtype, out / "saved_model")
+    data = convert_tflite(out / "saved_model", converter(False) if converter else None)
+    sparse_format = False
+    if try_sparse and converter is not None:
+        sparse = convert_tflite(out / "saved_model", converter(True))
+        if len(sparse) < len(data):
+            data, sparse_format = sparse, True
+    write_bytes_atomic(out / "policy.tflite", data)
+    return {"sparse_format": sparse_format}
+
+
+def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any) -> dict[str, Any]:
+    """Return statistics on the shared episode seeds, and agreement with the baseline's actions."""
+    import numpy as np
+
+    from compress_dqn.evaluate import evaluate
+    from compress_dqn.policy import TFLitePolicy
+
+    policy = TFLitePolicy(tflite)
+    stats = evaluate(policy.act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
+    actions = policy.q_values(heldout).argmax(axis=1)
+    return {"return": stats.to_dict(), "action_agreement": float(np.mean(actions == baseline_actions))}
+
+
 def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
-    """Train, export and evaluate the baseline of one recipe in run_dir (resuming if it is there)."""
+    """Train, export and evaluate the baseline and every variant of one recipe in run_dir.
+
+    Resumes: training continues from its checkpoint, finished stages are skipped.
+    """
+    import numpy as np
+
     from compress_dqn.envs import env_info, make_env
     from compress_dqn.evaluate import evaluate
     from compress_dqn.measure import measure_size
@@ -106,8 +153,6 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     stages = Stages(run_dir)
     base = run_dir / "baseline"
 
-    from compress_dqn._tf import tf_keras  # noqa: F401  (TensorFlow from here on)
-    from compress_dqn.export import export_saved_model, export_tflite, write_bytes_atomic
     from compress_dqn.networks import build_q_network, count_params
     from compress_dqn.train import DQNTrainer, _load_arrays, _save_arrays
 
@@ -119,6 +164,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
             label="baseline", quiet=quiet,
         )
         result = trainer.train()
+        base.mkdir(parents=True, exist_ok=True)
         for name, arrays in (("weights.npz", result.model.get_weights()), ("replay.npz", result.replay.state_dict())):
             tmp = base / f".tmp-{name}"
             _save_arrays(tmp, arrays)
@@ -135,43 +181,90 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
             "replay_capacity": result.replay.capacity,
             "replay_nbytes": result.replay.nbytes,
         })
-        shutil.rmtree(base / "checkpoints", ignore_errors=True)
         log(f"[baseline] trained {result.env_steps} steps in {result.wall_seconds:.1f} s "
             f"({result.env_steps_per_second:.0f} steps/s)")
+    shutil.rmtree(base / "checkpoints", ignore_errors=True)
     model = build_q_network(info.obs_shape, info.n_actions, recipe.train.net_arch, recipe.train.activation)
     model.set_weights(_load_arrays(base / "weights.npz"))
 
     # 2. Export a slim SavedModel and an fp32 TFLite file.
     if "export" not in stages.done:
-        export_saved_model(model, info.obs_shape, info.obs_dtype, base / "saved_model")
-        export_tflite(base / "saved_model", base / "policy.tflite")
+        _export(model, info, base)
         params, nonzero = count_params(model)
         size = measure_size(params, nonzero, base / "policy.tflite", base / "saved_model")
         stages.finish("export", {"artifacts": {"saved_model": "baseline/saved_model", "tflite": "baseline/policy.tflite"},
                                  "size": size.to_dict()})
         log(f"[baseline] exported: TFLite {size.tflite_bytes} bytes ({size.tflite_gzip_bytes} gzipped)")
 
-    # 3. Evaluate the deployed artifact (TFLite) on the fixed episode seeds.
+    # 3. Evaluate the deployed artifact (TFLite) on the fixed seeds; keep states it visited
+    #    as held-out observations for the variants' action agreement.
+    heldout_path = base / "heldout_obs.npy"
     if "evaluate" not in stages.done:
         policy = TFLitePolicy(base / "policy.tflite")
-        stats = evaluate(policy.act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
-        stages.finish("evaluate", {"return": stats.to_dict()})
+        visited: list[np.ndarray] = []
+
+        def act(obs: np.ndarray) -> int:
+            visited.append(np.array(obs))
+            return policy.act(obs)
+
+        stats = evaluate(act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
+        rng = np.random.default_rng(recipe.eval.seed)
+        pick = rng.choice(len(visited), size=min(len(visited), 5000), replace=False)
+        tmp = base / ".tmp-heldout_obs.npy"
+        np.save(tmp, np.stack([visited[i] for i in sorted(pick)]))
+        tmp.replace(heldout_path)
+        stages.finish("evaluate", {"return": stats.to_dict(), "action_agreement": 1.0})
         log(f"[baseline] return {stats.mean:.1f} ± {stats.std:.1f} over {recipe.eval.episodes} episodes "
             f"(95% CI {stats.ci95[0]:.1f}..{stats.ci95[1]:.1f})")
+    heldout = np.load(heldout_path, allow_pickle=False)
+    baseline_actions = TFLitePolicy(base / "policy.tflite").q_values(heldout).argmax(axis=1)
+
+    # 4. Variants: build from the baseline, export, evaluate on the same seeds.
+    for variant in recipe.variants:
+        key = f"variant:{variant.name}"
+        if key in stages.done:
+            continue
+        from compress_dqn.compress.build import build_variant
+
+        out = run_dir / "variants" / variant.name
+        built = build_variant(variant, model, _load_replay(base / "replay.npz", info), recipe, info, quiet=quiet)
+        exported = _export(built.export_model, info, out, built.converter, built.try_sparse_format)
+        size = measure_size(built.params, built.nonzero_params, out / "policy.tflite", out / "saved_model")
+        evaluated = _evaluate(out / "policy.tflite", recipe, heldout, baseline_actions)
+        stages.finish(key, {
+            "artifacts": {"saved_model": f"variants/{variant.name}/saved_model",
+                          "tflite": f"variants/{variant.name}/policy.tflite"},
+            "size": size.to_dict(),
+            **evaluated,
+            "compression": {**variant.model_dump(mode="json", exclude_none=True, exclude={"name"}),
+                            **built.details, "tflite_sparse_format": exported["sparse_format"]},
+        })
+        log(f"[{variant.name}] return {evaluated['return']['mean']:.1f}, TFLite {size.tflite_bytes} bytes "
+            f"({size.tflite_gzip_bytes} gzipped), agreement {evaluated['action_agreement']:.3f}")
 
     results = {
         "schema_version": SCHEMA_VERSION,
         "env_id": recipe.env.id,
         "eval": {"episodes": recipe.eval.episodes, "seed": recipe.eval.seed},
         "train": stages.done["train"],
-        "variants": [{
-            "name": "baseline",
-            "artifacts": stages.done["export"]["artifacts"],
-            "return": stages.done["evaluate"]["return"],
-            "size": stages.done["export"]["size"],
-            "latency_us": {"cpu": None, "gpu": None},
-            "memory_bytes": {"cpu_rss": None, "gpu_peak": None},
-        }],
+        "variants": [_variant_entry("baseline", stages.done["export"], stages.done["evaluate"])]
+        + [_variant_entry(v.name, stages.done[f"variant:{v.name}"], stages.done[f"variant:{v.name}"])
+           for v in recipe.variants],
     }
     _atomic_text(run_dir / "results.json", json.dumps(results, indent=2))
     return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
+
+
+def _variant_entry(name: str, exported: dict[str, Any], evaluated: dict[str, Any]) -> dict[str, Any]:
+    entry = {
+        "name": name,
+        "artifacts": exported["artifacts"],
+        "return": evaluated["return"],
+        "action_agreement": evaluated["action_agreement"],
+        "size": exported["size"],
+        "latency_us": {"cpu": None, "gpu": None},
+        "memory_bytes": {"cpu_rss": None, "gpu_peak": None},
+    }
+    if "compression" in exported:
+        entry["compression"] = exported["compression"]
+    return entry

@@ -68,8 +68,11 @@ class TFLitePolicy:
 
     def _resize(self, batch: int) -> None:
         if batch != self._batch:
+            from compress_dqn._quiet import quiet_stderr
+
             self._interp.resize_tensor_input(self._in["index"], [batch, *self.obs_shape])
-            self._interp.allocate_tensors()
+            with quiet_stderr():  # XNNPACK announces itself on stderr at allocation
+                self._interp.allocate_tensors()
             self._batch = batch
 
     def _prepare(self, obs: np.ndarray) -> np.ndarray:

@@ -250,6 +250,108 @@ class EvalConfig(StrictModel):
     """Episodes use seeds seed .. seed+episodes-1."""
 
 
+class PruneConfig(StrictModel):
+    """Magnitude pruning (tfmot prune_low_magnitude), reached during the recovery fine-tune."""
+
+    sparsity: _real(0.0, 1.0, hi_open=True)
+    """Target share of zero weights in each pruned layer's kernel."""
+    schedule: Literal["polynomial", "constant"] = "polynomial"
+    """PolynomialDecay (ramp from 0 to sparsity) or ConstantSparsity (at sparsity from begin)."""
+    begin_fraction: Probability = 0.0
+    """When pruning starts, as a share of the fine-tune's gradient steps."""
+    end_fraction: Probability = 0.6
+    """When the polynomial ramp reaches the target (the rest of the fine-tune recovers)."""
+    frequency: PositiveCount = 50
+    """Gradient steps between mask updates."""
+    exclude: list[str] = Field(default_factory=list)
+    """Layer names kept dense, e.g. [q_values] for the output layer."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PruneConfig:
+        if self.schedule == "polynomial" and self.end_fraction <= self.begin_fraction:
+            raise ValueError(f"end_fraction {self.end_fraction} must be after begin_fraction {self.begin_fraction}")
+        return self
+
+
+QUANTIZE_MODES = ("dynamic", "float16", "int8", "int16x8", "qat")
+
+
+class QuantizeConfig(StrictModel):
+    """Post-training quantization at TFLite conversion, or quantization-aware training (qat)."""
+
+    mode: Literal["dynamic", "float16", "int8", "int16x8", "qat"]
+    """dynamic: int8 weights; float16: fp16 weights; int8: full integer (calibrated on replay
+    observations); int16x8: int16 activations, int8 weights; qat: tfmot quantize_model + fine-tune."""
+    calibration_samples: PositiveCount = 1000
+    """Replay observations in the representative dataset (int8, int16x8)."""
+    int8_io: bool = False
+    """Make the TFLite input and Q-value output int8 too (full-integer accelerators need it)."""
+    preserve: bool = True
+    """For qat on a pruned or clustered model: keep its sparsity/clusters (PQAT/CQAT)."""
+    qat_steps: _count(1) | None = None
+    """Gradient steps of the QAT fine-tune (default: fine_tune.steps)."""
+
+
+class ClusterConfig(StrictModel):
+    """Weight clustering (tfmot cluster_weights): each kernel keeps only `clusters` distinct values."""
+
+    clusters: _count(2)
+    """Number of centroids per layer."""
+    init: Literal["kmeans_plus_plus", "linear", "density_based", "random"] = "kmeans_plus_plus"
+    """Centroid initialisation."""
+    exclude: list[str] = Field(default_factory=list)
+    """Layer names left unclustered."""
+
+
+class StudentConfig(StrictModel):
+    """A smaller network trained by Q-value distillation from the baseline."""
+
+    net_arch: list[Annotated[int, BeforeValidator(_parse_count), AfterValidator(_interval(1, None))]]
+    """Hidden layer widths of the student, e.g. [32, 32]."""
+    activation: Literal["relu", "tanh"] = "relu"
+
+
+class FineTuneConfig(StrictModel):
+    """Recovery fine-tune after wrapping a model for pruning, clustering or QAT."""
+
+    method: Literal["distill", "td"] = "distill"
+    """distill: regress Q-values to the frozen baseline's on replay observations (no env steps);
+    td: continue DQN training in the environment with the baseline's replay and target."""
+    steps: PositiveCount = 5000
+    """Gradient steps (distill) or environment steps (td)."""
+    learning_rate: _real(0.0, 1.0, lo_open=True) = 1e-4
+    """Adam step size of the fine-tune."""
+    batch_size: PositiveCount = 256
+    """Observations per distillation step (td uses train.batch_size)."""
+
+
+class VariantConfig(StrictModel):
+    """One compressed policy built from the trained baseline."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    """Letters, digits, '.', '_' and '-' (it names a directory inside the run)."""
+    prune: PruneConfig | None = None
+    quantize: QuantizeConfig | None = None
+    cluster: ClusterConfig | None = None
+    student: StudentConfig | None = None
+    fine_tune: FineTuneConfig | None = None
+
+    @model_validator(mode="after")
+    def _combinable(self) -> VariantConfig:
+        if self.name == "baseline":
+            raise ValueError("name 'baseline' is reserved for the trained baseline")
+        if self.prune and self.cluster:
+            raise ValueError("prune and cluster in one variant are not supported; make two variants")
+        needs_tuning = self.prune or self.cluster or self.student or (self.quantize and self.quantize.mode == "qat")
+        if needs_tuning and self.fine_tune is None:
+            self.fine_tune = FineTuneConfig()
+        if self.student and self.fine_tune and self.fine_tune.method != "distill":
+            raise ValueError("a student learns from the baseline: fine_tune.method must be distill")
+        if not (self.prune or self.quantize or self.cluster or self.student):
+            raise ValueError("a variant needs at least one of prune, quantize, cluster, student")
+        return self
+
+
 class Recipe(StrictModel):
     """One experiment: environment, training, replay, evaluation."""
 
@@ -261,9 +363,15 @@ class Recipe(StrictModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    variants: list[VariantConfig] = Field(default_factory=list)
+    """Compressed policies to build from the baseline, each exported and evaluated."""
 
     @model_validator(mode="after")
     def _seeds_apart(self) -> Recipe:
+        names = [v.name for v in self.variants]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"variants: names must be unique; repeated: {', '.join(duplicates)}")
         if self.train.eval_interval:
             lo, hi = self.train.eval_seed, self.train.eval_seed + self.train.eval_episodes
             if lo < self.eval.seed + self.eval.episodes and self.eval.seed < hi:

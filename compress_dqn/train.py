@@ -187,6 +187,42 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# One training phase, shared by the DQN loop and offline distillation
+# ---------------------------------------------------------------------------------------------
+
+
+def run_updates(trainer: Any, update: Any, arrays: tuple[np.ndarray, ...]) -> tuple[float, float]:
+    """Run the K gradient steps stacked in `arrays` (leading axis K) and return (loss, q_mean).
+
+    One fused call unless a hook needs to run before every gradient step (tfmot pruning), in
+    which case the steps run one call each with the hooks in between. Advances
+    trainer.gradient_step and refuses a non-finite loss.
+    """
+    k_steps = len(arrays[0])
+    hooks = trainer.hooks
+    if any(h.per_gradient_step for h in hooks):
+        losses, qs = [], []
+        for k in range(k_steps):
+            for hook in hooks:
+                hook.on_gradient_step(trainer)
+            loss_t, q_t = update(*(a[k : k + 1] for a in arrays))
+            losses.append(float(loss_t))
+            qs.append(float(q_t))
+            trainer.gradient_step += 1
+        loss, q_mean = float(np.mean(losses)), float(np.mean(qs))
+    else:
+        loss_t, q_t = update(*arrays)
+        loss, q_mean = float(loss_t), float(q_t)
+        trainer.gradient_step += k_steps
+    if not np.isfinite(loss):
+        raise FloatingPointError(
+            f"[{trainer.label}] loss became {loss} at step {trainer.step}; lower the learning rate "
+            "or set train.max_grad_norm (the last checkpoint is kept)"
+        )
+    return loss, q_mean
+
+
+# ---------------------------------------------------------------------------------------------
 # The trainer
 # ---------------------------------------------------------------------------------------------
 
@@ -205,10 +241,16 @@ class DQNTrainer:
         hooks: tuple[TrainHooks, ...] = (),
         label: str = "train",
         quiet: bool = False,
+        initial_model: tf_keras.Model | None = None,
+        initial_replay: ReplayBuffer | None = None,
+        frozen_target: list[np.ndarray] | None = None,
     ) -> None:
+        """initial_model/initial_replay/frozen_target turn this into a TD fine-tune of an
+        existing (possibly tfmot-wrapped) model that keeps the baseline's buffer and target."""
         self.cfg, self.env_cfg, self.replay_cfg = train, env, replay or ReplayConfig()
         self.seed, self.ckpt_dir, self.tb_dir = seed, ckpt_dir, tb_dir
         self.hooks, self.label, self.quiet = hooks, label, quiet
+        self.initial_model, self.initial_replay, self.frozen_target = initial_model, initial_replay, frozen_target
         self.step = 0
         self.gradient_step = 0
         self.episodes = 0
@@ -229,12 +271,18 @@ class DQNTrainer:
                     self.replay_cfg.memory, self.info.obs_shape, self.info.obs_dtype, self.info.n_actions
                 ),
             )
-        self.replay = ReplayBuffer(capacity, self.info.obs_shape, self.info.obs_dtype, self.info.n_actions, self.seed)
-        self.model = build_q_network(self.info.obs_shape, self.info.n_actions, cfg.net_arch, cfg.activation)
+        if self.initial_replay is not None:
+            self.replay = self.initial_replay
+        else:
+            self.replay = ReplayBuffer(capacity, self.info.obs_shape, self.info.obs_dtype, self.info.n_actions, self.seed)
+        if self.initial_model is not None:
+            self.model = self.initial_model
+        else:
+            self.model = build_q_network(self.info.obs_shape, self.info.n_actions, cfg.net_arch, cfg.activation)
         self.target = build_q_network(
             self.info.obs_shape, self.info.n_actions, cfg.net_arch, cfg.activation, name="target"
         )
-        self.target.set_weights(self.model.get_weights())
+        self.target.set_weights(self.frozen_target if self.frozen_target is not None else self.model.get_weights())
         self.optimizer = tf_keras.optimizers.Adam(cfg.learning_rate)
         self.optimizer.build(self.model.trainable_variables)
         self.update = make_update_fn(self.model, self.target, self.optimizer, cfg)
@@ -256,6 +304,8 @@ class DQNTrainer:
 
     def _flush_target(self) -> None:
         """Apply pending target updates in closed form: n Polyak steps of tau = one of 1-(1-tau)^n."""
+        if self.frozen_target is not None:
+            self.pending_target_updates = 0
         if self.pending_target_updates:
             tau = 1.0 - (1.0 - self.cfg.tau) ** self.pending_target_updates
             if tau >= 1.0:
@@ -357,24 +407,7 @@ class DQNTrainer:
         obs, next_obs = stack(b.observations), stack(b.next_observations)
         actions = stack(b.actions.astype(np.int32))
         rewards, terminated = stack(b.rewards), stack(b.terminated)
-        if any(h.per_gradient_step for h in self.hooks):
-            losses = []
-            for k in range(k_steps):
-                for hook in self.hooks:
-                    hook.on_gradient_step(self)
-                losses.append(self.update(obs[k : k + 1], actions[k : k + 1], rewards[k : k + 1],
-                                          next_obs[k : k + 1], terminated[k : k + 1]))
-                self.gradient_step += 1
-            loss, q_mean = (float(np.mean([float(x[i]) for x in losses])) for i in range(2))
-        else:
-            loss_t, q_t = self.update(obs, actions, rewards, next_obs, terminated)
-            loss, q_mean = float(loss_t), float(q_t)
-            self.gradient_step += k_steps
-        if not np.isfinite(loss):
-            raise FloatingPointError(
-                f"[{self.label}] loss became {loss} at step {self.step}; lower train.learning_rate "
-                "or set train.max_grad_norm (the last checkpoint is kept)"
-            )
+        loss, q_mean = run_updates(self, self.update, (obs, actions, rewards, next_obs, terminated))
         self.actor.refresh()
         for hook in self.hooks:
             hook.on_phase_end(self)

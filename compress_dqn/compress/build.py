@@ -1,0 +1,166 @@
+"""Build one compressed variant from the trained baseline, in a fixed order:
+
+    start network (copy of the baseline, or a fresh student)
+    -> wrap (prune_low_magnitude / cluster_weights)
+    -> recovery fine-tune (distill on replay states, or TD in the environment)
+    -> strip the wrappers
+    -> quantization-aware training (PQAT/CQAT when the model is pruned/clustered)
+    -> TFLite converter settings (post-training quantization, sparse format)
+
+The result is handed to export and evaluation like the baseline; nothing here writes files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from compress_dqn._tf import tf, tf_keras
+from compress_dqn.compress import cluster, prune, quantize
+from compress_dqn.compress.distill import Distiller, build_student
+from compress_dqn.envs import EnvInfo
+from compress_dqn.networks import count_params, independent_copy
+from compress_dqn.recipe import FineTuneConfig, QuantizeConfig, Recipe, VariantConfig
+from compress_dqn.replay import ReplayBuffer
+
+
+@dataclass
+class BuiltVariant:
+    """A variant ready for export: the model to serve and how to convert it."""
+
+    export_model: tf_keras.Model
+    params: int
+    nonzero_params: int
+    quantize: QuantizeConfig | None
+    calibration: np.ndarray | None
+    try_sparse_format: bool
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def converter(self, sparse: bool = False) -> Callable[[tf.lite.TFLiteConverter], None]:
+        """TFLite converter settings for this variant, optionally with the sparse weight format."""
+        return quantize.converter_setup(self.quantize, self.calibration, sparse=sparse)
+
+
+def dense_kernels(model: tf_keras.Model) -> dict[str, np.ndarray]:
+    """Each Dense kernel by layer name, looking through tfmot wrappers (QAT keeps float kernels)."""
+    kernels = {}
+    for layer in model.layers:
+        inner = getattr(layer, "layer", layer)
+        if isinstance(inner, tf_keras.layers.Dense):
+            # A QAT wrapper swaps inner.kernel for a fake-quant tensor; the variable is in its weights.
+            (kernel,) = [w for w in layer.weights if w.name.endswith("kernel:0") and "cluster" not in w.name]
+            kernels[inner.name] = kernel.numpy()
+    return kernels
+
+
+def _fine_tune_gradient_steps(ft: FineTuneConfig, recipe: Recipe) -> int:
+    """Gradient steps a fine-tune will take (the pruning schedule is laid out over them)."""
+    if ft.method == "distill":
+        return ft.steps
+    phases = ft.steps // recipe.train.train_freq
+    return max(1, phases * recipe.train.gradient_steps)
+
+
+def fine_tune(
+    model: tf_keras.Model,
+    ft: FineTuneConfig,
+    recipe: Recipe,
+    baseline: tf_keras.Model,
+    replay: ReplayBuffer,
+    hooks: tuple = (),
+    wrapped: bool = False,
+    label: str = "fine-tune",
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Recover return after compression: distillation to the baseline, or more TD learning."""
+    # tfmot wrappers update masks/quantizer ranges with tf.cond and assign ops; keep them out of XLA.
+    jit = recipe.train.jit_compile and not wrapped
+    if ft.method == "distill":
+        loss = Distiller(
+            model, baseline, replay, ft.steps, ft.learning_rate, ft.batch_size, hooks=hooks,
+            max_grad_norm=recipe.train.max_grad_norm, jit_compile=jit, label=label, quiet=quiet,
+        ).run()
+        return {"method": "distill", "gradient_steps": ft.steps, "final_loss": loss}
+    from compress_dqn.train import DQNTrainer
+
+    cfg = recipe.train.model_copy(update={
+        "total_timesteps": ft.steps,
+        "learning_starts": 0,
+        "exploration_initial_eps": recipe.train.exploration_final_eps,
+        "exploration_fraction": 0.0,
+        "learning_rate": ft.learning_rate,
+        "eval_interval": 0,
+        "jit_compile": jit,
+    })
+    result = DQNTrainer(
+        cfg, recipe.env, recipe.replay, seed=recipe.seed + 1, hooks=hooks, label=label, quiet=quiet,
+        initial_model=model, initial_replay=replay, frozen_target=baseline.get_weights(),
+    ).train()
+    return {"method": "td", "env_steps": result.env_steps, "gradient_steps": result.gradient_steps}
+
+
+def build_variant(
+    variant: VariantConfig,
+    baseline: tf_keras.Model,
+    replay: ReplayBuffer,
+    recipe: Recipe,
+    info: EnvInfo,
+    quiet: bool = False,
+) -> BuiltVariant:
+    """Apply the variant's techniques to (a copy of) the baseline."""
+    label = variant.name
+    details: dict[str, Any] = {}
+    ft = variant.fine_tune
+    model = build_student(info, variant.student) if variant.student else independent_copy(baseline)
+
+    # Wrap, fine-tune, strip.
+    if variant.prune:
+        wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
+        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.PruningHook(wrapped),),
+                                         wrapped=True, label=label, quiet=quiet)
+        model = prune.strip(wrapped)
+        details["sparsity"] = prune.kernel_sparsity(model)
+    elif variant.cluster:
+        wrapped = cluster.cluster_model(model, variant.cluster)
+        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, wrapped=True, label=label, quiet=quiet)
+        model = cluster.strip(wrapped)
+        details["unique_kernel_values"] = cluster.unique_kernel_values(model)
+    elif variant.student:
+        details["fine_tune"] = fine_tune(model, ft, recipe, baseline, replay, label=label, quiet=quiet)
+
+    params, _ = count_params(model)
+    export_model = model
+    q = variant.quantize
+    if q is not None and q.mode == "qat":
+        preserve = None
+        if q.preserve and variant.prune:
+            preserve = "sparsity"
+        elif q.preserve and variant.cluster:
+            preserve = "clusters"
+        export_model = quantize.qat_model(model, preserve)
+        qat_ft = ft.model_copy(update={"steps": q.qat_steps or ft.steps})
+        details["qat"] = fine_tune(export_model, qat_ft, recipe, baseline, replay, wrapped=True,
+                                   label=f"{label}/qat", quiet=quiet)
+        details["qat"]["preserve"] = preserve
+        if preserve == "sparsity":
+            details["sparsity_after_qat"] = {
+                name: float(1.0 - np.count_nonzero(k) / k.size) for name, k in dense_kernels(export_model).items()
+            }
+
+    kernels = dense_kernels(export_model)
+    biases_and_rest = params - sum(k.size for k in kernels.values())
+    nonzero = int(sum(np.count_nonzero(k) for k in kernels.values())) + biases_and_rest
+    calibration = None
+    if q is not None and q.mode in ("int8", "int16x8"):
+        calibration = replay.gather(replay.sample_indices(q.calibration_samples)).observations
+    return BuiltVariant(
+        export_model=export_model,
+        params=params,
+        nonzero_params=nonzero,
+        quantize=q,
+        calibration=calibration,
+        try_sparse_format=bool(variant.prune),
+        details=details,
+    )

@@ -1,0 +1,83 @@
+"""Magnitude pruning with tfmot, driven by hand inside our own loop.
+
+tfmot's pruning step must advance once per gradient step; Keras' fit() does that through the
+UpdatePruningStep callback, so `PruningHook` calls the same callback methods from the loop's
+hooks (as tfmot's own custom-training-loop test does). Sparse Dense layers get no speed-up in
+TFLite/XNNPACK: pruning pays off in the gzipped (or EXPERIMENTAL_SPARSITY) file size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow_model_optimization as tfmot
+
+from compress_dqn._tf import tf_keras
+from compress_dqn.errors import UserError
+from compress_dqn.networks import independent_copy
+from compress_dqn.recipe import PruneConfig
+
+_sparsity = tfmot.sparsity.keras
+
+
+def _check_names(model: tf_keras.Model, names: list[str], key: str) -> None:
+    known = [layer.name for layer in model.layers if isinstance(layer, tf_keras.layers.Dense)]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UserError(f"{key}: no Dense layer named {', '.join(unknown)}; layers are {', '.join(known)}")
+
+
+def schedule(cfg: PruneConfig, total_steps: int) -> _sparsity.PruningSchedule:
+    """The tfmot schedule over a fine-tune of total_steps gradient steps."""
+    begin = int(cfg.begin_fraction * total_steps)
+    if cfg.schedule == "constant":
+        return _sparsity.ConstantSparsity(cfg.sparsity, begin_step=begin, frequency=cfg.frequency)
+    end = max(begin + 1, int(cfg.end_fraction * total_steps))
+    return _sparsity.PolynomialDecay(0.0, cfg.sparsity, begin_step=begin, end_step=end, frequency=cfg.frequency)
+
+
+def prune_model(model: tf_keras.Model, cfg: PruneConfig, total_steps: int) -> tf_keras.Model:
+    """A pruning-wrapped copy: every Dense layer not in cfg.exclude gets prune_low_magnitude."""
+    _check_names(model, cfg.exclude, "prune.exclude")
+    plan = schedule(cfg, total_steps)
+
+    def wrap(layer: tf_keras.layers.Layer) -> tf_keras.layers.Layer:
+        if isinstance(layer, tf_keras.layers.Dense) and layer.name not in cfg.exclude:
+            return _sparsity.prune_low_magnitude(layer, pruning_schedule=plan)
+        return layer
+
+    return tf_keras.models.clone_model(independent_copy(model), clone_function=wrap)
+
+
+class PruningHook:
+    """Advances tfmot's pruning step before every gradient step and applies the final masks."""
+
+    per_gradient_step = True
+
+    def __init__(self, model: tf_keras.Model) -> None:
+        self.callback = _sparsity.UpdatePruningStep()
+        self.callback.set_model(model)
+
+    def on_train_begin(self, trainer) -> None:
+        self.callback.on_train_begin()
+
+    def on_gradient_step(self, trainer) -> None:
+        self.callback.on_train_batch_begin(batch=trainer.gradient_step)
+
+    def on_phase_end(self, trainer) -> None: ...
+
+    def on_train_end(self, trainer) -> None:
+        self.callback.on_epoch_end(batch=trainer.gradient_step)
+
+
+def strip(model: tf_keras.Model) -> tf_keras.Model:
+    """Remove the pruning wrappers: plain Dense layers holding the masked weights."""
+    return _sparsity.strip_pruning(model)
+
+
+def kernel_sparsity(model: tf_keras.Model) -> dict[str, float]:
+    """Share of exact zeros in each Dense kernel of a plain (stripped) model."""
+    return {
+        layer.name: float(1.0 - np.count_nonzero(layer.kernel.numpy()) / layer.kernel.numpy().size)
+        for layer in model.layers
+        if isinstance(layer, tf_keras.layers.Dense)
+    }

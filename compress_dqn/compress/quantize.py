@@ -1,0 +1,80 @@
+"""Quantization: post-training (at TFLite conversion) and quantization-aware training (tfmot).
+
+Full-integer modes calibrate on observations drawn from the replay buffer: the states the agent
+actually visits, not random noise. QAT on a pruned or clustered model uses tfmot's collaborative
+schemes (PQAT / CQAT) so the sparsity or the clusters survive the QAT fine-tune.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+import numpy as np
+import tensorflow_model_optimization as tfmot
+
+from compress_dqn._tf import tf, tf_keras
+from compress_dqn.networks import independent_copy
+from compress_dqn.recipe import QuantizeConfig
+
+Preserve = Literal["sparsity", "clusters"] | None
+
+
+def qat_model(model: tf_keras.Model, preserve: Preserve = None) -> tf_keras.Model:
+    """A copy of a plain model with fake-quant wrappers for quantization-aware training."""
+    quant = tfmot.quantization.keras
+    copy = independent_copy(model)
+    if preserve is None:
+        return quant.quantize_model(copy)
+    combine = tfmot.experimental.combine
+    scheme = (
+        combine.Default8BitPrunePreserveQuantizeScheme()
+        if preserve == "sparsity"
+        else combine.Default8BitClusterPreserveQuantizeScheme()
+    )
+    return quant.quantize_apply(quant.quantize_annotate_model(copy), scheme)
+
+
+def representative_dataset(observations: np.ndarray) -> Callable[[], Iterator[list[np.ndarray]]]:
+    """Calibration samples, one observation per batch, as the converter wants them."""
+
+    def generate() -> Iterator[list[np.ndarray]]:
+        for obs in observations:
+            yield [np.asarray(obs[None], dtype=observations.dtype)]
+
+    return generate
+
+
+def converter_setup(
+    cfg: QuantizeConfig | None,
+    calibration: np.ndarray | None = None,
+    sparse: bool = False,
+) -> Callable[[tf.lite.TFLiteConverter], None]:
+    """How to configure the TFLite converter for a variant (None: fp32)."""
+
+    def configure(converter: tf.lite.TFLiteConverter) -> None:
+        optimizations = []
+        if cfg is not None:
+            optimizations.append(tf.lite.Optimize.DEFAULT)
+            if cfg.mode == "float16":
+                converter.target_spec.supported_types = [tf.float16]
+            if cfg.mode in ("int8", "int16x8"):
+                if calibration is None:
+                    raise ValueError(f"quantize.mode {cfg.mode} needs calibration observations")
+                converter.representative_dataset = representative_dataset(calibration)
+            if cfg.mode == "int8":
+                converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+            if cfg.mode == "int16x8":
+                # 16x8 has no ARG_MAX kernel: let that one op fall back to float (TFLite's documented way).
+                converter.target_spec.supported_ops = [
+                    tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8,
+                    tf.lite.OpsSet.TFLITE_BUILTINS,
+                ]
+            if cfg.int8_io and cfg.mode in ("int8", "qat"):
+                converter.inference_input_type = tf.int8
+                converter.inference_output_type = tf.int8
+        if sparse:
+            optimizations.append(tf.lite.Optimize.EXPERIMENTAL_SPARSITY)
+        converter.optimizations = optimizations
+
+    return configure
