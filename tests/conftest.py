@@ -25,3 +25,21 @@ def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess
 @pytest.fixture
 def tiny_recipe() -> Path:
     return TINY
+
+
+@pytest.fixture(scope="session")
+def trained_tiny():
+    """A tiny baseline trained once per test session: (recipe, TrainResult)."""
+    from compress_dqn.recipe import load_recipe
+    from compress_dqn.train import DQNTrainer
+
+    recipe = load_recipe(TINY, ["train.total_timesteps=600", "train.net_arch=[32, 32]"])
+    result = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=0, quiet=True).train()
+    return recipe, result
+
+
+def variant(recipe, **fields):
+    """A validated VariantConfig for tests."""
+    from compress_dqn.recipe import VariantConfig
+
+    return VariantConfig.model_validate({"name": "v", **fields})

@@ -140,6 +140,9 @@ def build_variant(
         elif q.preserve and variant.cluster:
             preserve = "clusters"
         export_model = quantize.qat_model(model, preserve)
+        quantize.calibrate_ranges(
+            export_model, model, replay.gather(replay.sample_indices(q.calibration_samples)).observations
+        )
         qat_ft = ft.model_copy(update={"steps": q.qat_steps or ft.steps})
         details["qat"] = fine_tune(export_model, qat_ft, recipe, baseline, replay, wrapped=True,
                                    label=f"{label}/qat", quiet=quiet)

@@ -35,6 +35,33 @@ def qat_model(model: tf_keras.Model, preserve: Preserve = None) -> tf_keras.Mode
     return quant.quantize_apply(quant.quantize_annotate_model(copy), scheme)
 
 
+def calibrate_ranges(qat: tf_keras.Model, plain: tf_keras.Model, observations: np.ndarray) -> dict[str, tuple[float, float]]:
+    """Start QAT's activation ranges at the ranges seen on real states.
+
+    tfmot starts every moving-average range at [-6, 6]; a DQN's Q-values run to ~1/(1-gamma), so
+    the output would be clipped and the first thousands of QAT steps spent widening ranges.
+    Set each range from the float model's activations on replay observations, as PTQ does.
+    """
+    x = np.asarray(observations, dtype=np.float32)
+    ranges = {"quantize_layer": (float(x.min()), float(x.max()))}
+    x = x.reshape(len(x), -1)
+    for layer in plain.layers:
+        if isinstance(layer, tf_keras.layers.Dense):
+            x = layer(x).numpy()
+            ranges[f"quant_{layer.name}"] = (float(min(x.min(), 0.0)), float(max(x.max(), 0.0)))
+    for layer in qat.layers:
+        if layer.name not in ranges:
+            continue
+        lo, hi = ranges[layer.name]
+        prefix = "quantize_layer" if layer.name == "quantize_layer" else "post_activation"
+        for weight in layer.non_trainable_weights:
+            if weight.name.endswith(f"{prefix}_min:0"):
+                weight.assign(lo)
+            elif weight.name.endswith(f"{prefix}_max:0"):
+                weight.assign(hi)
+    return ranges
+
+
 def representative_dataset(observations: np.ndarray) -> Callable[[], Iterator[list[np.ndarray]]]:
     """Calibration samples, one observation per batch, as the converter wants them."""
 

@@ -1,0 +1,47 @@
+"""The pipeline with variants: same evaluation seeds for every variant, results.json shape, resume."""
+
+import json
+
+import compress_dqn.evaluate as evaluate_module
+from compress_dqn.pipeline import run
+from compress_dqn.recipe import load_recipe
+
+from conftest import TINY
+
+VARIANTS = ('variants=[{name: ptq-float16, quantize: {mode: float16}}, '
+            '{name: student-8-int8, student: {net_arch: [8]}, quantize: {mode: int8, calibration_samples: 50}, '
+            'fine_tune: {steps: 100}}]')
+
+
+def test_variants_use_the_baselines_episode_seeds(tmp_path, monkeypatch):
+    calls = []
+    real = evaluate_module.evaluate
+
+    def spy(act, env, episodes, seed):
+        calls.append((env.id, episodes, seed))
+        return real(act, env, episodes, seed)
+
+    monkeypatch.setattr(evaluate_module, "evaluate", spy)
+    recipe = load_recipe(TINY, [VARIANTS])
+    outcome = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
+    assert calls == [("CartPole-v1", 5, 0)] * 3  # baseline + 2 variants, identical seeds
+
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results == outcome.results
+    names = [v["name"] for v in results["variants"]]
+    assert names == ["baseline", "ptq-float16", "student-8-int8"]
+    base, fp16, student = results["variants"]
+    assert base["action_agreement"] == 1.0
+    assert 0.0 <= student["action_agreement"] <= 1.0
+    if fp16["action_agreement"] == 1.0:  # same actions on held-out states -> same episodes
+        assert fp16["return"]["episodes"] == base["return"]["episodes"]
+    assert student["size"]["params"] < base["size"]["params"]
+    assert student["size"]["tflite_bytes"] < base["size"]["tflite_bytes"]
+    assert student["compression"]["student"] == {"net_arch": [8], "activation": "relu"}
+    for v in results["variants"]:
+        assert (tmp_path / "run" / v["artifacts"]["tflite"]).is_file()
+
+    # Rerun: every stage is done, nothing is rebuilt.
+    calls.clear()
+    again = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
+    assert calls == [] and again.results == results

@@ -1,0 +1,47 @@
+"""Magnitude pruning: sparsity reached during the fine-tune, preserved through strip and export."""
+
+import numpy as np
+import pytest
+
+from compress_dqn.compress.build import build_variant
+from compress_dqn.compress.prune import kernel_sparsity
+from compress_dqn.errors import UserError
+from compress_dqn.export import export_saved_model
+
+from conftest import variant
+
+
+@pytest.mark.parametrize("schedule", ["polynomial", "constant"])
+def test_target_sparsity_reached_and_output_layer_kept_dense(trained_tiny, schedule, tmp_path):
+    recipe, result = trained_tiny
+    v = variant(recipe, prune={"sparsity": 0.8, "schedule": schedule, "frequency": 10, "exclude": ["q_values"]},
+                fine_tune={"steps": 200})
+    built = build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
+    sparsity = built.details["sparsity"]
+    assert abs(sparsity["hidden_0"] - 0.8) <= 0.01 and abs(sparsity["hidden_1"] - 0.8) <= 0.01
+    assert sparsity["q_values"] < 0.5  # excluded
+    assert built.nonzero_params < 0.5 * built.params
+    # The baseline was copied, not pruned in place.
+    assert kernel_sparsity(result.model)["hidden_0"] < 0.1
+    # Exported weights keep the zeros.
+    path = export_saved_model(built.export_model, (4,), np.float32, tmp_path / "sm")
+    from compress_dqn._tf import tf
+
+    loaded = tf.saved_model.load(str(path))
+    kernels = [v.numpy() for v in loaded.weights if v.shape.rank == 2 and v.shape[1] == 32]
+    assert kernels and all(abs((k == 0).mean() - 0.8) <= 0.01 for k in kernels)
+
+
+def test_unknown_excluded_layer_is_a_clear_error(trained_tiny):
+    recipe, result = trained_tiny
+    v = variant(recipe, prune={"sparsity": 0.5, "exclude": ["output"]}, fine_tune={"steps": 10})
+    with pytest.raises(UserError, match="prune.exclude: no Dense layer named output; layers are hidden_0"):
+        build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
+
+
+def test_td_fine_tune_prunes_too(trained_tiny):
+    recipe, result = trained_tiny
+    v = variant(recipe, prune={"sparsity": 0.5, "frequency": 5}, fine_tune={"method": "td", "steps": 300})
+    built = build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
+    assert built.details["fine_tune"]["method"] == "td"
+    assert all(abs(s - 0.5) <= 0.01 for s in built.details["sparsity"].values())

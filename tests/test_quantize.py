@@ -1,0 +1,80 @@
+"""Post-training quantization and QAT: the TFLite files hold the promised tensor types."""
+
+import numpy as np
+import pytest
+
+from compress_dqn.compress.build import build_variant
+from compress_dqn.export import convert_tflite, export_saved_model, write_bytes_atomic
+from compress_dqn.policy import TFLitePolicy
+
+from conftest import variant
+
+
+def tflite_for(trained_tiny, tmp_path, **fields):
+    recipe, result = trained_tiny
+    built = build_variant(variant(recipe, **fields), result.model, result.replay, recipe, result.info, quiet=True)
+    export_saved_model(built.export_model, (4,), np.float32, tmp_path / "sm")
+    write_bytes_atomic(tmp_path / "p.tflite", convert_tflite(tmp_path / "sm", built.converter()))
+    return tmp_path / "p.tflite", built
+
+
+def weight_dtypes(path):
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=str(path))
+    return {np.dtype(t["dtype"]).name for t in interp.get_tensor_details() if len(t["shape"]) == 2 and 32 in t["shape"]}
+
+
+def agreement(path, trained_tiny):
+    _, result = trained_tiny
+    obs = result.replay.gather(result.replay.sample_indices(500)).observations
+    lite = TFLitePolicy(path).q_values(obs).argmax(1)
+    return float(np.mean(lite == result.model(obs).numpy().argmax(1)))
+
+
+def test_int8_has_int8_weights_and_keeps_actions(trained_tiny, tmp_path):
+    path, _ = tflite_for(trained_tiny, tmp_path, quantize={"mode": "int8", "calibration_samples": 200})
+    assert "int8" in weight_dtypes(path)
+    assert agreement(path, trained_tiny) > 0.9
+
+
+def test_int8_io_makes_input_int8(trained_tiny, tmp_path):
+    path, _ = tflite_for(trained_tiny, tmp_path, quantize={"mode": "int8", "int8_io": True, "calibration_samples": 200})
+    policy = TFLitePolicy(path)
+    assert policy.input_dtype == np.int8
+    assert agreement(path, trained_tiny) > 0.9
+
+
+def test_float16_has_float16_weights(trained_tiny, tmp_path):
+    path, _ = tflite_for(trained_tiny, tmp_path, quantize={"mode": "float16"})
+    assert "float16" in weight_dtypes(path)
+
+
+def test_qat_model_converts_to_int8(trained_tiny, tmp_path):
+    path, built = tflite_for(trained_tiny, tmp_path, quantize={"mode": "qat"}, fine_tune={"steps": 100})
+    assert built.details["qat"]["preserve"] is None
+    assert "int8" in weight_dtypes(path)
+    assert agreement(path, trained_tiny) > 0.8
+
+
+def test_pqat_keeps_sparsity_through_qat(trained_tiny, tmp_path):
+    path, built = tflite_for(trained_tiny, tmp_path, prune={"sparsity": 0.9, "frequency": 5},
+                             quantize={"mode": "qat"}, fine_tune={"steps": 150})
+    assert built.details["qat"]["preserve"] == "sparsity"
+    for layer, sparsity in built.details["sparsity_after_qat"].items():
+        assert abs(sparsity - 0.9) <= 0.01, layer
+    assert "int8" in weight_dtypes(path)
+
+
+def test_plain_qat_does_not_keep_sparsity(trained_tiny, tmp_path):
+    """Control for the PQAT test: without the preserving scheme, QAT refills pruned weights."""
+    _, built = tflite_for(trained_tiny, tmp_path, prune={"sparsity": 0.9, "frequency": 5},
+                          quantize={"mode": "qat", "preserve": False}, fine_tune={"steps": 150})
+    assert built.details["qat"]["preserve"] is None
+    assert "sparsity_after_qat" not in built.details
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "int16x8"])
+def test_other_modes_convert_and_act(trained_tiny, tmp_path, mode):
+    path, _ = tflite_for(trained_tiny, tmp_path, quantize={"mode": mode, "calibration_samples": 100})
+    assert agreement(path, trained_tiny) > 0.9
