@@ -37,8 +37,11 @@ def serving_module(model: tf_keras.Model, obs_shape: Sequence[int], obs_dtype: n
 
     @tf.function(input_signature=[tf.TensorSpec([None, *obs_shape], tf.as_dtype(np.dtype(obs_dtype)), name=INPUT_NAME)])
     def serve(observations):
-        q_values = model(tf.cast(observations, tf.float32), training=False)
-        return {"q_values": q_values, "action": tf.argmax(q_values, axis=-1, output_type=tf.int32)}
+        outputs = model(tf.cast(observations, tf.float32), training=False)
+        if isinstance(outputs, (list, tuple)):  # split head: act on the advantage's finer range
+            advantage, value = outputs
+            return {"q_values": advantage + value, "action": tf.argmax(advantage, axis=-1, output_type=tf.int32)}
+        return {"q_values": outputs, "action": tf.argmax(outputs, axis=-1, output_type=tf.int32)}
 
     module.serve = serve
     return module

@@ -31,6 +31,41 @@ def build_q_network(
     return tf_keras.Sequential(layers, name=name)
 
 
+def q_from_outputs(outputs):
+    """Q-values from a network's outputs: a tensor, or (advantage, value) from a split head."""
+    if isinstance(outputs, (list, tuple)):
+        advantage, value = outputs
+        return advantage + value
+    return outputs
+
+
+def split_value_advantage(model: tf_keras.Model) -> tf_keras.Model:
+    """Rewrite the output layer Q = W h + b as two heads: advantage A = (W - mean_a W) h + (b - mean b)
+    and value V = mean_a(W) h + mean(b), so Q = A + V exactly and argmax Q = argmax A.
+
+    Why: a DQN's action gaps are tiny next to its Q-values (CartPole: ~0.06 on ~100), and an
+    int8 output with one range for all Q-values rounds the gap away. Separate heads get separate
+    quantization ranges, and the action is taken from the advantage head's fine one.
+    """
+    layers = [layer for layer in model.layers if not isinstance(layer, tf_keras.layers.InputLayer)]
+    *body, head = layers
+    if not isinstance(head, tf_keras.layers.Dense):
+        raise TypeError(f"the last layer must be Dense to split it, not {type(head).__name__}")
+    inputs = tf_keras.Input(shape=model.input_shape[1:], name="obs")
+    x = inputs
+    for layer in body:
+        x = layer.__class__.from_config(layer.get_config())(x)
+    advantage = tf_keras.layers.Dense(head.units, name="advantage")(x)
+    value = tf_keras.layers.Dense(1, name="value")(x)
+    split = tf_keras.Model(inputs, [advantage, value], name=f"{model.name}_split")
+    for layer in body:
+        split.get_layer(layer.name).set_weights(layer.get_weights())
+    kernel, bias = head.get_weights()
+    split.get_layer("advantage").set_weights([kernel - kernel.mean(1, keepdims=True), bias - bias.mean()])
+    split.get_layer("value").set_weights([kernel.mean(1, keepdims=True), bias.mean(keepdims=True)])
+    return split
+
+
 def independent_copy(model: tf_keras.Model) -> tf_keras.Model:
     """A copy with its own variables (tfmot wrappers wrap layer objects in place)."""
     copy = tf_keras.models.clone_model(model)
@@ -104,7 +139,7 @@ class KerasActor:
     def __init__(self, model: tf_keras.Model) -> None:
         from compress_dqn._tf import tf
 
-        self._fn = tf.function(lambda x: model(x, training=False))
+        self._fn = tf.function(lambda x: q_from_outputs(model(x, training=False)))
 
     def refresh(self) -> None:
         """Nothing to copy: the function reads the live variables."""

@@ -323,6 +323,11 @@ class FineTuneConfig(StrictModel):
     """Adam step size of the fine-tune."""
     batch_size: PositiveCount = 256
     """Observations per distillation step (td uses train.batch_size)."""
+    loss: Literal["policy", "mse"] = "policy"
+    """distill loss: policy = KL of softmax(Q/temperature) + value error (keeps the action
+    ranking; Rusu et al. 2016); mse = squared error of all Q-values (can flip near-tied actions)."""
+    temperature: _real(0.0, None, lo_open=True) = 0.01
+    """Softmax temperature of the policy loss, in Q units: gaps above it are ranked sharply."""
 
 
 class VariantConfig(StrictModel):

@@ -27,7 +27,7 @@ import numpy as np
 from compress_dqn._tf import configure_threads, set_seed, tf, tf_keras
 from compress_dqn.envs import EnvInfo, env_info, make_env, rng_state, seed_env, set_rng_state
 from compress_dqn.evaluate import run_episodes
-from compress_dqn.networks import build_q_network, make_actor
+from compress_dqn.networks import build_q_network, make_actor, q_from_outputs
 from compress_dqn.progress import Progress
 from compress_dqn.recipe import EnvConfig, ReplayConfig, TrainConfig
 from compress_dqn.replay import ReplayBuffer
@@ -77,17 +77,14 @@ def linear_epsilon(step: int, cfg: TrainConfig) -> float:
     return cfg.exploration_initial_eps + progress * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
 
 
-def make_update_fn(
+def _make_generic_update_fn(
     model: tf_keras.Model,
     target: tf_keras.Model,
     optimizer: tf_keras.optimizers.Optimizer,
     cfg: TrainConfig,
 ) -> Any:
-    """Build `update(obs, actions, rewards, next_obs, terminated)` over K stacked batches.
-
-    Inputs have a leading phase axis K; the call runs K gradient steps and returns the mean
-    loss and mean Q. Compiled with XLA when cfg.jit_compile.
-    """
+    """The update through the Keras model, GradientTape and optimizer.apply_gradients: works for
+    any model (tfmot wrappers, split heads, CNNs), double DQN and any optimizer."""
     gamma = tf.constant(cfg.gamma, tf.float32)
 
     def td_loss(error: tf.Tensor) -> tf.Tensor:
@@ -98,7 +95,7 @@ def make_update_fn(
 
     def one_step(obs, actions, td_target):
         with tf.GradientTape() as tape:
-            q_all = model(obs, training=True)
+            q_all = q_from_outputs(model(obs, training=True))
             q_taken = tf.gather(q_all, actions, batch_dims=1)
             loss = td_loss(tf.stop_gradient(td_target) - q_taken)
         grads = tape.gradient(loss, model.trainable_variables)
@@ -120,7 +117,7 @@ def make_update_fn(
         total_q = tf.constant(0.0)
         for k in tf.range(k_steps):
             if cfg.double_dqn:
-                next_actions = tf.argmax(model(next_obs[k], training=False), axis=-1, output_type=tf.int32)
+                next_actions = tf.argmax(q_from_outputs(model(next_obs[k], training=False)), axis=-1, output_type=tf.int32)
                 next_values = tf.gather(target(next_obs[k], training=False), next_actions, batch_dims=1)
                 td_target = rewards[k] + gamma * (1.0 - terminated[k]) * next_values
             else:
@@ -128,6 +125,189 @@ def make_update_fn(
             loss, q_mean = one_step(obs[k], actions[k], td_target)
             total_loss += loss
             total_q += q_mean
+        steps = tf.cast(k_steps, tf.float32)
+        return total_loss / steps, total_q / steps
+
+    return update
+
+
+def make_update_fn(
+    model: tf_keras.Model,
+    target: tf_keras.Model,
+    optimizer: tf_keras.optimizers.Optimizer,
+    cfg: TrainConfig,
+) -> Any:
+    """Build `update(obs, actions, rewards, next_obs, terminated)` over K stacked batches.
+
+    Inputs have a leading phase axis K; the call runs K gradient steps and returns the mean
+    loss and mean Q. Compiled with XLA when cfg.jit_compile. A plain Dense MLP trained with a
+    plain tf_keras Adam gets a hand-written fast path (same math, see `_make_mlp_adam_update_fn`);
+    anything else (pruning/QAT wrappers, double DQN, other optimizers) the generic one.
+    """
+    if _mlp_adam_supported(model, optimizer, cfg):
+        return _make_mlp_adam_update_fn(model, target, optimizer, cfg)
+    return _make_generic_update_fn(model, target, optimizer, cfg)
+
+
+_FAST_ACTIVATIONS = ("relu", "linear")
+
+
+def _mlp_adam_supported(model: Any, optimizer: Any, cfg: TrainConfig) -> bool:
+    """Whether the fast path computes exactly what the generic one would."""
+    if cfg.double_dqn or cfg.loss not in ("huber", "mse"):
+        return False
+    if not isinstance(model, tf_keras.Sequential) or not model.layers:
+        return False
+    expected = []
+    for layer in model.layers:
+        if type(layer) is not tf_keras.layers.Dense or not layer.use_bias or not layer.trainable:
+            return False
+        if getattr(layer.activation, "__name__", None) not in _FAST_ACTIVATIONS:
+            return False
+        if layer.kernel_constraint is not None or layer.bias_constraint is not None:
+            return False
+        if layer.dtype_policy.compute_dtype != "float32" or layer.kernel.dtype != tf.float32:
+            return False
+        expected += [layer.kernel, layer.bias]
+    if len(model.input_shape) != 2:  # flat observations only (the generic path handles the rest)
+        return False
+    if [id(v) for v in model.trainable_variables] != [id(v) for v in expected]:
+        return False
+    if type(optimizer) is not tf_keras.optimizers.Adam:
+        return False
+    if optimizer.amsgrad or getattr(optimizer, "adaptive_epsilon", False) or optimizer.use_ema:
+        return False
+    if optimizer.weight_decay is not None or optimizer.clipnorm is not None:
+        return False
+    if optimizer.clipvalue is not None or optimizer.global_clipnorm is not None:
+        return False
+    if isinstance(optimizer._learning_rate, tf_keras.optimizers.schedules.LearningRateSchedule):
+        return False
+    if not all(isinstance(x, (int, float)) for x in (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon)):
+        return False
+    try:
+        keys = [optimizer._var_key(v) for v in expected]
+        return all(k in optimizer._index_dict for k in keys)
+    except AttributeError:
+        return False
+
+
+def _batch_sum(x: tf.Tensor) -> tf.Tensor:
+    """Sum over axis 0 in chunks of 32: XLA CPU turns a longer reduce into a slow reduce-window."""
+    n = x.shape[0]
+    if n is None or n <= 32 or n % 32:
+        return tf.reduce_sum(x, axis=0)
+    return _batch_sum(tf.reduce_sum(tf.reshape(x, [n // 32, 32] + x.shape[1:].as_list()), axis=1))
+
+
+def _sum_of_squares(g: tf.Tensor) -> tf.Tensor:
+    """sum(g**2); a large matrix goes through a matrix-vector product, far faster under XLA CPU."""
+    if g.shape.rank == 2 and g.shape.num_elements() is not None and g.shape.num_elements() > 4096:
+        return tf.reduce_sum(tf.matmul(tf.square(g), tf.ones([g.shape[1], 1], g.dtype)))
+    return tf.reduce_sum(tf.square(g))
+
+
+def _make_mlp_adam_update_fn(
+    model: tf_keras.Sequential,
+    target: tf_keras.Model,
+    optimizer: tf_keras.optimizers.Adam,
+    cfg: TrainConfig,
+) -> Any:
+    """The generic update, hand-derived for a Dense MLP and tf_keras Adam (about 1.3x faster).
+
+    Same math as `_make_generic_update_fn`: the same TD loss and its exact gradient
+    (backpropagated by hand with explicit matmuls), tf.clip_by_global_norm's scaling, and
+    tf_keras Adam's update of the optimizer's own slots and iteration counter, one gradient step
+    after another. Only summation orders differ (float32 round-off, ~1e-7 relative).
+    """
+    gamma = tf.constant(cfg.gamma, tf.float32)
+    layers = list(model.layers)
+    activations = [layer.activation.__name__ for layer in layers]
+    params = [v for layer in layers for v in (layer.kernel, layer.bias)]
+    slots = [optimizer._index_dict[optimizer._var_key(v)] for v in params]
+    momentums = [optimizer._momentums[i] for i in slots]
+    velocities = [optimizer._velocities[i] for i in slots]
+    beta_1, beta_2, epsilon = float(optimizer.beta_1), float(optimizer.beta_2), float(optimizer.epsilon)
+    huber = cfg.loss == "huber"
+    clip = cfg.max_grad_norm
+    n_actions = int(params[-1].shape[0])
+
+    def gradients(weights, obs, onehot, td_target):
+        hidden = [obs]  # hidden[i] is the input of layer i
+        x = obs
+        for i, act in enumerate(activations):
+            x = tf.matmul(x, weights[2 * i]) + weights[2 * i + 1]
+            if act == "relu":
+                x = tf.nn.relu(x)
+            hidden.append(x)
+        q_taken = tf.reduce_sum(hidden[-1] * onehot, axis=-1)
+        error = td_target - q_taken
+        batch = tf.cast(tf.shape(error)[0], tf.float32)
+        if huber:
+            abs_error = tf.abs(error)
+            loss = tf.reduce_mean(tf.where(abs_error < 1.0, 0.5 * tf.square(error), abs_error - 0.5))
+            d_error = tf.where(abs_error < 1.0, error, tf.sign(error)) / batch
+        else:
+            loss = tf.reduce_mean(tf.square(error))
+            d_error = 2.0 * error / batch
+        dz = onehot * (-d_error)[:, None]  # d loss / d pre-activation of the last layer
+        grads = [None] * len(weights)
+        for i in reversed(range(len(activations))):
+            if activations[i] == "relu":
+                dz = tf.where(hidden[i + 1] > 0, dz, tf.zeros_like(dz))
+            width = dz.shape[-1]
+            kernel = weights[2 * i]
+            if width is not None and width <= 8:  # narrow layer (the Q head): skip XLA's slow skinny dots
+                grads[2 * i] = tf.stack([_batch_sum(hidden[i] * dz[:, a : a + 1]) for a in range(width)], axis=1)
+            else:
+                grads[2 * i] = tf.matmul(hidden[i], dz, transpose_a=True)
+            grads[2 * i + 1] = _batch_sum(dz)
+            if i > 0:
+                if width is not None and width <= 8:
+                    dz = tf.add_n([dz[:, a : a + 1] * kernel[:, a] for a in range(width)]) if width > 1 else dz * kernel[:, 0]
+                else:
+                    dz = tf.matmul(dz, kernel, transpose_b=True)
+        return loss, tf.reduce_mean(q_taken), grads
+
+    def apply_adam(grads, iteration):
+        if clip is not None:  # tf.clip_by_global_norm's arithmetic
+            norm = tf.sqrt(tf.add_n([_sum_of_squares(g) for g in grads]))
+            scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
+            grads = [g * scale for g in grads]
+        # tf_keras Adam.update_step, dense branch.
+        local_step = tf.cast(iteration + 1, tf.float32)
+        beta_1_power = tf.pow(tf.constant(beta_1, tf.float32), local_step)
+        beta_2_power = tf.pow(tf.constant(beta_2, tf.float32), local_step)
+        lr = tf.cast(optimizer.learning_rate, tf.float32)
+        alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        for var, m_var, v_var, g in zip(params, momentums, velocities, grads):
+            m = m_var + (g - m_var) * (1 - beta_1)
+            v = v_var + (tf.square(g) - v_var) * (1 - beta_2)
+            m_var.assign(m)
+            v_var.assign(v)
+            var.assign(var - (m * alpha) / (tf.sqrt(v) + epsilon))
+
+    @tf.function(jit_compile=cfg.jit_compile, reduce_retracing=True)
+    def update(obs, actions, rewards, next_obs, terminated):
+        k_steps = tf.shape(obs)[0]
+        batch = tf.shape(obs)[1]
+        flat_next = tf.reshape(next_obs, tf.concat([[k_steps * batch], tf.shape(next_obs)[2:]], 0))
+        next_q = tf.reshape(target(flat_next, training=False), [k_steps, batch, -1])
+        all_targets = rewards + gamma * (1.0 - terminated) * tf.reduce_max(next_q, axis=-1)
+        onehots = tf.one_hot(actions, n_actions, dtype=tf.float32)
+        obs = tf.cast(obs, tf.float32)
+        iteration0 = optimizer.iterations.read_value()
+
+        def body(k, total_loss, total_q):
+            weights = [p.read_value() for p in params]
+            loss, q_mean, grads = gradients(weights, obs[k], onehots[k], all_targets[k])
+            apply_adam(grads, iteration0 + tf.cast(k, iteration0.dtype))
+            return k + 1, total_loss + loss, total_q + q_mean
+
+        _, total_loss, total_q = tf.while_loop(
+            lambda k, *_: k < k_steps, body, (tf.constant(0), tf.constant(0.0), tf.constant(0.0))
+        )
+        optimizer.iterations.assign_add(tf.cast(k_steps, optimizer.iterations.dtype))
         steps = tf.cast(k_steps, tf.float32)
         return total_loss / steps, total_q / steps
 

@@ -61,6 +61,7 @@ def test_pqat_keeps_sparsity_through_qat(trained_tiny, tmp_path):
     path, built = tflite_for(trained_tiny, tmp_path, prune={"sparsity": 0.9, "frequency": 5},
                              quantize={"mode": "qat"}, fine_tune={"steps": 150})
     assert built.details["qat"]["preserve"] == "sparsity"
+    assert set(built.details["sparsity_after_qat"]) == {"hidden_0", "hidden_1"}
     for layer, sparsity in built.details["sparsity_after_qat"].items():
         assert abs(sparsity - 0.9) <= 0.01, layer
     assert "int8" in weight_dtypes(path)

@@ -107,3 +107,45 @@ def test_best_weights_are_kept_when_periodic_eval_is_on():
     result = train(recipe)
     assert result.selected_step is not None and result.selected_return is not None
     assert 0 < result.selected_step <= recipe.train.total_timesteps
+
+
+def _update_pair(cfg):
+    """Two identical model/target/optimizer sets: one for the fast path, one for the generic path."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.networks import build_q_network
+
+    sets = []
+    for _ in range(2):
+        model, target = build_q_network((4,), 2, [32, 32]), build_q_network((4,), 2, [32, 32])
+        optimizer = tf_keras.optimizers.Adam(1e-2)
+        optimizer.build(model.trainable_variables)
+        sets.append((model, target, optimizer))
+    weights = sets[0][0].get_weights()
+    for model, target, _ in sets:
+        model.set_weights(weights)
+        target.set_weights([w * 0.9 for w in weights])
+    return sets
+
+
+def test_fast_mlp_update_equals_generic_update():
+    from compress_dqn.train import _make_generic_update_fn, _make_mlp_adam_update_fn, _mlp_adam_supported
+
+    cfg = tiny(**{"train.max_grad_norm": 0.5}).train  # clipping active
+    (m1, t1, o1), (m2, t2, o2) = _update_pair(cfg)
+    assert _mlp_adam_supported(m1, o1, cfg)
+    assert not _mlp_adam_supported(m1, o1, tiny(**{"train.double_dqn": "true"}).train)
+    fast, generic = _make_mlp_adam_update_fn(m1, t1, o1, cfg), _make_generic_update_fn(m2, t2, o2, cfg)
+    initial = m1.get_weights()
+    rng = np.random.default_rng(0)
+    for k in (1, 10, 39):  # 50 gradient steps in calls of different sizes
+        obs = rng.normal(size=(k, 16, 4)).astype(np.float32)
+        data = (obs, rng.integers(0, 2, (k, 16)).astype(np.int32), rng.normal(size=(k, 16)).astype(np.float32),
+                rng.normal(size=(k, 16, 4)).astype(np.float32), (rng.random((k, 16)) < 0.1).astype(np.float32))
+        loss_fast, _ = fast(*data)
+        loss_generic, _ = generic(*data)
+        np.testing.assert_allclose(float(loss_fast), float(loss_generic), rtol=1e-4)
+    moved = max(np.abs(a - b).max() for a, b in zip(m1.get_weights(), initial))
+    for a, b in zip(m1.get_weights(), m2.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert int(o1.iterations.numpy()) == int(o2.iterations.numpy()) == 50
+    assert moved > 1e-3  # the weights really changed

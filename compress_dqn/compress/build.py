@@ -21,7 +21,7 @@ from compress_dqn._tf import tf, tf_keras
 from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.distill import Distiller, build_student
 from compress_dqn.envs import EnvInfo
-from compress_dqn.networks import count_params, independent_copy
+from compress_dqn.networks import count_params, independent_copy, split_value_advantage
 from compress_dqn.recipe import FineTuneConfig, QuantizeConfig, Recipe, VariantConfig
 from compress_dqn.replay import ReplayBuffer
 
@@ -81,6 +81,7 @@ def fine_tune(
         loss = Distiller(
             model, baseline, replay, ft.steps, ft.learning_rate, ft.batch_size, hooks=hooks,
             max_grad_norm=recipe.train.max_grad_norm, jit_compile=jit, label=label, quiet=quiet,
+            loss=ft.loss, temperature=ft.temperature,
         ).run()
         return {"method": "distill", "gradient_steps": ft.steps, "final_loss": loss}
     from compress_dqn.train import DQNTrainer
@@ -130,6 +131,9 @@ def build_variant(
     elif variant.student:
         details["fine_tune"] = fine_tune(model, ft, recipe, baseline, replay, label=label, quiet=quiet)
 
+    # Exact reparameterisation of the output layer into advantage + value heads: quantized
+    # variants keep the action gaps (see networks.split_value_advantage).
+    model = split_value_advantage(model)
     params, _ = count_params(model)
     export_model = model
     q = variant.quantize
@@ -149,7 +153,9 @@ def build_variant(
         details["qat"]["preserve"] = preserve
         if preserve == "sparsity":
             details["sparsity_after_qat"] = {
-                name: float(1.0 - np.count_nonzero(k) / k.size) for name, k in dense_kernels(export_model).items()
+                name: float(1.0 - np.count_nonzero(k) / k.size)
+                for name, k in dense_kernels(export_model).items()
+                if name in details["sparsity"]
             }
 
     kernels = dense_kernels(export_model)

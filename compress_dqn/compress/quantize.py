@@ -44,11 +44,11 @@ def calibrate_ranges(qat: tf_keras.Model, plain: tf_keras.Model, observations: n
     """
     x = np.asarray(observations, dtype=np.float32)
     ranges = {"quantize_layer": (float(x.min()), float(x.max()))}
-    x = x.reshape(len(x), -1)
-    for layer in plain.layers:
-        if isinstance(layer, tf_keras.layers.Dense):
-            x = layer(x).numpy()
-            ranges[f"quant_{layer.name}"] = (float(min(x.min(), 0.0)), float(max(x.max(), 0.0)))
+    dense = [layer for layer in plain.layers if isinstance(layer, tf_keras.layers.Dense)]
+    probe = tf_keras.Model(plain.inputs, [layer.output for layer in dense])
+    for layer, out in zip(dense, probe(x)):
+        out = out.numpy()
+        ranges[f"quant_{layer.name}"] = (float(min(out.min(), 0.0)), float(max(out.max(), 0.0)))
     for layer in qat.layers:
         if layer.name not in ranges:
             continue
