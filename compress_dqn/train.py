@@ -287,7 +287,7 @@ def _make_mlp_adam_update_fn(
             v_var.assign(v)
             var.assign(var - (m * alpha) / (tf.sqrt(v) + epsilon))
 
-    @tf.function(jit_compile=cfg.jit_compile, reduce_retracing=True)
+    @tf.function(jit_compile=cfg.jit_compile, reduce_retracing=True, autograph=False)
     def update(obs, actions, rewards, next_obs, terminated):
         k_steps = tf.shape(obs)[0]
         batch = tf.shape(obs)[1]
