@@ -103,9 +103,35 @@ def _load_replay(path: Path, info: Any) -> Any:
     return replay
 
 
+def _same_policy(candidate: bytes, reference: bytes, observations: Any, folder: Path) -> bool:
+    """Whether a TFLite encoding loads in the runtime (XNNPACK) and computes what the reference does."""
+    import numpy as np
+
+    from compress_dqn.errors import UserError
+    from compress_dqn.export import write_bytes_atomic
+    from compress_dqn.policy import TFLitePolicy
+
+    paths = [folder / ".check-candidate.tflite", folder / ".check-reference.tflite"]
+    try:
+        for path, data in zip(paths, (candidate, reference)):
+            write_bytes_atomic(path, data)
+        try:
+            got = TFLitePolicy(paths[0]).q_values(observations)
+        except (UserError, RuntimeError, ValueError):
+            return False
+        return bool(np.allclose(got, TFLitePolicy(paths[1]).q_values(observations), rtol=1e-4, atol=1e-4))
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)
+
+
 def _export(model: Any, info: Any, out: Path, converter: Callable[[bool], Any] | None = None,
-            try_sparse: bool = False) -> dict[str, Any]:
-    """SavedModel + TFLite for one model; the sparse TFLite encoding is kept only if it is smaller."""
+            try_sparse: bool = False, check_obs: Any = None) -> dict[str, Any]:
+    """SavedModel + TFLite for one model.
+
+    With try_sparse, the TFLite sparse weight format is kept only if it is smaller AND the
+    runtime loads it and computes the same Q-values (XNNPACK cannot prepare every sparse layout).
+    """
     from compress_dqn.export import convert_tflite, export_saved_model, write_bytes_atomic
 
     export_saved_model(model, info.obs_shape, info.obs_dtype, out / "saved_model")
@@ -113,7 +139,7 @@ def _export(model: Any, info: Any, out: Path, converter: Callable[[bool], Any] |
     sparse_format = False
     if try_sparse and converter is not None:
         sparse = convert_tflite(out / "saved_model", converter(True))
-        if len(sparse) < len(data):
+        if len(sparse) < len(data) and _same_policy(sparse, data, check_obs, out):
             data, sparse_format = sparse, True
     write_bytes_atomic(out / "policy.tflite", data)
     return {"sparse_format": sparse_format}
@@ -228,7 +254,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
 
         out = run_dir / "variants" / variant.name
         built = build_variant(variant, model, _load_replay(base / "replay.npz", info), recipe, info, quiet=quiet)
-        exported = _export(built.export_model, info, out, built.converter, built.try_sparse_format)
+        exported = _export(built.export_model, info, out, built.converter, built.try_sparse_format, heldout[:500])
         size = measure_size(built.params, built.nonzero_params, out / "policy.tflite", out / "saved_model")
         evaluated = _evaluate(out / "policy.tflite", recipe, heldout, baseline_actions)
         stages.finish(key, {
