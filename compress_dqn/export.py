@@ -16,18 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from compress_dqn._tf import quiet_stderr, tf, tf_keras
+from compress_dqn.fileio import replace_dir, write_bytes_atomic
 
 SIGNATURE = "serving_default"
 INPUT_NAME = "observations"
-
-
-def _replace_dir(tmp: Path, final: Path) -> None:
-    """Swap a finished directory into place; the old one is removed only after the rename."""
-    old = final.with_name(f".old-{final.name}-{os.getpid()}")
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def serving_module(model: tf_keras.Model, obs_shape: Sequence[int], obs_dtype: np.dtype) -> tf.Module:
@@ -56,20 +48,8 @@ def export_saved_model(model: tf_keras.Model, obs_shape: Sequence[int], obs_dtyp
     module = serving_module(model, obs_shape, obs_dtype)
     with quiet_stderr():
         tf.saved_model.save(module, str(tmp), signatures={SIGNATURE: module.serve})
-    _replace_dir(tmp, path)
+    replace_dir(tmp, path)
     return path
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write a file under a temporary name, fsync, then rename into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def convert_tflite(

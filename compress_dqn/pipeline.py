@@ -4,6 +4,7 @@
       recipe.yaml            the resolved recipe (a rerun with a different recipe is refused)
       stages.json            finished stages and what they produced (a finished stage is not redone)
       baseline/weights.npz   the trained Q-network (npz, no pickle)
+      baseline/heldout_obs.npz states from the baseline's evaluation episodes (for action agreement)
       baseline/replay.npz    the final replay buffer (calibration/distillation data for compression)
       baseline/checkpoints/  resumable training state while training runs
       baseline/saved_model/  slim SavedModel, serving_default: observations -> q_values, action
@@ -26,6 +27,7 @@ from typing import Any, Callable
 import yaml
 
 from compress_dqn.errors import UserError
+from compress_dqn.fileio import load_arrays, load_dict, save_arrays, write_bytes_atomic, write_text_atomic
 from compress_dqn.recipe import Recipe, recipe_from_data
 
 SCHEMA_VERSION = 1
@@ -38,12 +40,6 @@ class RunOutcome:
     run_dir: Path
     results: dict[str, Any]
     resumed: bool
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    from compress_dqn.train import atomic_write_text
-
-    atomic_write_text(path, text)
 
 
 def _first_difference(old: Any, new: Any, prefix: str = "") -> str | None:
@@ -74,7 +70,7 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
     if run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"{run_dir}: exists and is not a compress-dqn run directory; pass another --out")
     run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_text(recipe_file, yaml.safe_dump(new, sort_keys=False))
+    write_text_atomic(recipe_file, yaml.safe_dump(new, sort_keys=False))
     return False
 
 
@@ -87,17 +83,14 @@ class Stages:
 
     def finish(self, name: str, outputs: dict[str, Any]) -> None:
         self.done[name] = outputs
-        _atomic_text(self.path, json.dumps(self.done, indent=2))
+        write_text_atomic(self.path, json.dumps(self.done, indent=2))
 
 
 def _load_replay(path: Path, info: Any) -> Any:
     """The baseline's final replay buffer, fresh for each variant (so each is reproducible alone)."""
-    import numpy as np
-
     from compress_dqn.replay import ReplayBuffer
 
-    with np.load(path, allow_pickle=False) as data:
-        state = {k: data[k] for k in data.files}
+    state = load_dict(path)
     replay = ReplayBuffer(len(state["obs"]), info.obs_shape, info.obs_dtype, info.n_actions, seed=0)
     replay.load_state_dict(state)
     return replay
@@ -107,8 +100,6 @@ def _same_policy(candidate: bytes, reference: bytes, observations: Any, folder: 
     """Whether a TFLite encoding loads in the runtime (XNNPACK) and computes what the reference does."""
     import numpy as np
 
-    from compress_dqn.errors import UserError
-    from compress_dqn.export import write_bytes_atomic
     from compress_dqn.policy import TFLitePolicy
 
     paths = [folder / ".check-candidate.tflite", folder / ".check-reference.tflite"]
@@ -132,7 +123,7 @@ def _export(model: Any, info: Any, out: Path, converter: Callable[[bool], Any] |
     With try_sparse, the TFLite sparse weight format is kept only if it is smaller AND the
     runtime loads it and computes the same Q-values (XNNPACK cannot prepare every sparse layout).
     """
-    from compress_dqn.export import convert_tflite, export_saved_model, write_bytes_atomic
+    from compress_dqn.export import convert_tflite, export_saved_model
 
     export_saved_model(model, info.obs_shape, info.obs_dtype, out / "saved_model")
     data = convert_tflite(out / "saved_model", converter(False) if converter else None)
@@ -154,7 +145,7 @@ def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any)
 
     policy = TFLitePolicy(tflite)
     stats = evaluate(policy.act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
-    actions = policy.q_values(heldout).argmax(axis=1)
+    actions = policy.actions(heldout)
     return {"return": stats.to_dict(), "action_agreement": float(np.mean(actions == baseline_actions))}
 
 
@@ -180,7 +171,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     base = run_dir / "baseline"
 
     from compress_dqn.networks import build_q_network, count_params
-    from compress_dqn.train import DQNTrainer, _load_arrays, _save_arrays
+    from compress_dqn.train import DQNTrainer
 
     # 1. Train (resumes from baseline/checkpoints when interrupted).
     if "train" not in stages.done:
@@ -191,10 +182,8 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         )
         result = trainer.train()
         base.mkdir(parents=True, exist_ok=True)
-        for name, arrays in (("weights.npz", result.model.get_weights()), ("replay.npz", result.replay.state_dict())):
-            tmp = base / f".tmp-{name}"
-            _save_arrays(tmp, arrays)
-            tmp.replace(base / name)
+        save_arrays(base / "weights.npz", result.model.get_weights())
+        save_arrays(base / "replay.npz", result.replay.state_dict())
         stages.finish("train", {
             "env_steps": result.env_steps,
             "gradient_steps": result.gradient_steps,
@@ -211,7 +200,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
             f"({result.env_steps_per_second:.0f} steps/s)")
     shutil.rmtree(base / "checkpoints", ignore_errors=True)
     model = build_q_network(info.obs_shape, info.n_actions, recipe.train.net_arch, recipe.train.activation)
-    model.set_weights(_load_arrays(base / "weights.npz"))
+    model.set_weights(load_arrays(base / "weights.npz"))
 
     # 2. Export a slim SavedModel and an fp32 TFLite file.
     if "export" not in stages.done:
@@ -224,7 +213,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
 
     # 3. Evaluate the deployed artifact (TFLite) on the fixed seeds; keep states it visited
     #    as held-out observations for the variants' action agreement.
-    heldout_path = base / "heldout_obs.npy"
+    heldout_path = base / "heldout_obs.npz"
     if "evaluate" not in stages.done:
         policy = TFLitePolicy(base / "policy.tflite")
         visited: list[np.ndarray] = []
@@ -236,14 +225,12 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         stats = evaluate(act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
         rng = np.random.default_rng(recipe.eval.seed)
         pick = rng.choice(len(visited), size=min(len(visited), 5000), replace=False)
-        tmp = base / ".tmp-heldout_obs.npy"
-        np.save(tmp, np.stack([visited[i] for i in sorted(pick)]))
-        tmp.replace(heldout_path)
+        save_arrays(heldout_path, {"observations": np.stack([visited[i] for i in sorted(pick)])})
         stages.finish("evaluate", {"return": stats.to_dict(), "action_agreement": 1.0})
         log(f"[baseline] return {stats.mean:.1f} ± {stats.std:.1f} over {recipe.eval.episodes} episodes "
             f"(95% CI {stats.ci95[0]:.1f}..{stats.ci95[1]:.1f})")
-    heldout = np.load(heldout_path, allow_pickle=False)
-    baseline_actions = TFLitePolicy(base / "policy.tflite").q_values(heldout).argmax(axis=1)
+    heldout = load_dict(heldout_path)["observations"]
+    baseline_actions = TFLitePolicy(base / "policy.tflite").actions(heldout)
 
     # 4. Variants: build from the baseline, export, evaluate on the same seeds.
     for variant in recipe.variants:
@@ -277,7 +264,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         + [_variant_entry(v.name, stages.done[f"variant:{v.name}"], stages.done[f"variant:{v.name}"])
            for v in recipe.variants],
     }
-    _atomic_text(run_dir / "results.json", json.dumps(results, indent=2))
+    write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2))
     return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
 
 

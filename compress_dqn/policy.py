@@ -26,6 +26,7 @@ class Policy(Protocol):
     n_actions: int
 
     def q_values(self, obs: np.ndarray) -> np.ndarray: ...
+    def actions(self, obs: np.ndarray) -> np.ndarray: ...
     def act(self, obs: np.ndarray) -> int: ...
 
 
@@ -95,6 +96,11 @@ class TFLitePolicy:
             q = (q.astype(np.float32) - zero_point) * scale
         return np.asarray(q, dtype=np.float32)
 
+    def actions(self, obs: np.ndarray) -> np.ndarray:
+        """The policy's greedy actions for a batch (its `action` output, which is what it plays)."""
+        self._run(np.asarray(obs))
+        return np.array(self._interp.get_tensor(self._action["index"]))
+
     def act(self, obs: np.ndarray) -> int:
         self._run(np.asarray(obs)[None])
         return int(self._interp.get_tensor(self._action["index"])[0])
@@ -135,6 +141,9 @@ class SavedModelPolicy:
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         return self._call(obs)["q_values"].numpy()
+
+    def actions(self, obs: np.ndarray) -> np.ndarray:
+        return self._call(obs)["action"].numpy()
 
     def act(self, obs: np.ndarray) -> int:
         return int(self._call(np.asarray(obs)[None])["action"].numpy()[0])

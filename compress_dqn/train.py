@@ -27,6 +27,7 @@ import numpy as np
 from compress_dqn._tf import configure_threads, set_seed, tf, tf_keras
 from compress_dqn.envs import EnvInfo, env_info, make_env, rng_state, seed_env, set_rng_state
 from compress_dqn.evaluate import run_episodes
+from compress_dqn.fileio import load_arrays, load_dict, save_arrays, write_text_atomic
 from compress_dqn.networks import build_q_network, make_actor, q_from_outputs
 from compress_dqn.progress import Progress
 from compress_dqn.recipe import EnvConfig, ReplayConfig, TrainConfig
@@ -330,23 +331,6 @@ def make_soft_update_fn(model: tf_keras.Model, target: tf_keras.Model) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-def _save_arrays(path: Path, arrays: list[np.ndarray] | dict[str, np.ndarray]) -> None:
-    if isinstance(arrays, list):
-        arrays = {f"a{i:04d}": a for i, a in enumerate(arrays)}
-    with open(path, "wb") as fh:
-        np.savez(fh, **arrays)
-
-
-def _load_arrays(path: Path) -> list[np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        return [data[k] for k in sorted(data.files)]
-
-
-def _load_dict(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
-
-
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     """The newest complete checkpoint, or None."""
     pointer = ckpt_dir / "latest"
@@ -354,16 +338,6 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
         return None
     path = ckpt_dir / pointer.read_text().strip()
     return path if (path / "state.json").exists() else None
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a small file under a temporary name, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -501,12 +475,12 @@ class DQNTrainer:
         tmp = self.ckpt_dir / f".tmp-{name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        _save_arrays(tmp / "model.npz", self.model.get_weights())
-        _save_arrays(tmp / "target.npz", self.target.get_weights())
-        _save_arrays(tmp / "optimizer.npz", [v.numpy() for v in self.optimizer.variables()])
-        _save_arrays(tmp / "replay.npz", self.replay.state_dict())
+        save_arrays(tmp / "model.npz", self.model.get_weights())
+        save_arrays(tmp / "target.npz", self.target.get_weights())
+        save_arrays(tmp / "optimizer.npz", [v.numpy() for v in self.optimizer.variables()])
+        save_arrays(tmp / "replay.npz", self.replay.state_dict())
         if self.best_weights is not None:
-            _save_arrays(tmp / "best.npz", self.best_weights)
+            save_arrays(tmp / "best.npz", self.best_weights)
         state = {
             "step": self.step,
             "gradient_step": self.gradient_step,
@@ -521,25 +495,25 @@ class DQNTrainer:
             "rng": json.dumps(self.rng.bit_generator.state),
             "env_rng": rng_state(self.env),
         }
-        atomic_write_text(tmp / "state.json", json.dumps(state))
+        write_text_atomic(tmp / "state.json", json.dumps(state))
         final = self.ckpt_dir / name
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         previous = latest_checkpoint(self.ckpt_dir)
-        atomic_write_text(self.ckpt_dir / "latest", name)
+        write_text_atomic(self.ckpt_dir / "latest", name)
         if previous is not None and previous != final:
             shutil.rmtree(previous, ignore_errors=True)
         return final
 
     def _restore(self, path: Path) -> None:
         state = json.loads((path / "state.json").read_text())
-        self.model.set_weights(_load_arrays(path / "model.npz"))
-        self.target.set_weights(_load_arrays(path / "target.npz"))
-        for var, value in zip(self.optimizer.variables(), _load_arrays(path / "optimizer.npz")):
+        self.model.set_weights(load_arrays(path / "model.npz"))
+        self.target.set_weights(load_arrays(path / "target.npz"))
+        for var, value in zip(self.optimizer.variables(), load_arrays(path / "optimizer.npz")):
             var.assign(value)
-        self.replay.load_state_dict(_load_dict(path / "replay.npz"))
+        self.replay.load_state_dict(load_dict(path / "replay.npz"))
         if (path / "best.npz").exists():
-            self.best_weights = _load_arrays(path / "best.npz")
+            self.best_weights = load_arrays(path / "best.npz")
         self.step, self.gradient_step, self.episodes = state["step"], state["gradient_step"], state["episodes"]
         self.pending_target_updates = state["pending_target_updates"]
         self.next_checkpoint, self.next_eval = state["next_checkpoint"], state["next_eval"]

@@ -76,3 +76,10 @@ def test_bad_policy_files_get_clear_errors(tmp_path, exported):
             load_policy(path)
     with pytest.raises(UserError, match=r"shape \(4,\) but LunarLander-v3 gives \(8,\)"):
         check_compatible(load_policy(out / "policy.tflite"), (8,), 4, "LunarLander-v3", "policy.tflite")
+
+
+def test_batch_actions_equal_one_by_one_actions(exported):
+    _, out = exported
+    obs = np.random.default_rng(3).normal(0, 2, size=(200, 4)).astype(np.float32)
+    for policy in (load_policy(out / "saved_model"), load_policy(out / "policy.tflite")):
+        assert policy.actions(obs).tolist() == [policy.act(o) for o in obs]

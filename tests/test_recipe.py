@@ -1,7 +1,5 @@
-import json
 import subprocess
 import sys
-import time
 
 import pytest
 

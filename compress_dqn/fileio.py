@@ -1,0 +1,66 @@
+"""Artifacts are written under a temporary name, synced and renamed into place, so an
+interrupted run never leaves a half-written file; arrays go to npz, never pickle."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".tmp-{path.name}-{os.getpid()}")
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write a file under a temporary name, fsync, then rename into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """write_bytes_atomic for UTF-8 text."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def save_arrays(path: Path, arrays: list[np.ndarray] | dict[str, np.ndarray]) -> None:
+    """np.savez (a list keeps its order) written atomically."""
+    if isinstance(arrays, list):
+        arrays = {f"a{i:04d}": a for i, a in enumerate(arrays)}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load_arrays(path: Path) -> list[np.ndarray]:
+    """Arrays saved from a list, in order (allow_pickle=False)."""
+    with np.load(path, allow_pickle=False) as data:
+        return [data[k] for k in sorted(data.files)]
+
+
+def load_dict(path: Path) -> dict[str, np.ndarray]:
+    """Arrays saved from a dict (allow_pickle=False)."""
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Swap a finished directory into place; the old one is removed only after the rename."""
+    old = final.with_name(f".old-{final.name}-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
