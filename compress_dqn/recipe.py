@@ -324,8 +324,8 @@ class FineTuneConfig(StrictModel):
     batch_size: PositiveCount = 256
     """Observations per distillation step (td uses train.batch_size)."""
     loss: Literal["policy", "mse"] = "policy"
-    """distill loss: policy = KL of softmax(Q/temperature) + value error (keeps the action
-    ranking; Rusu et al. 2016); mse = squared error of all Q-values (can flip near-tied actions)."""
+    """distill loss: policy = KL of softmax(Q/temperature) (keeps the action ranking; Rusu et al.
+    2016) + Q error / Q variance (keeps the scale); mse = squared Q error (can flip near-tied actions)."""
     temperature: _real(0.0, None, lo_open=True) = 0.01
     """Softmax temperature of the policy loss, in Q units: gaps above it are ranked sharply."""
 
