@@ -45,3 +45,24 @@ def test_variants_use_the_baselines_episode_seeds(tmp_path, monkeypatch):
     calls.clear()
     again = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
     assert calls == [] and again.results == results
+
+
+def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path):
+    import numpy as np
+
+    from compress_dqn.export import convert_tflite, export_saved_model
+    from compress_dqn.networks import build_q_network
+    from compress_dqn.pipeline import _same_policy
+
+    obs = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
+    blobs = []
+    for seed in (0, 1):
+        from compress_dqn._tf import tf_keras
+
+        tf_keras.utils.set_random_seed(seed)
+        export_saved_model(build_q_network((4,), 2, [8]), (4,), np.float32, tmp_path / f"sm{seed}")
+        blobs.append(convert_tflite(tmp_path / f"sm{seed}"))
+    assert _same_policy(blobs[0], blobs[0], obs, tmp_path)
+    assert not _same_policy(blobs[1], blobs[0], obs, tmp_path)  # loads, but another policy
+    assert not _same_policy(blobs[0][:100], blobs[0], obs, tmp_path)  # does not load
+    assert not list(tmp_path.glob(".check-*"))  # scratch files are cleaned up
