@@ -120,5 +120,30 @@ def evaluate(policy: Path, env_id: str, episodes: int, seed: int) -> None:
     click.echo(json.dumps({"policy": str(policy), "env_id": env_id, "seed": seed, "return": stats.to_dict()}))
 
 
+@main.command()
+@click.argument("policy", type=click.Path(path_type=Path))
+@click.option("--calls", type=click.IntRange(min=100), default=2000, show_default=True, help="Timed batch-1 calls.")
+@click.option("--memory/--no-memory", default=True, show_default=True, help="Also measure peak RSS in a fresh process.")
+@_user_errors
+def bench(policy: Path, calls: int, memory: bool) -> None:
+    """Measure one .tflite file or SavedModel directory: size, latency, inference memory (JSON)."""
+    import numpy as np
+
+    from compress_dqn.measure import dir_bytes, gzip_bytes, measure_latency, measure_memory
+    from compress_dqn.policy import TFLitePolicy, load_policy
+
+    loaded = load_policy(policy)
+    runtime = "tflite" if isinstance(loaded, TFLitePolicy) else "saved_model"
+    obs = np.random.default_rng(0).normal(size=(1000, *loaded.obs_shape)).astype(np.float32)
+    report = {
+        "policy": str(policy),
+        "runtime": runtime,
+        "size": {"bytes": dir_bytes(policy), "gzip_bytes": gzip_bytes(policy) if runtime == "tflite" else None},
+        "latency_us": measure_latency(loaded, obs, calls=calls).to_dict(),
+        "memory_bytes": measure_memory(policy, runtime) if memory else None,
+    }
+    click.echo(json.dumps(report))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

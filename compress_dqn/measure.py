@@ -1,10 +1,23 @@
-"""Artifact sizes. Gzip is where sparsity shows: a pruned TFLite file is no smaller until compressed."""
+"""Size, latency and inference memory of policy artifacts.
+
+Gzip is where sparsity shows: a pruned TFLite file is no smaller until compressed. Latency is
+batch-1 action latency (observation in, action out) after warm-up, the number that matters for
+an agent acting in a loop, plus batch-256 throughput. Inference memory is measured in a fresh
+subprocess per artifact that loads only its runtime (compress_dqn._memory_probe).
+"""
 
 from __future__ import annotations
 
 import gzip
+import json
+import subprocess
+import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 
 def dir_bytes(path: Path) -> int:
@@ -43,3 +56,70 @@ def measure_size(params: int, nonzero_params: int, tflite: Path, saved_model: Pa
         tflite_gzip_bytes=gzip_bytes(tflite),
         saved_model_bytes=dir_bytes(saved_model),
     )
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Batch-1 action latency in microseconds, and batch-256 throughput."""
+
+    p50: float
+    p99: float
+    mean: float
+    calls: int
+    batch256_obs_per_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_latency(policy: Any, observations: np.ndarray, calls: int = 2000, warmup: int = 200) -> LatencyStats:
+    """Time `policy.act(obs)` one observation at a time, then `policy.actions` on batches of 256."""
+    observations = np.asarray(observations)
+    n = len(observations)
+    for i in range(warmup):
+        policy.act(observations[i % n])
+    times = np.empty(calls)
+    for i in range(calls):
+        obs = observations[i % n]
+        start = time.perf_counter_ns()
+        policy.act(obs)
+        times[i] = time.perf_counter_ns() - start
+    batch = observations[np.arange(256) % n]
+    policy.actions(batch)  # warm-up (and tensor resize for TFLite)
+    repeats = 50
+    start = time.perf_counter()
+    for _ in range(repeats):
+        policy.actions(batch)
+    elapsed = time.perf_counter() - start
+    policy.actions(observations[:1])  # leave a TFLite interpreter sized for acting again
+    return LatencyStats(
+        p50=float(np.percentile(times, 50) / 1e3),
+        p99=float(np.percentile(times, 99) / 1e3),
+        mean=float(times.mean() / 1e3),
+        calls=calls,
+        batch256_obs_per_s=float(256 * repeats / elapsed),
+    )
+
+
+def measure_memory(artifact: Path, runtime: str, steps: int = 1000, timeout: float = 300) -> dict[str, Any]:
+    """Peak RSS of a fresh process that loads one artifact with its runtime and acts `steps` times.
+
+    runtime is "tflite" (ai_edge_litert only, no TensorFlow) or "saved_model" (TensorFlow).
+    """
+    if runtime not in ("tflite", "saved_model"):
+        raise ValueError(f"runtime {runtime!r}: expected tflite or saved_model")
+    done = subprocess.run(
+        [sys.executable, "-m", "compress_dqn._memory_probe", runtime, str(artifact), str(steps)],
+        capture_output=True, text=True, timeout=timeout,
+    )
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"memory probe for {artifact} failed: {tail}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def gpu_note() -> str | None:
+    """None when TensorFlow sees a GPU, else the reason GPU figures are missing."""
+    from compress_dqn._tf import tf
+
+    return None if tf.config.list_physical_devices("GPU") else "no GPU on this machine"

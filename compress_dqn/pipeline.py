@@ -10,7 +10,8 @@
       baseline/saved_model/  slim SavedModel, serving_default: observations -> q_values, action
       baseline/policy.tflite fp32 TFLite with the same signature
       tensorboard/baseline/  TensorBoard scalars
-      results.json           schema_version 1
+      results.json           schema_version 1 (latency_us.cpu and memory_bytes.cpu_rss per runtime;
+                             gpu fields null with the reason in "gpu" where no GPU is visible)
 
 Every file is written under a temporary name and renamed, so an interrupted run never leaves
 a half-written artifact behind, and rerunning the same command picks up where it stopped.
@@ -255,28 +256,56 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         log(f"[{variant.name}] return {evaluated['return']['mean']:.1f}, TFLite {size.tflite_bytes} bytes "
             f"({size.tflite_gzip_bytes} gzipped), agreement {evaluated['action_agreement']:.3f}")
 
+    # 5. Measure every artifact: batch-1 latency and throughput, inference memory per runtime.
+    gpu_note = None
+    for name, folder in [("baseline", base)] + [(v.name, run_dir / "variants" / v.name) for v in recipe.variants]:
+        key = f"measure:{name}"
+        if key in stages.done:
+            continue
+        from compress_dqn.measure import gpu_note as find_gpu_note, measure_latency, measure_memory
+        from compress_dqn.policy import SavedModelPolicy
+
+        gpu_note = find_gpu_note()
+        latency = {
+            "tflite": measure_latency(TFLitePolicy(folder / "policy.tflite"), heldout).to_dict(),
+            "saved_model": measure_latency(SavedModelPolicy(folder / "saved_model"), heldout).to_dict(),
+        }
+        memory = {
+            "tflite": measure_memory(folder / "policy.tflite", "tflite"),
+            "saved_model": measure_memory(folder / "saved_model", "saved_model"),
+        }
+        stages.finish(key, {"latency_us": {"cpu": latency, "gpu": None},
+                            "memory_bytes": {"cpu_rss": memory, "gpu_peak": None},
+                            "gpu_note": gpu_note})
+        log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
+            f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {memory['saved_model']['peak_rss'] / 2**20:.0f} MiB")
+
     results = {
         "schema_version": SCHEMA_VERSION,
         "env_id": recipe.env.id,
         "eval": {"episodes": recipe.eval.episodes, "seed": recipe.eval.seed},
         "train": stages.done["train"],
-        "variants": [_variant_entry("baseline", stages.done["export"], stages.done["evaluate"])]
-        + [_variant_entry(v.name, stages.done[f"variant:{v.name}"], stages.done[f"variant:{v.name}"])
+        "gpu": stages.done["measure:baseline"]["gpu_note"] or "visible",
+        "variants": [_variant_entry("baseline", stages.done["export"], stages.done["evaluate"],
+                                    stages.done["measure:baseline"])]
+        + [_variant_entry(v.name, stages.done[f"variant:{v.name}"], stages.done[f"variant:{v.name}"],
+                          stages.done[f"measure:{v.name}"])
            for v in recipe.variants],
     }
     write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2))
     return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
 
 
-def _variant_entry(name: str, exported: dict[str, Any], evaluated: dict[str, Any]) -> dict[str, Any]:
+def _variant_entry(name: str, exported: dict[str, Any], evaluated: dict[str, Any],
+                   measured: dict[str, Any]) -> dict[str, Any]:
     entry = {
         "name": name,
         "artifacts": exported["artifacts"],
         "return": evaluated["return"],
         "action_agreement": evaluated["action_agreement"],
         "size": exported["size"],
-        "latency_us": {"cpu": None, "gpu": None},
-        "memory_bytes": {"cpu_rss": None, "gpu_peak": None},
+        "latency_us": measured["latency_us"],
+        "memory_bytes": measured["memory_bytes"],
     }
     if "compression" in exported:
         entry["compression"] = exported["compression"]

@@ -27,7 +27,15 @@ def test_run_writes_results_and_rerun_resumes(tmp_path):
     assert size["params"] == (4 * 16 + 16) + (16 * 16 + 16) + (16 * 2 + 2)
     assert 0 < size["tflite_gzip_bytes"] < size["tflite_bytes"]
     assert size["saved_model_bytes"] > 0
-    assert baseline["latency_us"] == {"cpu": None, "gpu": None}
+    for runtime in ("tflite", "saved_model"):
+        latency = baseline["latency_us"]["cpu"][runtime]
+        assert 0 < latency["p50"] <= latency["p99"] and latency["calls"] == 2000
+        memory = baseline["memory_bytes"]["cpu_rss"][runtime]
+        assert memory["peak_rss"] >= memory["process_baseline_rss"] > 0
+    assert baseline["memory_bytes"]["cpu_rss"]["tflite"]["imports_tensorflow"] is False
+    assert baseline["memory_bytes"]["cpu_rss"]["saved_model"]["imports_tensorflow"] is True
+    if results["gpu"] == "no GPU on this machine":
+        assert baseline["latency_us"]["gpu"] is None and baseline["memory_bytes"]["gpu_peak"] is None
     assert list((out / "tensorboard" / "baseline").glob("events.out.tfevents.*"))
     assert (out / "recipe.yaml").is_file()
 

@@ -1,0 +1,56 @@
+"""Run as `python -m compress_dqn._memory_probe RUNTIME PATH STEPS`: load one policy with only the
+runtime it needs, act STEPS times, print JSON with the peak RSS. A fresh process per artifact, so
+the figure is that runtime's cost alone; the TFLite path never imports TensorFlow."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+
+
+def _peak_rss_bytes() -> int:
+    """This process image's peak RSS. Not ru_maxrss: on Linux that survives exec, so a probe
+    forked from a TensorFlow process would report the parent's ~700 MB. VmHWM belongs to the
+    current address space."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def _current_rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def main() -> None:
+    runtime, path, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    import numpy as np
+
+    from compress_dqn.policy import SavedModelPolicy, TFLitePolicy
+
+    before = _current_rss_bytes()  # interpreter + numpy + our package: the floor of any policy process
+    policy = TFLitePolicy(path) if runtime == "tflite" else SavedModelPolicy(path)
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(steps, *policy.obs_shape)).astype(np.float32)
+    for row in obs:
+        policy.act(row)
+    peak = _peak_rss_bytes()
+    print(json.dumps({
+        "runtime": runtime,
+        "steps": steps,
+        "process_baseline_rss": before,
+        "peak_rss": peak,
+        "policy_rss": peak - before,
+        "imports_tensorflow": "tensorflow" in sys.modules,
+    }))
+
+
+if __name__ == "__main__":
+    main()

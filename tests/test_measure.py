@@ -1,0 +1,68 @@
+"""Measurement on tiny artifacts: positive, consistent figures; the TFLite probe stays TensorFlow-free."""
+
+import json
+
+import numpy as np
+import pytest
+
+from compress_dqn.compress.quantize import converter_setup
+from compress_dqn.export import convert_tflite, export_saved_model
+from compress_dqn.fileio import write_bytes_atomic
+from compress_dqn.measure import gzip_bytes, measure_latency, measure_memory
+from compress_dqn.networks import build_q_network
+from compress_dqn.policy import load_policy
+from compress_dqn.recipe import QuantizeConfig
+
+from conftest import cli
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    out = tmp_path_factory.mktemp("measure")
+    model = build_q_network((4,), 2, [128, 128])
+    export_saved_model(model, (4,), np.float32, out / "sm")
+    obs = np.random.default_rng(0).normal(size=(200, 4)).astype(np.float32)
+    write_bytes_atomic(out / "fp32.tflite", convert_tflite(out / "sm"))
+    write_bytes_atomic(out / "int8.tflite", convert_tflite(out / "sm", converter_setup(QuantizeConfig(mode="int8"), obs)))
+    sparse = build_q_network((4,), 2, [128, 128])
+    sparse.set_weights([np.where(np.random.default_rng(1).random(w.shape) < 0.9, 0.0, w) for w in model.get_weights()])
+    export_saved_model(sparse, (4,), np.float32, out / "sparse_sm")
+    write_bytes_atomic(out / "sparse.tflite", convert_tflite(out / "sparse_sm"))
+    return out, obs
+
+
+def test_sizes_are_consistent(artifacts):
+    out, _ = artifacts
+    fp32, int8, sparse = (out / f"{n}.tflite" for n in ("fp32", "int8", "sparse"))
+    assert int8.stat().st_size < 0.5 * fp32.stat().st_size
+    assert gzip_bytes(sparse) < 0.5 * gzip_bytes(fp32)  # sparsity shows once compressed
+    assert abs(sparse.stat().st_size - fp32.stat().st_size) < 0.05 * fp32.stat().st_size  # ...and not before
+
+
+def test_latency_is_positive_and_ordered(artifacts):
+    out, obs = artifacts
+    stats = measure_latency(load_policy(out / "int8.tflite"), obs, calls=300, warmup=20)
+    assert 0 < stats.p50 <= stats.p99 and stats.calls == 300 and stats.batch256_obs_per_s > 0
+    saved = measure_latency(load_policy(out / "sm"), obs, calls=300, warmup=20)
+    assert saved.p50 > stats.p50  # TensorFlow's per-call overhead dwarfs a TFLite invoke
+
+
+def test_tflite_memory_probe_does_not_import_tensorflow(artifacts):
+    out, _ = artifacts
+    lite = measure_memory(out / "int8.tflite", "tflite", steps=100)
+    assert lite["imports_tensorflow"] is False
+    assert lite["peak_rss"] >= lite["process_baseline_rss"] > 0
+    served = measure_memory(out / "sm", "saved_model", steps=100)
+    assert served["imports_tensorflow"] is True
+    assert served["peak_rss"] > 2 * lite["peak_rss"]
+
+
+def test_bench_cli_prints_json(artifacts):
+    out, _ = artifacts
+    result = cli("bench", str(out / "int8.tflite"), "--calls", "200")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["runtime"] == "tflite" and report["size"]["bytes"] > 0
+    assert report["latency_us"]["p50"] > 0 and report["memory_bytes"]["imports_tensorflow"] is False
+    bad = cli("bench", str(out / "missing.tflite"))
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ")
