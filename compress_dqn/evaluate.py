@@ -56,6 +56,31 @@ def summarize(returns: Iterable[float]) -> ReturnStats:
     )
 
 
+def paired_difference(variant: list[float], baseline: list[float], tolerance: float = 0.01) -> dict:
+    """Compare a variant with the baseline episode by episode (same seeds, so the noise of the
+    episode draw cancels): mean difference, its 95% bootstrap CI, and a verdict.
+
+    Verdicts: "gain" (CI above 0), "no measurable loss" (CI lower end above -tolerance x |baseline
+    mean|), "loss" (CI below 0 and past the tolerance), "inconclusive" (CI includes 0 but cannot
+    rule out a loss beyond the tolerance: more episodes are needed).
+    """
+    a, b = np.asarray(variant, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"paired comparison needs the same episodes: {a.shape} vs {b.shape}")
+    diff = a - b
+    lo, hi = bootstrap_ci(diff)
+    floor = -tolerance * abs(float(b.mean()))
+    if lo > 0:
+        verdict = "gain"
+    elif lo >= floor:
+        verdict = "no measurable loss"
+    elif hi < 0:
+        verdict = "loss"
+    else:
+        verdict = "inconclusive"
+    return {"mean": float(diff.mean()), "ci95": [lo, hi], "verdict": verdict, "tolerance": tolerance}
+
+
 def run_episodes(act: Act, env: EnvConfig, seeds: Iterable[int]) -> list[float]:
     """Play one greedy episode per seed and return the undiscounted returns."""
     instance = make_env(env.id, env.kwargs, env.max_episode_steps)

@@ -292,6 +292,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
                           stages.done[f"measure:{v.name}"])
            for v in recipe.variants],
     }
+    _add_paired_comparisons(results["variants"])
     write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2))
     return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
 
@@ -310,3 +311,12 @@ def _variant_entry(name: str, exported: dict[str, Any], evaluated: dict[str, Any
     if "compression" in exported:
         entry["compression"] = exported["compression"]
     return entry
+
+
+def _add_paired_comparisons(variants: list[dict[str, Any]]) -> None:
+    """Each variant's return against the baseline's, episode by episode."""
+    from compress_dqn.evaluate import paired_difference
+
+    baseline = variants[0]["return"]["episodes"]
+    for entry in variants[1:]:
+        entry["return_vs_baseline"] = paired_difference(entry["return"]["episodes"], baseline)

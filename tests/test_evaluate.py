@@ -34,3 +34,20 @@ def test_bootstrap_ci_covers_the_mean_and_narrows_with_more_data():
     large = bootstrap_ci(rng.normal(10, 2, 2000))
     assert small[0] < 10 < small[1] or abs(np.mean(small) - 10) < 2
     assert (large[1] - large[0]) < (small[1] - small[0])
+
+
+def test_paired_difference_verdicts():
+    from compress_dqn.evaluate import paired_difference
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(100, 30, 100)
+    assert paired_difference(base + 0.0, base)["verdict"] == "no measurable loss"
+    assert paired_difference(base + 5.0, base)["verdict"] == "gain"
+    assert paired_difference(base - 20.0, base)["verdict"] == "loss"
+    noisy = base + rng.normal(0, 60, 100)  # same mean, huge per-episode noise
+    result = paired_difference(noisy, base)
+    assert result["verdict"] in ("inconclusive", "gain", "loss")
+    assert result["ci95"][0] < result["mean"] < result["ci95"][1]
+    # Pairing removes the shared episode noise: a constant shift is pinned down exactly.
+    shifted = paired_difference(base - 3.0, base)
+    assert np.allclose(shifted["ci95"], [-3.0, -3.0])
