@@ -121,6 +121,17 @@ def evaluate(policy: Path, env_id: str, episodes: int, seed: int) -> None:
 
 
 @main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@_user_errors
+def report(run_dir: Path) -> None:
+    """Re-render results.csv, report.md, report.html and the plots from RUN_DIR/results.json."""
+    from compress_dqn.report import write_report
+
+    for path in write_report(run_dir):
+        click.echo(str(path))
+
+
+@main.command()
 @click.argument("policy", type=click.Path(path_type=Path))
 @click.option("--calls", type=click.IntRange(min=100), default=2000, show_default=True, help="Timed batch-1 calls.")
 @click.option("--memory/--no-memory", default=True, show_default=True, help="Also measure peak RSS in a fresh process.")

@@ -10,6 +10,7 @@
       baseline/saved_model/  slim SavedModel, serving_default: observations -> q_values, action
       baseline/policy.tflite fp32 TFLite with the same signature
       tensorboard/baseline/  TensorBoard scalars
+      results.csv, report.md, report.html, *.png   the report (compress-dqn report re-renders it)
       results.json           schema_version 1 (latency_us.cpu and memory_bytes.cpu_rss per runtime;
                              gpu fields null with the reason in "gpu" where no GPU is visible)
 
@@ -294,6 +295,9 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     }
     _add_paired_comparisons(results["variants"])
     write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2))
+    from compress_dqn.report import write_report
+
+    write_report(run_dir)
     return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
 
 

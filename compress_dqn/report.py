@@ -1,0 +1,337 @@
+"""Turn results.json into results.csv, report.md, a self-contained report.html and PNG plots.
+
+The headline a reader needs first: which variant is smallest (or fastest) while keeping the
+baseline's return, and by how much. Pure data in, files out; no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from compress_dqn.errors import UserError
+from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
+
+KEEPS_RETURN = ("no measurable loss", "gain")
+
+
+def pareto_front(costs: Sequence[float], returns: Sequence[float]) -> list[int]:
+    """Indices of points no other point beats on both cost (lower) and return (higher)."""
+    front = []
+    for i, (cost, ret) in enumerate(zip(costs, returns)):
+        dominated = any(
+            (c <= cost and r >= ret) and (c < cost or r > ret) for j, (c, r) in enumerate(zip(costs, returns)) if j != i
+        )
+        if not dominated:
+            front.append(i)
+    return sorted(front, key=lambda i: costs[i])
+
+
+def _get(entry: dict, *path: str) -> Any:
+    for key in path:
+        if not isinstance(entry, dict) or entry.get(key) is None:
+            return None
+        entry = entry[key]
+    return entry
+
+
+def rows(results: dict) -> list[dict[str, Any]]:
+    """One flat row per variant (the CSV, and the tables)."""
+    out = []
+    for v in results["variants"]:
+        out.append({
+            "name": v["name"],
+            "return_mean": v["return"]["mean"],
+            "return_std": v["return"]["std"],
+            "return_ci_low": v["return"]["ci95"][0],
+            "return_ci_high": v["return"]["ci95"][1],
+            "diff_mean": _get(v, "return_vs_baseline", "mean") if v["name"] != "baseline" else 0.0,
+            "diff_ci_low": (_get(v, "return_vs_baseline", "ci95") or [0.0, 0.0])[0],
+            "diff_ci_high": (_get(v, "return_vs_baseline", "ci95") or [0.0, 0.0])[1],
+            "verdict": _get(v, "return_vs_baseline", "verdict") or ("reference" if v["name"] == "baseline" else None),
+            "action_agreement": v.get("action_agreement"),
+            "params": v["size"]["params"],
+            "nonzero_params": v["size"]["nonzero_params"],
+            "tflite_bytes": v["size"]["tflite_bytes"],
+            "tflite_gzip_bytes": v["size"]["tflite_gzip_bytes"],
+            "saved_model_bytes": v["size"]["saved_model_bytes"],
+            "tflite_p50_us": _get(v, "latency_us", "cpu", "tflite", "p50"),
+            "tflite_p99_us": _get(v, "latency_us", "cpu", "tflite", "p99"),
+            "saved_model_p50_us": _get(v, "latency_us", "cpu", "saved_model", "p50"),
+            "tflite_peak_rss": _get(v, "memory_bytes", "cpu_rss", "tflite", "peak_rss"),
+            "saved_model_peak_rss": _get(v, "memory_bytes", "cpu_rss", "saved_model", "peak_rss"),
+        })
+    return out
+
+
+def headline(results: dict) -> list[str]:
+    """The findings a reader should see first, as sentences."""
+    table = rows(results)
+    base = table[0]
+    keepers = [r for r in table[1:] if r["verdict"] in KEEPS_RETURN]
+    lines = []
+    if keepers:
+        small = min(keepers, key=lambda r: r["tflite_gzip_bytes"])
+        lines.append(
+            f"Smallest policy that keeps the baseline's return: {small['name']}, "
+            f"{small['tflite_gzip_bytes']:,} bytes gzipped, {base['tflite_bytes'] / small['tflite_gzip_bytes']:.0f}x "
+            f"smaller than the fp32 baseline ({base['tflite_bytes']:,} bytes), return {small['return_mean']:.1f} "
+            f"vs {base['return_mean']:.1f} ({small['verdict']})."
+        )
+        timed = [r for r in keepers if r["tflite_p50_us"] is not None]
+        if timed and base["tflite_p50_us"] is not None:
+            fast = min(timed, key=lambda r: r["tflite_p50_us"])
+            lines.append(
+                f"Fastest: {fast['name']}, {fast['tflite_p50_us']:.1f} us per action (TFLite, batch 1, p50) vs "
+                f"{base['tflite_p50_us']:.1f} us for the fp32 TFLite baseline and "
+                f"{base['saved_model_p50_us']:.0f} us through TensorFlow."
+            )
+    else:
+        lines.append("No variant kept the baseline's return (see the verdicts below).")
+    losses = [r["name"] for r in table[1:] if r["verdict"] == "loss"]
+    if losses:
+        lines.append(f"Measurable loss of return: {', '.join(losses)}.")
+    if base["tflite_peak_rss"] and base["saved_model_peak_rss"]:
+        lines.append(
+            f"Serving memory: a TFLite policy process peaks at {base['tflite_peak_rss'] / 2**20:.0f} MiB; "
+            f"the same policy through TensorFlow at {base['saved_model_peak_rss'] / 2**20:.0f} MiB."
+        )
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------
+
+_VERDICT_COLORS = {"reference": "#333333", "gain": "#1a9850", "no measurable loss": "#4575b4",
+                   "inconclusive": "#fdae61", "loss": "#d73027", None: "#999999"}
+
+
+def _figure_bytes(fig: Any) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def plot_return_vs(results: dict, cost_key: str, xlabel: str, title: str) -> bytes | None:
+    """Return (with 95% CI) against a cost on a log axis; Pareto front highlighted; points labelled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = [r for r in rows(results) if r[cost_key]]
+    if not table:
+        return None
+    costs = [r[cost_key] for r in table]
+    means = [r["return_mean"] for r in table]
+    fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    front = pareto_front(costs, means)
+    ax.plot([costs[i] for i in front], [means[i] for i in front], "-", color="#bbbbbb", lw=6, alpha=0.6, zorder=1)
+    ax.plot([costs[i] for i in front], [means[i] for i in front], "o", ms=16, mfc="none", mec="#888888", mew=2,
+            zorder=2, label="Pareto front")
+    # Stagger labels left to right so points at the same return (CartPole's 500s) stay readable.
+    order = sorted(range(len(table)), key=lambda i: costs[i])
+    offsets = [(6, 8), (6, -14), (6, 20), (6, -26)]
+    for rank, i in enumerate(order):
+        r, cost, mean = table[i], costs[i], means[i]
+        color = _VERDICT_COLORS.get(r["verdict"], "#999999")
+        ax.errorbar(cost, mean, yerr=[[mean - r["return_ci_low"]], [r["return_ci_high"] - mean]], fmt="o",
+                    color=color, ms=8 if r["name"] == "baseline" else 6, capsize=3, zorder=3)
+        ax.annotate(r["name"], (cost, mean), textcoords="offset points", xytext=offsets[rank % len(offsets)],
+                    fontsize=8, arrowprops={"arrowstyle": "-", "color": "#cccccc", "lw": 0.6})
+    base = next((r for r in table if r["name"] == "baseline"), None)
+    if base is not None:
+        ax.axhline(base["return_mean"], ls="--", lw=0.8, color="#333333", zorder=0, label="baseline return")
+    for verdict, color in _VERDICT_COLORS.items():
+        if verdict and any(r["verdict"] == verdict for r in table):
+            ax.plot([], [], "o", color=color, label=verdict)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"mean return over {results['eval']['episodes']} episodes (95% CI)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=8, loc="best")
+    data = _figure_bytes(fig)
+    plt.close(fig)
+    return data
+
+
+def plot_bars(results: dict, keys: Sequence[tuple[str, str]], xlabel: str, title: str, scale: float = 1.0) -> bytes | None:
+    """Horizontal bars per variant for one or two runtimes (log axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = rows(results)
+    if not any(r[key] for r in table for key, _ in keys):
+        return None
+    fig, ax = plt.subplots(figsize=(8.5, 0.45 * len(table) + 1.2))
+    height = 0.8 / len(keys)
+    for k, (key, label) in enumerate(keys):
+        values = [(r[key] or 0) / scale for r in table]
+        positions = [i + k * height for i in range(len(table))]
+        ax.barh(positions, values, height=height, label=label)
+        for y, value in zip(positions, values):
+            if value:
+                ax.text(value, y, f" {value:.3g}", va="center", fontsize=7)
+    ax.set_yticks([i + height * (len(keys) - 1) / 2 for i in range(len(table))])
+    ax.set_yticklabels([r["name"] for r in table], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="x", which="both", alpha=0.25)
+    data = _figure_bytes(fig)
+    plt.close(fig)
+    return data
+
+
+def make_plots(results: dict) -> dict[str, bytes]:
+    """PNG bytes by file name."""
+    plots = {
+        "return_vs_size.png": plot_return_vs(results, "tflite_gzip_bytes", "TFLite file size, gzipped (bytes, log)",
+                                             f"{results['env_id']}: return vs policy size"),
+        "return_vs_latency.png": plot_return_vs(results, "tflite_p50_us", "TFLite action latency p50 (us, log)",
+                                                f"{results['env_id']}: return vs latency"),
+        "return_vs_memory.png": plot_return_vs(results, "tflite_peak_rss", "TFLite process peak RSS (bytes, log)",
+                                               f"{results['env_id']}: return vs inference memory"),
+        "latency.png": plot_bars(results, [("tflite_p50_us", "TFLite (LiteRT)"), ("saved_model_p50_us", "SavedModel (TensorFlow)")],
+                                 "batch-1 action latency p50 (us, log)", "Latency per variant"),
+        "memory.png": plot_bars(results, [("tflite_peak_rss", "TFLite process"), ("saved_model_peak_rss", "TensorFlow process")],
+                                "peak RSS (MiB, log)", "Inference memory per variant", scale=2**20),
+    }
+    return {name: data for name, data in plots.items() if data is not None}
+
+
+# ---------------------------------------------------------------------------------------------
+# Documents
+# ---------------------------------------------------------------------------------------------
+
+_COLUMNS = [
+    ("variant", "name", "{}"), ("return", "return_mean", "{:.1f}"), ("vs baseline", "diff_mean", "{:+.1f}"),
+    ("95% CI of difference", None, None), ("verdict", "verdict", "{}"), ("agreement", "action_agreement", "{:.3f}"),
+    ("nonzero / params", None, None), ("TFLite bytes", "tflite_bytes", "{:,}"), ("gzipped", "tflite_gzip_bytes", "{:,}"),
+    ("TFLite p50 us", "tflite_p50_us", "{:.1f}"), ("TF p50 us", "saved_model_p50_us", "{:.0f}"),
+    ("TFLite RSS MiB", "tflite_peak_rss", "mib"), ("TF RSS MiB", "saved_model_peak_rss", "mib"),
+]
+
+
+def _cells(r: dict) -> list[str]:
+    cells = []
+    for _, key, fmt in _COLUMNS:
+        if key is None and fmt is None:
+            cells.append(f"[{r['diff_ci_low']:.1f}, {r['diff_ci_high']:.1f}]" if len(cells) == 3
+                         else f"{r['nonzero_params']:,} / {r['params']:,}")
+            continue
+        value = r[key]
+        if value is None:
+            cells.append("-")
+        elif fmt == "mib":
+            cells.append(f"{value / 2**20:.0f}")
+        else:
+            cells.append(fmt.format(value))
+    return cells
+
+
+def _notes(results: dict) -> list[str]:
+    notes = [
+        f"Every variant is evaluated on the baseline's {results['eval']['episodes']} episode seeds "
+        f"(from {results['eval']['seed']}), so differences are paired: the verdict uses a 95% bootstrap CI of the "
+        "per-episode difference ('no measurable loss': its lower end is above -1% of the baseline's mean).",
+        "Agreement is the share of greedy actions equal to the baseline's on states from the baseline's "
+        "evaluation episodes; a policy can keep its return with low agreement where actions are near-tied.",
+        "Gzip is where sparsity shows: a pruned TFLite file is about as large as a dense one until compressed.",
+    ]
+    if results.get("gpu") and results["gpu"] != "visible":
+        notes.append(f"GPU figures: {results['gpu']}.")
+    return notes
+
+
+def render_markdown(results: dict, plots: Sequence[str]) -> str:
+    table = rows(results)
+    lines = [f"# compress-dqn report: {results['env_id']}", ""]
+    lines += [f"- **{line}**" for line in headline(results)] + [""]
+    lines.append("| " + " | ".join(c[0] for c in _COLUMNS) + " |")
+    lines.append("|" + "---|" * len(_COLUMNS))
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in table]
+    lines.append("")
+    lines += [f"![{name}]({name})" for name in plots]
+    lines += ["", "Notes:", ""] + [f"- {note}" for note in _notes(results)]
+    return "\n".join(lines) + "\n"
+
+
+def render_html(results: dict, plots: dict[str, bytes]) -> str:
+    """One self-contained page: headline, table, plots embedded as data URIs."""
+    esc = html.escape
+    colors = {k: v for k, v in _VERDICT_COLORS.items() if k}
+    head = "".join(f"<li>{esc(line)}</li>" for line in headline(results))
+    header = "".join(f"<th>{esc(c[0])}</th>" for c in _COLUMNS)
+    body = ""
+    for r in rows(results):
+        cells = _cells(r)
+        color = colors.get(r["verdict"], "#999")
+        tds = "".join(
+            f'<td style="color:{color};font-weight:600">{esc(c)}</td>' if i == 4 else f"<td>{esc(c)}</td>"
+            for i, c in enumerate(cells)
+        )
+        body += f"<tr>{tds}</tr>"
+    images = "".join(
+        f'<figure><img alt="{esc(name)}" src="data:image/png;base64,{base64.b64encode(data).decode()}"></figure>'
+        for name, data in plots.items()
+    )
+    notes = "".join(f"<li>{esc(n)}</li>" for n in _notes(results))
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>compress-dqn: {esc(results['env_id'])}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }}
+.headline {{ background: #f3f7fb; border-left: 4px solid #4575b4; padding: 0.6rem 1.2rem; font-size: 1.05rem; }}
+table {{ border-collapse: collapse; font-size: 0.85rem; margin: 1rem 0; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: right; }}
+th:first-child, td:first-child {{ text-align: left; }}
+th {{ background: #fafafa; }}
+figure {{ display: inline-block; margin: 0.5rem; }} img {{ max-width: 560px; }}
+</style></head><body>
+<h1>compress-dqn report: {esc(results['env_id'])}</h1>
+<ul class="headline">{head}</ul>
+<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>
+{images}
+<h2>Notes</h2><ul>{notes}</ul>
+</body></html>
+"""
+
+
+def write_report(run_dir: Path) -> list[Path]:
+    """(Re)write results.csv, report.md, report.html and the plots from run_dir/results.json."""
+    run_dir = Path(run_dir)
+    source = run_dir / "results.json"
+    if not source.is_file():
+        raise UserError(f"{run_dir}: no results.json; pass a run directory written by compress-dqn run")
+    try:
+        results = json.loads(source.read_text())
+        table = rows(results)
+    except (json.JSONDecodeError, KeyError, TypeError, IndexError) as exc:
+        raise UserError(f"{source}: not a compress-dqn results file ({type(exc).__name__}: {exc})") from None
+    written = []
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(table[0]))
+    writer.writeheader()
+    writer.writerows(table)
+    write_text_atomic(run_dir / "results.csv", buffer.getvalue())
+    written.append(run_dir / "results.csv")
+    plots = make_plots(results)
+    for name, data in plots.items():
+        write_bytes_atomic(run_dir / name, data)
+        written.append(run_dir / name)
+    write_text_atomic(run_dir / "report.md", render_markdown(results, list(plots)))
+    write_text_atomic(run_dir / "report.html", render_html(results, plots))
+    written += [run_dir / "report.md", run_dir / "report.html"]
+    return written

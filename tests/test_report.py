@@ -1,0 +1,52 @@
+"""Report rendering from a fixed results.json (trimmed from a real LunarLander run)."""
+
+import json
+import shutil
+from pathlib import Path
+
+from compress_dqn.report import headline, pareto_front, rows, write_report
+
+from conftest import cli
+
+FIXED = Path(__file__).parent / "data" / "results_lunarlander.json"
+
+
+def test_pareto_front():
+    costs, returns = [1, 2, 3, 4, 5], [10, 30, 20, 40, 40]
+    assert pareto_front(costs, returns) == [0, 1, 3]
+    assert pareto_front([1, 1], [5, 5]) == [0, 1]  # ties dominate neither
+
+
+def test_rows_and_headline_from_fixed_results():
+    results = json.loads(FIXED.read_text())
+    table = rows(results)
+    assert [r["name"] for r in table] == ["baseline", "ptq-int8", "prune-80", "student-32x32-qat-int8"]
+    assert table[0]["verdict"] == "reference"
+    lines = headline(results)
+    assert lines[0].startswith("Smallest policy that keeps the baseline's return: ptq-int8")  # the student is inconclusive
+    assert any("Measurable loss of return: prune-80" in line for line in lines)
+    assert any("MiB" in line for line in lines)
+
+
+def test_write_report_files(tmp_path):
+    shutil.copy(FIXED, tmp_path / "results.json")
+    written = {p.name for p in write_report(tmp_path)}
+    assert {"results.csv", "report.md", "report.html", "return_vs_size.png", "latency.png", "memory.png"} <= written
+    csv_lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert len(csv_lines) == 5 and csv_lines[0].startswith("name,return_mean")
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len([n for n in written if n.endswith(".png")])
+    assert "no GPU on this machine" in html and "prune-80" in html
+    for name in written:
+        if name.endswith(".png"):
+            assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_cli(tmp_path):
+    shutil.copy(FIXED, tmp_path / "results.json")
+    assert cli("report", str(tmp_path)).returncode == 0
+    missing = cli("report", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no results.json" in missing.stderr
+    (tmp_path / "results.json").write_text("{}")
+    broken = cli("report", str(tmp_path))
+    assert broken.returncode == 2 and "not a compress-dqn results file" in broken.stderr
