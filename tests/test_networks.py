@@ -18,3 +18,10 @@ def test_numpy_actor_matches_keras():
     model = build_q_network((2, 3), 4, [8], activation="tanh")
     obs = np.random.default_rng(1).normal(size=(50, 2, 3)).astype(np.float32)
     np.testing.assert_allclose(NumpyActor(model).q_values(obs), model(obs).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_numpy_actor_act_matches_batch_argmax():
+    model = build_q_network((4,), 3, [32, 32])
+    actor = NumpyActor(model)
+    obs = np.random.default_rng(2).normal(size=(300, 4)).astype(np.float32)
+    assert [actor.act(o) for o in obs] == model(obs).numpy().argmax(1).tolist()
