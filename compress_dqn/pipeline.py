@@ -31,6 +31,7 @@ import yaml
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import load_arrays, load_dict, save_arrays, write_bytes_atomic, write_text_atomic
 from compress_dqn.recipe import Recipe, recipe_from_data
+from compress_dqn.report import write_report
 
 SCHEMA_VERSION = 1
 
@@ -235,12 +236,12 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     baseline_actions = TFLitePolicy(base / "policy.tflite").actions(heldout)
 
     # 4. Variants: build from the baseline, export, evaluate on the same seeds.
+    from compress_dqn.compress.build import build_variant
+
     for variant in recipe.variants:
         key = f"variant:{variant.name}"
         if key in stages.done:
             continue
-        from compress_dqn.compress.build import build_variant
-
         out = run_dir / "variants" / variant.name
         built = build_variant(variant, model, _load_replay(base / "replay.npz", info), recipe, info, quiet=quiet)
         exported = _export(built.export_model, info, out, built.converter, built.try_sparse_format, heldout[:500])
@@ -258,15 +259,13 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
             f"({size.tflite_gzip_bytes} gzipped), agreement {evaluated['action_agreement']:.3f}")
 
     # 5. Measure every artifact: batch-1 latency and throughput, inference memory per runtime.
-    gpu_note = None
+    from compress_dqn.measure import gpu_note, measure_latency, measure_memory
+    from compress_dqn.policy import SavedModelPolicy
+
     for name, folder in [("baseline", base)] + [(v.name, run_dir / "variants" / v.name) for v in recipe.variants]:
         key = f"measure:{name}"
         if key in stages.done:
             continue
-        from compress_dqn.measure import gpu_note as find_gpu_note, measure_latency, measure_memory
-        from compress_dqn.policy import SavedModelPolicy
-
-        gpu_note = find_gpu_note()
         latency = {
             "tflite": measure_latency(TFLitePolicy(folder / "policy.tflite"), heldout).to_dict(),
             "saved_model": measure_latency(SavedModelPolicy(folder / "saved_model"), heldout).to_dict(),
@@ -277,7 +276,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         }
         stages.finish(key, {"latency_us": {"cpu": latency, "gpu": None},
                             "memory_bytes": {"cpu_rss": memory, "gpu_peak": None},
-                            "gpu_note": gpu_note})
+                            "gpu_note": gpu_note()})
         log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
             f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {memory['saved_model']['peak_rss'] / 2**20:.0f} MiB")
 
@@ -295,8 +294,6 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     }
     _add_paired_comparisons(results["variants"])
     write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2))
-    from compress_dqn.report import write_report
-
     write_report(run_dir)
     return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
 
