@@ -66,11 +66,17 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
     """Train, export and evaluate the recipe's policies; writes RUN_DIR/results.json."""
     loaded = _load(recipe, seed, overrides)
     run_dir = out or Path("runs") / (loaded.name if seed is None else f"{loaded.name}-seed{seed}")
-    from compress_dqn.pipeline import run as run_pipeline
+    from compress_dqn.pipeline import run as run_pipeline, run_seeds
 
-    outcome = run_pipeline(loaded, run_dir, quiet=quiet, log=lambda m: click.echo(m, err=True))
-    baseline = outcome.results["variants"][0]
-    click.echo(json.dumps({"run_dir": str(outcome.run_dir), "baseline_return": baseline["return"]["mean"],
+    log = lambda m: click.echo(m, err=True)  # noqa: E731
+    if loaded.seeds:
+        outcome = run_seeds(loaded, run_dir, quiet=quiet, log=log)
+        baseline_return = outcome.results["aggregate"][0]["iqm_return"]
+    else:
+        outcome = run_pipeline(loaded, run_dir, quiet=quiet, log=log)
+        baseline_return = outcome.results["variants"][0]["return"]["mean"]
+    click.echo(json.dumps({"run_dir": str(outcome.run_dir), "baseline_return": baseline_return,
+                           "report": str(outcome.run_dir / "report.md"),
                            "results": str(outcome.run_dir / "results.json")}))
 
 

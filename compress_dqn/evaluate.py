@@ -81,6 +81,33 @@ def paired_difference(variant: list[float], baseline: list[float], tolerance: fl
     return {"mean": float(diff.mean()), "ci95": [lo, hi], "verdict": verdict, "tolerance": tolerance}
 
 
+def iqm(scores: np.ndarray) -> float:
+    """Interquartile mean (Agarwal et al., 2021): the mean of the middle 50% of all scores
+    (scipy's trim_mean with 25% cut from each end, over the flattened runs x tasks matrix)."""
+    from scipy.stats import trim_mean
+
+    return float(trim_mean(np.asarray(scores, dtype=np.float64), proportiontocut=0.25, axis=None))
+
+
+def stratified_bootstrap_ci(
+    scores: np.ndarray, statistic=iqm, resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile CI of a statistic of a (runs, tasks) score matrix, resampling runs with
+    replacement independently within each task (rliable's StratifiedBootstrap)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim == 1:
+        scores = scores[:, None]
+    runs, tasks = scores.shape
+    rng = np.random.default_rng(seed)
+    values = np.empty(resamples)
+    for i in range(resamples):
+        picks = rng.integers(0, runs, size=(runs, tasks))
+        values[i] = statistic(np.take_along_axis(scores, picks, axis=0))
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(values, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
+
+
 def run_episodes(act: Act, env: EnvConfig, seeds: Iterable[int]) -> list[float]:
     """Play one greedy episode per seed and return the undiscounted returns."""
     instance = make_env(env.id, env.kwargs, env.max_episode_steps)

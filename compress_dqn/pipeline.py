@@ -298,6 +298,53 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
 
 
+def aggregate_seeds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per variant, over training seeds: IQM of the per-seed mean returns with a stratified
+    bootstrap CI, and the same for the per-seed difference to that seed's baseline."""
+    import numpy as np
+
+    from compress_dqn.evaluate import iqm, stratified_bootstrap_ci
+
+    by_name = [{v["name"]: v for v in run["variants"]} for run in runs]
+    baseline = np.array([run["baseline"]["return"]["mean"] for run in by_name])
+    out = []
+    for name in by_name[0]:
+        means = np.array([run[name]["return"]["mean"] for run in by_name])
+        diffs = means - baseline
+        out.append({
+            "name": name,
+            "per_seed_mean_return": means.tolist(),
+            "iqm_return": iqm(means),
+            "iqm_return_ci95": list(stratified_bootstrap_ci(means)),
+            "iqm_difference_vs_baseline": iqm(diffs),
+            "difference_ci95": list(stratified_bootstrap_ci(diffs)),
+            "tflite_gzip_bytes": int(np.median([run[name]["size"]["tflite_gzip_bytes"] for run in by_name])),
+        })
+    return out
+
+
+def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
+    """Run the whole pipeline once per seed in RUN_DIR/seed-N (each resumable), then aggregate."""
+    run_dir = Path(run_dir)
+    resumed = prepare_run_dir(recipe, run_dir)
+    runs = []
+    for seed in recipe.seeds or [recipe.seed]:
+        log(f"[seed {seed}]")
+        single = recipe.model_copy(update={"seed": seed, "seeds": None})
+        runs.append(run(single, run_dir / f"seed-{seed}", quiet=quiet, log=log).results)
+    results = {
+        "schema_version": SCHEMA_VERSION,
+        "env_id": recipe.env.id,
+        "eval": {"episodes": recipe.eval.episodes, "seed": recipe.eval.seed},
+        "seeds": list(recipe.seeds or [recipe.seed]),
+        "runs": [f"seed-{seed}/results.json" for seed in recipe.seeds or [recipe.seed]],
+        "aggregate": aggregate_seeds(runs),
+    }
+    write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2))
+    write_report(run_dir)
+    return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
+
+
 def _variant_entry(name: str, exported: dict[str, Any], evaluated: dict[str, Any],
                    measured: dict[str, Any]) -> dict[str, Any]:
     entry = {

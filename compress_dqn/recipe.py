@@ -364,6 +364,9 @@ class Recipe(StrictModel):
     """Run name (letters, digits, '.', '_' and '-'); defaults to the recipe file's stem."""
     seed: Count = 0
     """Seeds the environment, exploration, replay sampling and network initialisation."""
+    seeds: list[Count] | None = None
+    """Train and compress once per seed (RUN_DIR/seed-N) and aggregate over seeds with the
+    interquartile mean and stratified-bootstrap CIs (rliable); overrides `seed`."""
     env: EnvConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
@@ -373,6 +376,8 @@ class Recipe(StrictModel):
 
     @model_validator(mode="after")
     def _seeds_apart(self) -> Recipe:
+        if self.seeds is not None and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
+            raise ValueError(f"seeds: {self.seeds} must be a non-empty list of distinct seeds")
         names = [v.name for v in self.variants]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

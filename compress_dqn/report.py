@@ -309,6 +309,29 @@ figure {{ display: inline-block; margin: 0.5rem; }} img {{ max-width: 560px; }}
 """
 
 
+def render_aggregate_markdown(results: dict) -> str:
+    """The report of a multi-seed run: IQM over seeds with stratified-bootstrap CIs."""
+    seeds = results["seeds"]
+    lines = [
+        f"# compress-dqn report: {results['env_id']}, {len(seeds)} training seeds",
+        "",
+        f"Each seed's full report is in seed-N/report.html. Returns are the interquartile mean (IQM) over "
+        f"seeds {seeds} of each seed's mean return over {results['eval']['episodes']} episodes, with 95% "
+        "stratified-bootstrap CIs (Agarwal et al., 2021); the difference is taken per seed against that "
+        "seed's own baseline.",
+        "",
+        "| variant | IQM return | 95% CI | IQM difference vs baseline | 95% CI | per-seed mean returns | gzipped bytes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for a in results["aggregate"]:
+        lines.append(
+            f"| {a['name']} | {a['iqm_return']:.1f} | [{a['iqm_return_ci95'][0]:.1f}, {a['iqm_return_ci95'][1]:.1f}] | "
+            f"{a['iqm_difference_vs_baseline']:+.1f} | [{a['difference_ci95'][0]:.1f}, {a['difference_ci95'][1]:.1f}] | "
+            f"{', '.join(f'{x:.1f}' for x in a['per_seed_mean_return'])} | {a['tflite_gzip_bytes']:,} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_report(run_dir: Path) -> list[Path]:
     """(Re)write results.csv, report.md, report.html and the plots from run_dir/results.json."""
     run_dir = Path(run_dir)
@@ -317,6 +340,10 @@ def write_report(run_dir: Path) -> list[Path]:
         raise UserError(f"{run_dir}: no results.json; pass a run directory written by compress-dqn run")
     try:
         results = json.loads(source.read_text())
+        if "aggregate" in results:  # a multi-seed run: the per-seed reports live in seed-N/
+            markdown = render_aggregate_markdown(results)
+            write_text_atomic(run_dir / "report.md", markdown)
+            return [run_dir / "report.md"]
         table = rows(results)
     except (json.JSONDecodeError, KeyError, TypeError, IndexError) as exc:
         raise UserError(f"{source}: not a compress-dqn results file ({type(exc).__name__}: {exc})") from None

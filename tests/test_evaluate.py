@@ -51,3 +51,17 @@ def test_paired_difference_verdicts():
     # Pairing removes the shared episode noise: a constant shift is pinned down exactly.
     shifted = paired_difference(base - 3.0, base)
     assert np.allclose(shifted["ci95"], [-3.0, -3.0])
+
+
+def test_iqm_and_stratified_bootstrap():
+    from compress_dqn.evaluate import iqm, stratified_bootstrap_ci
+
+    assert iqm(np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 100.0])) == np.mean([2.0, 3.0, 4.0, 5.0])  # outliers cut
+    scores = np.array([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [4.0, 40.0]])  # 4 runs x 2 tasks
+    lo, hi = stratified_bootstrap_ci(scores)
+    assert lo <= iqm(scores) <= hi
+    assert stratified_bootstrap_ci(np.full((5, 1), 7.0)) == (7.0, 7.0)
+    # Runs are resampled within each task: a task's values never leak into another's column.
+    seen = []
+    stratified_bootstrap_ci(scores, statistic=lambda m: seen.append(m.copy()) or 0.0, resamples=20)
+    assert all(set(m[:, 0]) <= {1, 2, 3, 4} and set(m[:, 1]) <= {10, 20, 30, 40} for m in seen)

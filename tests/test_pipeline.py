@@ -66,3 +66,21 @@ def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path
     assert not _same_policy(blobs[1], blobs[0], obs, tmp_path)  # loads, but another policy
     assert not _same_policy(blobs[0][:100], blobs[0], obs, tmp_path)  # does not load
     assert not list(tmp_path.glob(".check-*"))  # scratch files are cleaned up
+
+
+def test_seeds_run_each_seed_and_aggregate_with_iqm(tmp_path):
+    from compress_dqn.evaluate import iqm
+    from compress_dqn.pipeline import run_seeds
+
+    recipe = load_recipe(TINY, ["seeds=[0, 1]", "train.total_timesteps=300"])
+    outcome = run_seeds(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
+    per_seed = [json.loads((tmp_path / "run" / f"seed-{s}" / "results.json").read_text()) for s in (0, 1)]
+    assert [load_recipe(tmp_path / "run" / f"seed-{s}" / "recipe.yaml").seed for s in (0, 1)] == [0, 1]
+    (baseline,) = outcome.results["aggregate"]
+    means = [r["variants"][0]["return"]["mean"] for r in per_seed]
+    assert baseline["per_seed_mean_return"] == means
+    assert baseline["iqm_return"] == iqm(means)
+    lo, hi = baseline["iqm_return_ci95"]
+    assert lo <= baseline["iqm_return"] <= hi
+    assert "IQM" in (tmp_path / "run" / "report.md").read_text()
+    assert outcome.results["runs"] == ["seed-0/results.json", "seed-1/results.json"]
