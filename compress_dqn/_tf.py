@@ -21,8 +21,13 @@ with quiet_stderr():
     import tf_keras  # noqa: E402
 
     tf.get_logger().setLevel("ERROR")
-    # Touch the device list once while stderr is quiet: CUDA probing logs here too.
-    tf.config.list_physical_devices()
+    # Touch the device list once while stderr is quiet: CUDA probing logs here too. Memory
+    # growth on every GPU, so TensorFlow takes what it uses rather than the whole card.
+    for _gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            tf.config.experimental.set_memory_growth(_gpu, True)
+        except RuntimeError:  # already initialised
+            pass
 
 __all__ = ["tf", "tf_keras", "configure_threads", "set_seed", "quiet_stderr"]
 

@@ -123,3 +123,23 @@ def gpu_note() -> str | None:
     from compress_dqn._tf import tf
 
     return None if tf.config.list_physical_devices("GPU") else "no GPU on this machine"
+
+
+def measure_gpu(saved_model: Path, observations: np.ndarray, calls: int = 2000) -> dict[str, Any] | None:
+    """SavedModel inference on the first GPU: batch-1 latency and peak GPU memory around it.
+
+    None where TensorFlow sees no GPU (the caller records gpu_note()'s reason instead).
+    Peak memory is TensorFlow's allocator peak, reset just before loading the policy.
+    """
+    from compress_dqn._tf import tf
+    from compress_dqn.policy import SavedModelPolicy
+
+    if not tf.config.list_physical_devices("GPU"):
+        return None
+    device = "GPU:0"
+    tf.config.experimental.reset_memory_stats(device)
+    with tf.device(f"/{device}"):
+        policy = SavedModelPolicy(saved_model)
+        latency = measure_latency(policy, observations, calls=calls)
+    peak = int(tf.config.experimental.get_memory_info(device)["peak"])
+    return {"latency_us": latency.to_dict(), "peak_bytes": peak, "device": device}

@@ -259,7 +259,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
             f"({size.tflite_gzip_bytes} gzipped), agreement {evaluated['action_agreement']:.3f}")
 
     # 5. Measure every artifact: batch-1 latency and throughput, inference memory per runtime.
-    from compress_dqn.measure import gpu_note, measure_latency, measure_memory
+    from compress_dqn.measure import gpu_note, measure_gpu, measure_latency, measure_memory
     from compress_dqn.policy import SavedModelPolicy
 
     for name, folder in [("baseline", base)] + [(v.name, run_dir / "variants" / v.name) for v in recipe.variants]:
@@ -274,8 +274,9 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
             "tflite": measure_memory(folder / "policy.tflite", "tflite"),
             "saved_model": measure_memory(folder / "saved_model", "saved_model"),
         }
-        stages.finish(key, {"latency_us": {"cpu": latency, "gpu": None},
-                            "memory_bytes": {"cpu_rss": memory, "gpu_peak": None},
+        on_gpu = measure_gpu(folder / "saved_model", heldout)
+        stages.finish(key, {"latency_us": {"cpu": latency, "gpu": on_gpu and {"saved_model": on_gpu["latency_us"]}},
+                            "memory_bytes": {"cpu_rss": memory, "gpu_peak": on_gpu and on_gpu["peak_bytes"]},
                             "gpu_note": gpu_note()})
         log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
             f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {memory['saved_model']['peak_rss'] / 2**20:.0f} MiB")

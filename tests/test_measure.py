@@ -66,3 +66,32 @@ def test_bench_cli_prints_json(artifacts):
     assert report["latency_us"]["p50"] > 0 and report["memory_bytes"]["imports_tensorflow"] is False
     bad = cli("bench", str(out / "missing.tflite"))
     assert bad.returncode == 2 and bad.stderr.startswith("error: ")
+
+
+def test_gpu_measurement_is_none_without_a_gpu(artifacts):
+    from compress_dqn._tf import tf
+    from compress_dqn.measure import gpu_note, measure_gpu
+
+    out, obs = artifacts
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("a GPU is visible: the CPU fallback does not apply")
+    assert measure_gpu(out / "sm", obs) is None
+    assert gpu_note() == "no GPU on this machine"
+
+
+def test_gpu_measurement_path_records_latency_and_peak(artifacts, monkeypatch):
+    """The GPU branch's logic, run on CPU: device listing and allocator stats are faked, and soft
+    device placement runs the ops on the CPU."""
+    from compress_dqn._tf import tf
+    from compress_dqn.measure import measure_gpu
+
+    out, obs = artifacts
+    calls = []
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["fake-gpu"] if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", lambda device: calls.append(("reset", device)))
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info",
+                        lambda device: calls.append(("read", device)) or {"current": 1, "peak": 12345})
+    result = measure_gpu(out / "sm", obs, calls=200)
+    assert result["peak_bytes"] == 12345 and result["device"] == "GPU:0"
+    assert result["latency_us"]["p50"] > 0
+    assert calls == [("reset", "GPU:0"), ("read", "GPU:0")]  # reset before loading, read after acting
