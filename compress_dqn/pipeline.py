@@ -99,24 +99,17 @@ def _load_replay(path: Path, info: Any) -> Any:
     return replay
 
 
-def _same_policy(candidate: bytes, reference: bytes, observations: Any, folder: Path) -> bool:
+def _same_policy(candidate: bytes, reference: bytes, observations: Any) -> bool:
     """Whether a TFLite encoding loads in the runtime (XNNPACK) and computes what the reference does."""
     import numpy as np
 
     from compress_dqn.policy import TFLitePolicy
 
-    paths = [folder / ".check-candidate.tflite", folder / ".check-reference.tflite"]
     try:
-        for path, data in zip(paths, (candidate, reference)):
-            write_bytes_atomic(path, data)
-        try:
-            got = TFLitePolicy(paths[0]).q_values(observations)
-        except (UserError, RuntimeError, ValueError):
-            return False
-        return bool(np.allclose(got, TFLitePolicy(paths[1]).q_values(observations), rtol=1e-4, atol=1e-4))
-    finally:
-        for path in paths:
-            path.unlink(missing_ok=True)
+        got = TFLitePolicy(candidate).q_values(observations)
+    except (UserError, RuntimeError, ValueError):
+        return False
+    return bool(np.allclose(got, TFLitePolicy(reference).q_values(observations), rtol=1e-4, atol=1e-4))
 
 
 def _export(model: Any, info: Any, out: Path, converter: Callable[[bool], Any] | None = None,
@@ -133,7 +126,7 @@ def _export(model: Any, info: Any, out: Path, converter: Callable[[bool], Any] |
     sparse_format = False
     if try_sparse and converter is not None:
         sparse = convert_tflite(out / "saved_model", converter(True))
-        if len(sparse) < len(data) and _same_policy(sparse, data, check_obs, out):
+        if len(sparse) < len(data) and _same_policy(sparse, data, check_obs):
             data, sparse_format = sparse, True
     write_bytes_atomic(out / "policy.tflite", data)
     return {"sparse_format": sparse_format}

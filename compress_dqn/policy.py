@@ -33,9 +33,13 @@ class Policy(Protocol):
 class TFLitePolicy:
     """A .tflite policy run by the LiteRT interpreter (XNNPACK on CPU)."""
 
-    def __init__(self, path: str | Path, num_threads: int = 1) -> None:
-        path = Path(path)
-        head = _read_head(path)
+    def __init__(self, path: str | Path | bytes, num_threads: int = 1) -> None:
+        """path: a .tflite file, or the flatbuffer bytes themselves (checked before writing one)."""
+        content = path if isinstance(path, bytes) else None
+        path = Path("<bytes>") if content is not None else Path(path)
+        head = content[:8] if content is not None else _read_head(path)
+        if len(head) < 8:
+            raise UserError(f"{path}: empty or truncated TFLite data ({len(head)} bytes)")
         if head[4:8] != _TFLITE_MAGIC:
             raise UserError(f"{path}: not a TFLite flatbuffer (no TFL3 identifier); pass a .tflite file written by compress-dqn")
         from ai_edge_litert.interpreter import Interpreter
@@ -44,7 +48,10 @@ class TFLitePolicy:
 
         try:
             with quiet_stderr():
-                self._interp = Interpreter(model_path=str(path), num_threads=num_threads)
+                if content is not None:
+                    self._interp = Interpreter(model_content=content, num_threads=num_threads)
+                else:
+                    self._interp = Interpreter(model_path=str(path), num_threads=num_threads)
         except (ValueError, RuntimeError) as exc:
             raise UserError(f"{path}: the TFLite runtime cannot load it ({str(exc).splitlines()[0]}); is it truncated?") from None
         signatures = self._interp.get_signature_list()

@@ -383,6 +383,11 @@ class ReplayBuffer:
         """
         return self.gather(self.sample_indices(batch_size))
 
+    def sample_observations(self, n: int) -> np.ndarray:
+        """n observations from uniformly sampled transitions, without gathering the rest of the
+        batch (calibration and distillation need states only). Draws exactly as sample(n) does."""
+        return self._obs[self.sample_indices(n)]
+
     # ------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, np.ndarray]:

@@ -62,9 +62,9 @@ def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path
         tf_keras.utils.set_random_seed(seed)
         export_saved_model(build_q_network((4,), 2, [8]), (4,), np.float32, tmp_path / f"sm{seed}")
         blobs.append(convert_tflite(tmp_path / f"sm{seed}"))
-    assert _same_policy(blobs[0], blobs[0], obs, tmp_path)
-    assert not _same_policy(blobs[1], blobs[0], obs, tmp_path)  # loads, but another policy
-    assert not _same_policy(blobs[0][:100], blobs[0], obs, tmp_path)  # does not load
+    assert _same_policy(blobs[0], blobs[0], obs)
+    assert not _same_policy(blobs[1], blobs[0], obs)  # loads, but another policy
+    assert not _same_policy(blobs[0][:100], blobs[0], obs)  # does not load
     assert not list(tmp_path.glob(".check-*"))  # scratch files are cleaned up
 
 

@@ -435,3 +435,13 @@ def test_load_state_dict_rejects_mismatch():
     del state["rng_state"]
     with pytest.raises(ValueError, match="rng_state"):
         a.load_state_dict(state)
+
+
+def test_sample_observations_draws_exactly_like_sample():
+    a = ReplayBuffer(50, (2,), np.float32, 3, seed=7)
+    b = ReplayBuffer(50, (2,), np.float32, 3, seed=7)
+    for t in range(40):
+        for buf in (a, b):
+            buf.add(np.array([t, 0], np.float32), t % 3, 1.0, np.array([t + 1, 0], np.float32), t % 9 == 8, False)
+    for n in (1, 17, 64):
+        np.testing.assert_array_equal(a.sample_observations(n), b.sample(n).observations)

@@ -145,7 +145,7 @@ def build_variant(
             preserve = "clusters"
         export_model = quantize.qat_model(model, preserve)
         quantize.calibrate_ranges(
-            export_model, model, replay.gather(replay.sample_indices(q.calibration_samples)).observations
+            export_model, model, replay.sample_observations(q.calibration_samples)
         )
         qat_ft = ft.model_copy(update={"steps": q.qat_steps or ft.steps})
         details["qat"] = fine_tune(export_model, qat_ft, recipe, baseline, replay, wrapped=True,
@@ -163,7 +163,7 @@ def build_variant(
     nonzero = int(sum(np.count_nonzero(k) for k in kernels.values())) + biases_and_rest
     calibration = None
     if q is not None and q.mode in ("int8", "int16x8"):
-        calibration = replay.gather(replay.sample_indices(q.calibration_samples)).observations
+        calibration = replay.sample_observations(q.calibration_samples)
     return BuiltVariant(
         export_model=export_model,
         params=params,

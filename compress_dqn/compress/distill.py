@@ -105,7 +105,7 @@ class Distiller:
         self.optimizer = tf_keras.optimizers.Adam(learning_rate)
         self.optimizer.build(student.trainable_variables)
         # The Q-value term is scaled by the variance of the teacher's Q-values over replay states.
-        probe = replay.gather(replay.sample_indices(min(10_000, 20 * batch_size))).observations
+        probe = replay.sample_observations(min(10_000, 20 * batch_size))
         value_scale = float(self.teacher.q_values(probe).var())
         self.update = make_distill_update_fn(
             student, self.optimizer, max_grad_norm, jit_compile, loss, temperature, value_scale
@@ -125,7 +125,7 @@ class Distiller:
         try:
             while self.gradient_step < self.steps:
                 k = min(self.phase_steps, self.steps - self.gradient_step)
-                obs = self.replay.gather(self.replay.sample_indices(k * self.batch_size)).observations
+                obs = self.replay.sample_observations(k * self.batch_size)
                 teacher_q = self.teacher.q_values(obs).reshape(k, self.batch_size, -1)
                 obs = obs.reshape((k, self.batch_size) + obs.shape[1:])
                 loss, _ = run_updates(self, self.update, (obs, teacher_q))
