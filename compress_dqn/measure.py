@@ -8,6 +8,7 @@ subprocess per artifact that loads only its runtime (compress_dqn._memory_probe)
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import subprocess
@@ -72,18 +73,30 @@ class LatencyStats:
         return asdict(self)
 
 
-def measure_latency(policy: Any, observations: np.ndarray, calls: int = 2000, warmup: int = 200) -> LatencyStats:
-    """Time `policy.act(obs)` one observation at a time, then `policy.actions` on batches of 256."""
+def measure_latency(policy: Any, observations: np.ndarray, calls: int = 2000, warmup: int = 1000) -> LatencyStats:
+    """Time `policy.act(obs)` one observation at a time, then `policy.actions` on batches of 256.
+
+    Like timeit, the garbage collector is paused while timing so a collection does not land on one
+    policy's figures and not another's; the warm-up also lets the CPU leave its idle clock.
+    """
     observations = np.asarray(observations)
     n = len(observations)
+    act = policy.act
     for i in range(warmup):
-        policy.act(observations[i % n])
+        act(observations[i % n])
     times = np.empty(calls)
-    for i in range(calls):
-        obs = observations[i % n]
-        start = time.perf_counter_ns()
-        policy.act(obs)
-        times[i] = time.perf_counter_ns() - start
+    perf_counter_ns = time.perf_counter_ns
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for i in range(calls):
+            obs = observations[i % n]
+            start = perf_counter_ns()
+            act(obs)
+            times[i] = perf_counter_ns() - start
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     batch = observations[np.arange(256) % n]
     policy.actions(batch)  # warm-up (and tensor resize for TFLite)
     repeats = 50

@@ -43,6 +43,11 @@ def test_int8_io_makes_input_int8(trained_tiny, tmp_path):
     policy = TFLitePolicy(path)
     assert policy.input_dtype == np.int8
     assert agreement(path, trained_tiny) > 0.9
+    obs = np.random.default_rng(5).normal(0, 1, size=(50, 4))
+    # act() quantizes one float observation (any float dtype, or a list) as actions() does a batch.
+    batch = policy.actions(obs.astype(np.float32)).tolist()
+    assert [policy.act(o) for o in obs] == batch
+    assert [policy.act(o.astype(np.float32).tolist()) for o in obs] == batch
 
 
 def test_float16_has_float16_weights(trained_tiny, tmp_path):
