@@ -29,7 +29,41 @@ with quiet_stderr():
         except RuntimeError:  # already initialised
             pass
 
-__all__ = ["tf", "tf_keras", "configure_threads", "set_seed", "quiet_stderr"]
+__all__ = ["tf", "tf_keras", "configure_device", "configure_threads", "mixed_precision_policy", "set_seed", "quiet_stderr"]
+
+
+def configure_device(device: str) -> str:
+    """Pick where TensorFlow runs: "auto" (a GPU when one is visible), "cpu" or "gpu".
+
+    Returns what was chosen ("gpu" or "cpu"). "cpu" hides the GPUs so no op lands there;
+    "gpu" without one is a UserError that says how to get one. Must run before the first op.
+    """
+    from compress_dqn.errors import UserError
+
+    if device not in ("auto", "cpu", "gpu"):
+        raise UserError(f"device: {device!r} is not one of auto, cpu, gpu")
+    gpus = tf.config.list_physical_devices("GPU")
+    if device == "gpu" and not gpus:
+        raise UserError(
+            "device: gpu, but TensorFlow sees no GPU; install the CUDA build "
+            "(pip install 'compress-dqn[gpu]') and check nvidia-smi, or set device: auto"
+        )
+    if device == "cpu" and gpus:
+        try:
+            tf.config.set_visible_devices([], "GPU")
+        except RuntimeError:  # TensorFlow already initialised its devices in this process
+            pass
+        return "cpu"
+    visible = tf.config.get_visible_devices("GPU")
+    return "gpu" if visible else "cpu"
+
+
+def mixed_precision_policy(requested: bool, device: str) -> str:
+    """The Keras dtype policy to build training networks under: mixed_float16 only on a GPU.
+
+    On a CPU float16 math is emulated and slower, so the request falls back to float32.
+    """
+    return "mixed_float16" if requested and device == "gpu" else "float32"
 
 
 def configure_threads(intra_op: int | None) -> None:

@@ -88,16 +88,21 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
 def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
     """Check a recipe and its environment without training (and without importing TensorFlow)."""
     loaded = _load(recipe, seed, overrides)
-    from compress_dqn.envs import env_info, make_env
+    from compress_dqn.envs import env_info, make_env_from
     from compress_dqn.replay import ReplayBuffer
 
-    env = make_env(loaded.env.id, loaded.env.kwargs, loaded.env.max_episode_steps)
+    env = make_env_from(loaded.env)
     info = env_info(env, loaded.env.id)
     env.close()
     capacity = loaded.train.buffer_size
     if loaded.replay.memory is not None:
-        capacity = min(capacity, ReplayBuffer.capacity_for_budget(loaded.replay.memory, info.obs_shape, info.obs_dtype, info.n_actions))
-    nbytes = capacity * ReplayBuffer.bytes_per_row(info.obs_shape, info.obs_dtype, info.n_actions)
+        capacity = min(
+            capacity,
+            ReplayBuffer.capacity_for_budget(
+                loaded.replay.memory, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
+            ),
+        )
+    nbytes = capacity * ReplayBuffer.bytes_per_row(info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack)
     click.echo(
         f"ok: {recipe}: {loaded.env.id} (obs {info.obs_shape} {info.obs_dtype}, {info.n_actions} actions), "
         f"{loaded.train.total_timesteps} steps, replay {capacity} transitions = {nbytes / 2**20:.1f} MiB"
@@ -112,17 +117,25 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
 @_user_errors
 def evaluate(policy: Path, env_id: str, episodes: int, seed: int) -> None:
     """Play greedy episodes with a .tflite file or SavedModel directory; prints JSON."""
-    from compress_dqn.envs import env_info, make_env
+    from compress_dqn.envs import env_info, make_env_from
     from compress_dqn.evaluate import evaluate as run_evaluation
     from compress_dqn.policy import check_compatible, load_policy
     from compress_dqn.recipe import EnvConfig
 
-    env = make_env(env_id)
+    loaded = load_policy(policy)
+    env_cfg = EnvConfig(id=env_id)
+    env = make_env_from(env_cfg)
     info = env_info(env, env_id)
     env.close()
-    loaded = load_policy(policy)
+    shape = tuple(loaded.obs_shape)
+    if len(shape) == len(info.obs_shape) + 1 and shape[:-1] == info.obs_shape and shape[-1] > 1:
+        # A policy trained on stacked frames: stack the same number (the last axis of its input).
+        env_cfg = EnvConfig(id=env_id, frame_stack=shape[-1])
+        env = make_env_from(env_cfg)
+        info = env_info(env, env_id)
+        env.close()
     check_compatible(loaded, info.obs_shape, info.n_actions, env_id, str(policy))
-    stats = run_evaluation(loaded.act, EnvConfig(id=env_id), episodes, seed)
+    stats = run_evaluation(loaded.act, env_cfg, episodes, seed)
     click.echo(json.dumps({"policy": str(policy), "env_id": env_id, "seed": seed, "return": stats.to_dict()}))
 
 

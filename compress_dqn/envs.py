@@ -1,8 +1,15 @@
 """Environments: gymnasium ids with kwargs, discrete actions only, seeded from the recipe.
 
-Exact resume needs the environment's random state: for the classic-control and Box2D
-environments an episode is fully determined by `env.unwrapped.np_random` at reset, so
-`rng_state`/`set_rng_state` capture it as plain JSON-able data (no pickle).
+Image environments: Atari ids (`ALE/...`, from ale-py) get the standard DQN preprocessing
+(gymnasium's AtariPreprocessing: no-op starts, frame skip 4 with max-pooling, 84x84 grayscale
+uint8) and MinAtar ids (`MinAtar/...`) get their bool channels as uint8. `frame_stack: k` stacks
+the last k frames on the last axis (channels-last, as Conv2D wants); a new episode's stack is k
+copies of its first frame, the padding the replay buffer assumes when it rebuilds stacks.
+
+Exact resume needs the environment's random state: for the classic-control, Box2D and MinAtar
+environments an episode is fully determined by the generator(s) `rng_state`/`set_rng_state`
+capture as plain JSON-able data (no pickle). Atari's emulator state is not captured: an Atari
+run resumes, but not bit-for-bit.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from compress_dqn._quiet import quiet_stderr
 from compress_dqn.errors import UserError
 
 
@@ -26,6 +34,10 @@ class EnvInfo:
     obs_shape: tuple[int, ...]
     obs_dtype: np.dtype
     n_actions: int
+    frame_stack: int = 1
+    """Observations are stacks of this many frames on the last axis (1: no stacking)."""
+    input_scale: float | None = None
+    """Integer observations are multiplied by this inside the network (1/255 for pixels)."""
 
 
 def _registered_ids() -> list[str]:
@@ -43,7 +55,7 @@ def check_env_id(env_id: str) -> None:
 
 
 def _import_env_packages(env_id: str) -> None:
-    """Atari ids live in ale-py, which registers them on import."""
+    """Atari ids live in ale-py and MinAtar ids in minatar; both register them on request."""
     if env_id.startswith("ALE/"):
         try:
             import ale_py
@@ -51,20 +63,80 @@ def _import_env_packages(env_id: str) -> None:
             gym.register_envs(ale_py)
         except ImportError:
             raise UserError(f"env.id: {env_id!r} needs ale-py; pip install ale-py") from None
+    if env_id.startswith("MinAtar/") and not any(key.startswith("MinAtar/") for key in gym.envs.registry):
+        try:
+            from minatar.gym import register_envs
+        except ImportError:
+            raise UserError(f"env.id: {env_id!r} needs minatar; pip install minatar") from None
+        register_envs()
+
+
+def is_atari(env_id: str) -> bool:
+    return env_id.startswith("ALE/")
+
+
+class FrameStack(gym.ObservationWrapper):
+    """The last k frames stacked on a new last axis; a new episode starts with k copies of its first frame.
+
+    gymnasium's FrameStackObservation stacks on the first axis; Conv2D wants channels last, and the
+    replay buffer's stack rebuild assumes this padding, so the wrapper is ours.
+    """
+
+    def __init__(self, env: gym.Env, k: int) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        self.k = int(k)
+        self.observation_space = gym.spaces.Box(
+            np.repeat(np.asarray(space.low)[..., None], self.k, axis=-1),
+            np.repeat(np.asarray(space.high)[..., None], self.k, axis=-1),
+            dtype=space.dtype,
+        )
+        self._frames = np.zeros(self.observation_space.shape, dtype=space.dtype)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._frames[...] = np.asarray(obs)[..., None]
+        return self._frames.copy(), info
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        self._frames[..., :-1] = self._frames[..., 1:]
+        self._frames[..., -1] = observation
+        return self._frames.copy()
+
+
+class BoolToUint8(gym.ObservationWrapper):
+    """MinAtar's bool channels as uint8 0/1: numpy, TensorFlow and TFLite all take uint8."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        shape = env.observation_space.shape
+        self.observation_space = gym.spaces.Box(0, 1, shape=shape, dtype=np.uint8)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return np.asarray(observation, dtype=np.uint8)
 
 
 def make_env(
     env_id: str,
     kwargs: dict[str, Any] | None = None,
     max_episode_steps: int | None = None,
+    atari: dict[str, Any] | None = None,
+    frame_stack: int = 1,
 ) -> gym.Env:
-    """Build an environment and check it has a discrete action space."""
+    """Build an environment with its preprocessing and check it has a discrete action space.
+
+    atari: AtariPreprocessing arguments for ALE ids (None: the DQN defaults); the base
+    environment is made with frameskip=1 because the wrapper does the skipping.
+    """
     check_env_id(env_id)
     options: dict[str, Any] = dict(kwargs or {})
     if max_episode_steps is not None:
         options["max_episode_steps"] = max_episode_steps
+    if is_atari(env_id):
+        options.setdefault("frameskip", 1)
     try:
-        env = gym.make(env_id, **options)
+        with quiet_stderr():  # ALE prints its banner on stderr
+            env = gym.make(env_id, **options)
     except gym.error.DependencyNotInstalled as exc:
         raise UserError(f"env.id: {env_id!r} needs an extra package: {str(exc).splitlines()[0]}") from None
     except TypeError as exc:
@@ -80,17 +152,43 @@ def make_env(
         space = env.observation_space
         env.close()
         raise UserError(f"env.id: {env_id!r} has observation space {space}; only Box observations are supported")
+    if is_atari(env_id):
+        try:
+            env = gym.wrappers.AtariPreprocessing(env, **(atari or {}))
+        except (TypeError, ValueError) as exc:
+            env.close()
+            raise UserError(f"env.atari: AtariPreprocessing rejected it: {exc}") from None
+        except gym.error.DependencyNotInstalled:
+            env.close()
+            raise UserError("env.id: Atari preprocessing needs OpenCV; pip install opencv-python-headless") from None
+    if env.observation_space.dtype == np.bool_:
+        env = BoolToUint8(env)
+    if frame_stack > 1:
+        env = FrameStack(env, frame_stack)
     return env
+
+
+def make_env_from(cfg: Any) -> gym.Env:
+    """make_env from a recipe's env section (an EnvConfig)."""
+    atari = cfg.atari.model_dump() if cfg.atari is not None else None
+    return make_env(cfg.id, cfg.kwargs, cfg.max_episode_steps, atari, cfg.frame_stack)
 
 
 def env_info(env: gym.Env, env_id: str) -> EnvInfo:
     """Shapes and sizes of an environment built by make_env."""
     space = env.observation_space
+    dtype = np.dtype(space.dtype)
+    input_scale = None
+    if dtype.kind in "iu":
+        high = float(np.max(space.high))
+        input_scale = 1.0 / high if high > 0 else 1.0
     return EnvInfo(
         env_id=env_id,
         obs_shape=tuple(int(d) for d in space.shape),
-        obs_dtype=np.dtype(space.dtype),
+        obs_dtype=dtype,
         n_actions=int(env.action_space.n),
+        frame_stack=env.k if isinstance(env, FrameStack) else 1,
+        input_scale=input_scale,
     )
 
 
@@ -101,14 +199,33 @@ def seed_env(env: gym.Env, seed: int) -> np.ndarray:
     return obs
 
 
+def _minatar_random(env: gym.Env) -> np.random.RandomState | None:
+    """MinAtar keeps its own RandomState (sticky actions, ball start) outside np_random."""
+    game = getattr(env.unwrapped, "game", None)
+    random = getattr(game, "random", None)
+    return random if isinstance(random, np.random.RandomState) else None
+
+
 def rng_state(env: gym.Env) -> str:
     """The environment's random state as a JSON string (for checkpoints)."""
-    return json.dumps(env.unwrapped.np_random.bit_generator.state)
+    data: dict[str, Any] = {"np_random": env.unwrapped.np_random.bit_generator.state}
+    legacy = _minatar_random(env)
+    if legacy is not None:
+        name, keys, pos, has_gauss, cached = legacy.get_state()
+        data["minatar"] = [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+    return json.dumps(data)
 
 
 def set_rng_state(env: gym.Env, state: str) -> None:
     """Restore a state captured by rng_state, so the next reset() continues the same stream."""
     data = json.loads(state)
-    bit_generator = getattr(np.random, data["bit_generator"])()
-    bit_generator.state = data
+    if "np_random" not in data:  # a checkpoint written before MinAtar support
+        data = {"np_random": data}
+    generator_state = data["np_random"]
+    bit_generator = getattr(np.random, generator_state["bit_generator"])()
+    bit_generator.state = generator_state
     env.unwrapped.np_random = np.random.Generator(bit_generator)
+    legacy = _minatar_random(env)
+    if legacy is not None and "minatar" in data:
+        name, keys, pos, has_gauss, cached = data["minatar"]
+        legacy.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from compress_dqn.envs import make_env
+from compress_dqn.envs import make_env_from
 from compress_dqn.recipe import EnvConfig
 
 Act = Callable[[np.ndarray], int]
@@ -110,7 +110,7 @@ def stratified_bootstrap_ci(
 
 def run_episodes(act: Act, env: EnvConfig, seeds: Iterable[int]) -> list[float]:
     """Play one greedy episode per seed and return the undiscounted returns."""
-    instance = make_env(env.id, env.kwargs, env.max_episode_steps)
+    instance = make_env_from(env)
     returns = []
     try:
         for seed in seeds:

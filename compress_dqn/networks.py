@@ -1,13 +1,15 @@
 """Q-network builders (tf_keras Sequential, so tfmot can wrap them) and a numpy actor.
 
-Acting calls the network once per environment step; an eager TensorFlow call costs ~100 us,
-more than a CartPole step. `NumpyActor` runs the same MLP forward pass in numpy from a copy of
-the weights that the training loop refreshes after each training phase.
+Acting calls the network once per environment step; a TensorFlow call costs hundreds of
+microseconds, more than a CartPole or MinAtar step. `NumpyActor` runs the same forward pass (MLP
+or a plain CNN) in numpy from a copy of the weights that the training loop refreshes after each
+training phase.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,15 +22,47 @@ def build_q_network(
     net_arch: Sequence[int],
     activation: str = "relu",
     name: str = "q_network",
+    conv: Sequence[Any] = (),
+    input_scale: float | None = None,
 ) -> tf_keras.Sequential:
-    """An MLP from observations to one Q-value per action (multi-dimensional inputs are flattened)."""
+    """Observations to one Q-value per action: optional Conv2D layers, then Dense layers.
+
+    conv: layers with .filters, .kernel, .stride (a recipe's train.conv), channels-last input.
+    input_scale: integer observations (uint8 pixels, MinAtar's 0/1 channels) are cast to float and
+    multiplied by this in a first Rescaling layer, so the exported policy takes raw uint8 input.
+    Multi-dimensional inputs are flattened before the Dense layers.
+    """
     layers: list[tf_keras.layers.Layer] = [tf_keras.layers.InputLayer(input_shape=tuple(obs_shape), name="obs")]
+    if input_scale is not None:
+        layers.append(tf_keras.layers.Rescaling(float(input_scale), name="scale"))
+    if conv and len(obs_shape) != 3:
+        raise ValueError(f"conv layers need (height, width, channels) observations, not shape {tuple(obs_shape)}")
+    for i, spec in enumerate(conv):
+        layers.append(
+            tf_keras.layers.Conv2D(
+                int(spec.filters), int(spec.kernel), strides=int(spec.stride), activation=activation, name=f"conv_{i}"
+            )
+        )
     if len(obs_shape) > 1:
         layers.append(tf_keras.layers.Flatten(name="flatten"))
     for i, width in enumerate(net_arch):
         layers.append(tf_keras.layers.Dense(int(width), activation=activation, name=f"hidden_{i}"))
     layers.append(tf_keras.layers.Dense(int(n_actions), name="q_values"))
     return tf_keras.Sequential(layers, name=name)
+
+
+def network_for(info: Any, cfg: Any, name: str = "q_network") -> tf_keras.Sequential:
+    """The network a recipe section describes (train or student: .net_arch, .activation, .conv)
+    for an environment (an EnvInfo: .obs_shape, .n_actions, .input_scale)."""
+    return build_q_network(
+        info.obs_shape, info.n_actions, cfg.net_arch, cfg.activation, name=name,
+        conv=getattr(cfg, "conv", ()), input_scale=info.input_scale,
+    )
+
+
+def weight_layers(model: tf_keras.Model) -> list[tf_keras.layers.Layer]:
+    """The layers compression acts on (Dense and Conv2D), in order."""
+    return [layer for layer in model.layers if isinstance(layer, (tf_keras.layers.Dense, tf_keras.layers.Conv2D))]
 
 
 def q_from_outputs(outputs):
@@ -87,31 +121,51 @@ _ACTIVATIONS = {
 
 
 class NumpyActor:
-    """Greedy actions from an MLP's weights in numpy: no TensorFlow call on the acting path."""
+    """Greedy actions from a network's weights in numpy: no TensorFlow call on the acting path.
+
+    A tf.function call costs several hundred microseconds here whatever it computes, far more than
+    a CartPole or MinAtar step, so acting runs the same forward pass in numpy: Rescaling, Conv2D
+    ('valid' padding, as im2col + matmul), Flatten and Dense layers.
+    """
 
     def __init__(self, model: tf_keras.Model) -> None:
-        self._layers: list[tuple[str, int]] = []  # (activation name, weight index)
+        if not self.supports(model):
+            unsupported = [type(layer).__name__ for layer in model.layers if not self._layer_supported(layer)]
+            raise TypeError(f"NumpyActor supports Rescaling/Conv2D/Flatten/Dense layers only, not {', '.join(unsupported)}")
+        self._ops: list[tuple[Any, ...]] = []  # (kind, weight index or scale, stride, activation)
+        n_weighted = 0
         for layer in model.layers:
-            if isinstance(layer, tf_keras.layers.Flatten):
-                continue
-            if not isinstance(layer, tf_keras.layers.Dense):
-                raise TypeError(f"NumpyActor supports Dense/Flatten layers only, not {type(layer).__name__}")
-            name = layer.activation.__name__
-            if name not in _ACTIVATIONS:
-                raise TypeError(f"NumpyActor does not support activation {name!r}")
-            self._layers.append((name, len(self._layers)))
+            if isinstance(layer, tf_keras.layers.Rescaling):
+                self._ops.append(("scale", float(layer.scale), 0, "linear"))
+            elif isinstance(layer, tf_keras.layers.Conv2D):
+                self._ops.append(("conv", n_weighted, int(layer.strides[0]), layer.activation.__name__))
+                n_weighted += 1
+            elif isinstance(layer, tf_keras.layers.Dense):
+                self._ops.append(("dense", n_weighted, 0, layer.activation.__name__))
+                n_weighted += 1
         self._model = model
         self._weights: list[tuple[np.ndarray, np.ndarray]] = []
         self.refresh()
 
     @staticmethod
-    def supports(model: tf_keras.Model) -> bool:
-        """Whether the model is a plain MLP this actor can run."""
-        return all(
-            isinstance(layer, tf_keras.layers.Flatten)
-            or (isinstance(layer, tf_keras.layers.Dense) and layer.activation.__name__ in _ACTIVATIONS)
-            for layer in model.layers
-        )
+    def _layer_supported(layer: tf_keras.layers.Layer) -> bool:
+        if isinstance(layer, tf_keras.layers.Flatten):
+            return True
+        if isinstance(layer, tf_keras.layers.Rescaling):
+            return float(layer.offset) == 0.0 and np.ndim(layer.scale) == 0
+        if isinstance(layer, tf_keras.layers.Conv2D):
+            return (
+                type(layer) is tf_keras.layers.Conv2D and layer.padding == "valid" and layer.use_bias
+                and layer.data_format == "channels_last" and tuple(layer.dilation_rate) == (1, 1)
+                and layer.groups == 1 and layer.strides[0] == layer.strides[1]
+                and layer.activation.__name__ in _ACTIVATIONS
+            )
+        return isinstance(layer, tf_keras.layers.Dense) and layer.use_bias and layer.activation.__name__ in _ACTIVATIONS
+
+    @classmethod
+    def supports(cls, model: tf_keras.Model) -> bool:
+        """Whether this actor can run the model (plain layers, no tfmot wrappers or split heads)."""
+        return isinstance(model, tf_keras.Sequential) and all(cls._layer_supported(layer) for layer in model.layers)
 
     def refresh(self) -> None:
         """Copy the current weights (call after each training phase)."""
@@ -120,10 +174,21 @@ class NumpyActor:
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Q-values for a batch of observations, shape (batch, n_actions)."""
-        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
-        for (activation, i) in self._layers:
-            kernel, bias = self._weights[i]
-            x = x @ kernel
+        x = np.asarray(obs, dtype=np.float32)
+        for kind, ref, stride, activation in self._ops:
+            if kind == "scale":
+                x = x * np.float32(ref)
+                continue
+            kernel, bias = self._weights[ref]
+            if kind == "conv":
+                kh, kw, channels, filters = kernel.shape
+                windows = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(1, 2))[:, ::stride, ::stride]
+                n, ho, wo = windows.shape[:3]
+                # windows: (n, ho, wo, channels, kh, kw) -> rows of (kh, kw, channels), the kernel's order.
+                patches = windows.transpose(0, 1, 2, 4, 5, 3).reshape(n * ho * wo, kh * kw * channels)
+                x = (patches @ kernel.reshape(-1, filters)).reshape(n, ho, wo, filters)
+            else:
+                x = x.reshape(len(x), -1) @ kernel
             x += bias
             x = _ACTIVATIONS[activation](x)
         return x
@@ -134,7 +199,7 @@ class NumpyActor:
 
 
 class KerasActor:
-    """Greedy actions through a compiled tf.function, for networks NumpyActor cannot run (CNNs)."""
+    """Greedy actions through a compiled tf.function, for networks NumpyActor cannot run (wrapped, split)."""
 
     def __init__(self, model: tf_keras.Model) -> None:
         from compress_dqn._tf import tf

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -55,6 +56,14 @@ def _first_difference(old: Any, new: Any, prefix: str = "") -> str | None:
     return None if old == new else f"{prefix}: {old!r} -> {new!r}"
 
 
+def variant_seed(seed: int, name: str) -> int:
+    """A variant's TensorFlow seed: stable across processes (crc32, not Python's salted hash)."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**31
+
+
+_PLACEMENT_KEYS = ("executor", "address", "workers")
+
+
 def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
     """Create the run directory, or check an existing one holds this same recipe. Returns resumed."""
     recipe_file = run_dir / "recipe.yaml"
@@ -64,7 +73,10 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
             old = recipe_from_data(yaml.safe_load(recipe_file.read_text()), str(recipe_file)).to_dict()
         except (UserError, yaml.YAMLError):
             raise UserError(f"{run_dir}: its recipe.yaml is unreadable; pass another --out or delete the directory") from None
-        diff = _first_difference(old, new)
+        # Where units run does not change what they compute: a sweep may resume on another engine.
+        for key in _PLACEMENT_KEYS:
+            old.pop(key, None)
+        diff = _first_difference(old, {k: v for k, v in new.items() if k not in _PLACEMENT_KEYS})
         if diff:
             raise UserError(
                 f"{run_dir}: holds a run of a different recipe ({diff}); pass another --out or delete the directory"
@@ -94,7 +106,9 @@ def _load_replay(path: Path, info: Any) -> Any:
     from compress_dqn.replay import ReplayBuffer
 
     state = load_dict(path)
-    replay = ReplayBuffer(len(state["obs"]), info.obs_shape, info.obs_dtype, info.n_actions, seed=0)
+    replay = ReplayBuffer(
+        len(state["obs"]), info.obs_shape, info.obs_dtype, info.n_actions, seed=0, frame_stack=info.frame_stack
+    )
     replay.load_state_dict(state)
     return replay
 
@@ -152,29 +166,32 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     """
     import numpy as np
 
-    from compress_dqn.envs import env_info, make_env
+    from compress_dqn.envs import env_info, make_env_from
     from compress_dqn.evaluate import evaluate
     from compress_dqn.measure import measure_size
     from compress_dqn.policy import TFLitePolicy
 
     run_dir = Path(run_dir)
     # Check the environment before creating anything: a bad id leaves no run directory behind.
-    probe = make_env(recipe.env.id, recipe.env.kwargs, recipe.env.max_episode_steps)
+    probe = make_env_from(recipe.env)
     info = env_info(probe, recipe.env.id)
     probe.close()
     resumed = prepare_run_dir(recipe, run_dir)
     stages = Stages(run_dir)
     base = run_dir / "baseline"
 
-    from compress_dqn.networks import build_q_network, count_params
+    from compress_dqn._tf import configure_device, set_seed
+    from compress_dqn.networks import count_params, network_for
     from compress_dqn.train import DQNTrainer
+
+    device = configure_device(recipe.device)
 
     # 1. Train (resumes from baseline/checkpoints when interrupted).
     if "train" not in stages.done:
         trainer = DQNTrainer(
             recipe.train, recipe.env, recipe.replay, seed=recipe.seed,
             ckpt_dir=base / "checkpoints", tb_dir=run_dir / "tensorboard" / "baseline",
-            label="baseline", quiet=quiet,
+            label="baseline", quiet=quiet, device=recipe.device,
         )
         result = trainer.train()
         base.mkdir(parents=True, exist_ok=True)
@@ -191,11 +208,13 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
             "selected_eval_return": result.selected_return,
             "replay_capacity": result.replay.capacity,
             "replay_nbytes": result.replay.nbytes,
+            "device": device,
+            "dtype_policy": trainer.dtype_policy,
         })
         log(f"[baseline] trained {result.env_steps} steps in {result.wall_seconds:.1f} s "
             f"({result.env_steps_per_second:.0f} steps/s)")
     shutil.rmtree(base / "checkpoints", ignore_errors=True)
-    model = build_q_network(info.obs_shape, info.n_actions, recipe.train.net_arch, recipe.train.activation)
+    model = network_for(info, recipe.train)
     model.set_weights(load_arrays(base / "weights.npz"))
 
     # 2. Export a slim SavedModel and an fp32 TFLite file.
@@ -236,6 +255,9 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         if key in stages.done:
             continue
         out = run_dir / "variants" / variant.name
+        # Seed from the recipe and the variant's name alone: a variant rebuilt after a crash, or
+        # alone, initialises exactly as it would have in one uninterrupted run.
+        set_seed(variant_seed(recipe.seed, variant.name))
         built = build_variant(variant, model, _load_replay(base / "replay.npz", info), recipe, info, quiet=quiet)
         exported = _export(built.export_model, info, out, built.converter, built.try_sparse_format, heldout[:500])
         size = measure_size(built.params, built.nonzero_params, out / "policy.tflite", out / "saved_model")
@@ -317,21 +339,44 @@ def aggregate_seeds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def run_seed_unit(recipe_data: dict[str, Any], seed_dir: str, quiet: bool) -> dict[str, Any]:
+    """One seed's whole pipeline, as an executor unit: plain data in, plain data out."""
+
+    return run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print).results
+
+
 def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
-    """Run the whole pipeline once per seed in RUN_DIR/seed-N (each resumable), then aggregate."""
+    """Run the whole pipeline once per seed in RUN_DIR/seed-N (each resumable), then aggregate.
+
+    Seeds run in parallel on recipe.executor (local process pool or Ray); each unit gets the same
+    TensorFlow thread count on either engine, so per-seed results do not depend on the engine.
+    """
+    from compress_dqn.executors import map_units, threads_per_worker, worker_count
+
     run_dir = Path(run_dir)
     resumed = prepare_run_dir(recipe, run_dir)
-    runs = []
-    for seed in recipe.seeds or [recipe.seed]:
-        log(f"[seed {seed}]")
-        single = recipe.model_copy(update={"seed": seed, "seeds": None})
-        runs.append(run(single, run_dir / f"seed-{seed}", quiet=quiet, log=log).results)
+    seeds = list(recipe.seeds or [recipe.seed])
+    workers = worker_count(len(seeds), recipe.workers)
+    threads = recipe.train.intra_op_threads or threads_per_worker(workers)
+    parallel = workers > 1 or recipe.executor == "ray"
+    units = []
+    for seed in seeds:
+        train = recipe.train.model_copy(update={"intra_op_threads": threads})
+        single = recipe.model_copy(update={"seed": seed, "seeds": None, "train": train})
+        units.append((single.to_dict(), str(run_dir / f"seed-{seed}"), quiet or parallel))
+    where = f"{recipe.executor}, {workers} at a time, {threads} TensorFlow thread(s) each"
+    log(f"[seeds] {', '.join(map(str, seeds))} on {where}")
+    runs = map_units(run_seed_unit, units, recipe.executor, workers, recipe.address)
+    for seed, results in zip(seeds, runs):
+        baseline = results["variants"][0]["return"]
+        log(f"[seed {seed}] baseline {baseline['mean']:.1f} +/- {baseline['std']:.1f}")
     results = {
         "schema_version": SCHEMA_VERSION,
         "env_id": recipe.env.id,
         "eval": {"episodes": recipe.eval.episodes, "seed": recipe.eval.seed},
-        "seeds": list(recipe.seeds or [recipe.seed]),
-        "runs": [f"seed-{seed}/results.json" for seed in recipe.seeds or [recipe.seed]],
+        "seeds": seeds,
+        "executor": {"kind": recipe.executor, "workers": workers, "intra_op_threads": threads},
+        "runs": [f"seed-{seed}/results.json" for seed in seeds],
         "aggregate": aggregate_seeds(runs),
     }
     write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2))

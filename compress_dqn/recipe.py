@@ -159,6 +159,23 @@ class StrictModel(BaseModel):
 # ---------------------------------------------------------------------------------------------
 
 
+class AtariConfig(StrictModel):
+    """gymnasium's AtariPreprocessing, as in the DQN papers (Machado et al. 2018 settings by default)."""
+
+    noop_max: Count = 30
+    """Up to this many no-op actions at reset, so starts differ."""
+    frame_skip: _count(1) = 4
+    """Repeat each action this many frames (max-pooling the last two)."""
+    screen_size: _count(8) = 84
+    """Frames are resized to screen_size x screen_size."""
+    terminal_on_life_loss: bool = False
+    """End the episode when a life is lost (the DQN Nature paper's trick; off as recommended since)."""
+    grayscale_obs: bool = True
+    """One luminance channel instead of RGB."""
+    scale_obs: Literal[False] = False
+    """Always False: frames stay uint8 (4x less replay memory); the network scales them."""
+
+
 class EnvConfig(StrictModel):
     """Which gymnasium environment to train and evaluate on."""
 
@@ -168,6 +185,27 @@ class EnvConfig(StrictModel):
     """Keyword arguments passed to gymnasium.make."""
     max_episode_steps: Annotated[int | None, BeforeValidator(_parse_count)] = None
     """Override the environment's time limit (episodes end truncated, and bootstrap)."""
+    atari: AtariConfig | None = None
+    """Atari preprocessing for ALE/ ids (always applied to them; None: the DQN defaults)."""
+    frame_stack: _count(1) = 1
+    """Stack the last k frames on the last axis (4 for Atari); the replay stores each frame once."""
+
+    @model_validator(mode="after")
+    def _atari_only_for_ale(self) -> "EnvConfig":
+        if self.atari is not None and not self.id.startswith("ALE/"):
+            raise ValueError(f"atari preprocessing applies to ALE/ ids only, not {self.id!r}; remove env.atari")
+        return self
+
+
+class ConvLayer(StrictModel):
+    """One Conv2D layer ('valid' padding) of the Q-network."""
+
+    filters: _count(1)
+    """Output channels."""
+    kernel: _count(1)
+    """Square kernel size."""
+    stride: _count(1) = 1
+    """Stride in both directions."""
 
 
 class TrainConfig(StrictModel):
@@ -176,7 +214,12 @@ class TrainConfig(StrictModel):
     total_timesteps: PositiveCount = 50_000
     """Environment steps to train for (the Zoo's n_timesteps)."""
     net_arch: list[Annotated[int, BeforeValidator(_parse_count)]] = Field(default_factory=lambda: [64, 64])
-    """Hidden layer widths of the MLP Q-network."""
+    """Hidden Dense layer widths (after the conv layers, if any)."""
+    conv: list[ConvLayer] = Field(default_factory=list)
+    """Conv2D layers before the Dense ones, for image observations (empty: an MLP). The DQN Nature
+    network is [{filters: 32, kernel: 8, stride: 4}, {filters: 64, kernel: 4, stride: 2},
+    {filters: 64, kernel: 3, stride: 1}] with net_arch [512]; MinAtar's is one 16-filter 3x3 layer
+    with net_arch [128]."""
     activation: Literal["relu", "tanh"] = "relu"
     """Hidden layer activation."""
     learning_rate: _real(0.0, 1.0, lo_open=True) = 1e-4
@@ -221,6 +264,9 @@ class TrainConfig(StrictModel):
     """Compile the update step with XLA."""
     intra_op_threads: Annotated[int | None, BeforeValidator(_parse_count)] = None
     """TensorFlow intra-op threads (null: TensorFlow's default). 1 is fastest for small MLPs."""
+    mixed_precision: bool = False
+    """Train in mixed float16 on a GPU (Keras' mixed_float16 policy; Q-values stay float32).
+    Ignored with a note on CPU, where float16 is slower; the exported policy is float32 either way."""
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -307,8 +353,10 @@ class StudentConfig(StrictModel):
     """A smaller network trained by Q-value distillation from the baseline."""
 
     net_arch: list[Annotated[int, BeforeValidator(_parse_count), AfterValidator(_interval(1, None))]]
-    """Hidden layer widths of the student, e.g. [32, 32]."""
+    """Hidden Dense layer widths of the student, e.g. [32, 32]."""
     activation: Literal["relu", "tanh"] = "relu"
+    conv: list[ConvLayer] = Field(default_factory=list)
+    """Conv2D layers before the Dense ones (empty: an MLP student on the flattened observation)."""
 
 
 class FineTuneConfig(StrictModel):
@@ -373,9 +421,19 @@ class Recipe(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     variants: list[VariantConfig] = Field(default_factory=list)
     """Compressed policies to build from the baseline, each exported and evaluated."""
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    """Where TensorFlow trains: auto (a GPU when one is visible), cpu, or gpu (fails without one)."""
+    executor: Literal["local", "ray"] = "local"
+    """How several seeds run: local (a process pool sized to the machine) or ray (Ray Core tasks)."""
+    address: str | None = None
+    """Ray cluster to join (e.g. ray://head:10001 or auto); null starts a local Ray. executor: ray only."""
+    workers: _count(1) | None = None
+    """Seeds run at once (null: as many as CPUs allow, at most one per seed)."""
 
     @model_validator(mode="after")
     def _seeds_apart(self) -> Recipe:
+        if self.address is not None and self.executor != "ray":
+            raise ValueError(f"address: {self.address!r} joins a Ray cluster; set executor: ray or remove it")
         if self.seeds is not None and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
             raise ValueError(f"seeds: {self.seeds} must be a non-empty list of distinct seeds")
         names = [v.name for v in self.variants]

@@ -9,20 +9,38 @@ instead of two full observations per transition.
 
 Row layout (``capacity`` rows in a ring)::
 
-    obs[i]      observation, native dtype (float32, uint8, ...)
+    obs[i]      observation, native dtype (float32, uint8, ...); with
+                frame_stack=k > 1, only the newest frame of the stack
     actions[i]  action taken in obs[i] (smallest unsigned dtype that fits)
     rewards[i]  reward of that action (float32)
-    flags[i]    VALID | TERMINATED | TRUNCATED bitfield (uint8)
+    flags[i]    VALID | TERMINATED | TRUNCATED | START bitfield (uint8)
 
 Row ``i`` is a sampleable transition start (VALID) only while row
 ``(i + 1) % capacity`` still holds its next observation.  An episode's final
 observation gets a row of its own that is never VALID.
+
+Frame stacking (``frame_stack=k > 1``, Atari style): observations are
+channels-last stacks ``(..., k)`` with the newest frame last, and a row holds
+one frame, so a transition costs one frame instead of k (or 2k).  The stack of
+row ``i`` is rebuilt at sample time from rows ``i-k+1 .. i``, except that the
+walk back stops at a START row (the first row of a stored history) and repeats
+its frame.  That is exactly how a frame-stack wrapper pads a fresh episode
+with copies of its reset frame, so stacks never cross an episode boundary and
+a reset stack costs one row.  A stack whose older frames would not be rebuilt
+that way (unrelated transitions, other padding) is stored exactly by writing
+its older frames as extra non-VALID rows first.  Writing a row destroys the
+oldest frame of the up to k-1 following rows' stacks, so those transitions
+lose VALID as the ring overwrites them.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import shutil
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -31,12 +49,15 @@ import psutil
 
 from compress_dqn.errors import UserError
 
-__all__ = ["Batch", "ReplayBuffer", "VALID", "TERMINATED", "TRUNCATED"]
+__all__ = ["Batch", "ReplayBuffer", "VALID", "TERMINATED", "TRUNCATED", "START"]
 
 # Bits of the per-row ``flags`` byte.
 VALID = np.uint8(1)  # row starts a transition; the next row is its next obs
 TERMINATED = np.uint8(2)  # the transition ended the episode for real
 TRUNCATED = np.uint8(4)  # the episode was cut off (time limit); still bootstraps
+START = np.uint8(8)  # row begins a stored history: stacks do not reach behind it
+
+_NOT_VALID = np.uint8(~VALID & 0xFF)
 
 # Keep this share of available memory free when checking the allocation, so
 # the buffer does not push the machine into swap or the OOM killer.
@@ -100,17 +121,40 @@ def _normalize_shape(obs_shape: Any) -> tuple[int, ...]:
     return shape
 
 
+def _frame_shape(obs_shape: tuple[int, ...], frame_stack: int) -> tuple[int, ...]:
+    """Shape of one stored row: the whole obs, or one frame of a channels-last stack."""
+    if frame_stack == 1:
+        return obs_shape
+    if not obs_shape or obs_shape[-1] != frame_stack:
+        raise ValueError(
+            f"frame_stack={frame_stack} needs obs_shape with the stack on the last axis "
+            f"(..., {frame_stack}), got obs_shape={obs_shape}; pass channels-last stacks "
+            "or frame_stack=1"
+        )
+    return obs_shape[:-1]
+
+
 class ReplayBuffer:
     """Ring buffer of transitions that stores every observation once.
 
     :param capacity: number of rows (roughly transitions; each episode end
-        costs one extra row for its final observation). At least 2.
-    :param obs_shape: shape of one observation.
+        costs one extra row for its final observation). At least 2, and at
+        least ``frame_stack + 1`` (one transition's stacks need that many rows).
+    :param obs_shape: shape of one observation (with ``frame_stack=k > 1``, a
+        channels-last stack ``(..., k)``, newest frame last).
     :param obs_dtype: dtype observations are stored in (keep uint8 images as
         uint8: that is what makes large buffers fit).
     :param n_actions: number of discrete actions (picks the action dtype).
     :param seed: seed of the sampling generator.
-    :raises UserError: if the buffer does not fit in available memory.
+    :param frame_stack: frames per observation stack; rows then hold single
+        frames and stacks are rebuilt at sample time (see the module docstring).
+    :param memmap_path: if set, the observation/frame array is an ``np.memmap``
+        scratch file there (created or overwritten, left in place afterwards),
+        trading RAM for disk and page cache: the OS keeps hot pages cached and
+        evicts the rest.  Its disk space is reserved up front.  Not a
+        checkpoint: use :meth:`state_dict` for that.
+    :raises UserError: if the buffer does not fit in available memory (or the
+        memmap file does not fit on its disk).
     """
 
     def __init__(
@@ -120,22 +164,38 @@ class ReplayBuffer:
         obs_dtype: npt.DTypeLike,
         n_actions: int,
         seed: int,
+        *,
+        frame_stack: int = 1,
+        memmap_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self._capacity = _check_positive_int("capacity", capacity, 2)
         self._n_actions = _check_positive_int("n_actions", n_actions, 1)
+        self._k = _check_positive_int("frame_stack", frame_stack, 1)
         self._obs_shape = _normalize_shape(obs_shape)
+        self._frame_shape = _frame_shape(self._obs_shape, self._k)
+        if self._capacity < self._k + 1:
+            raise ValueError(
+                f"capacity={self._capacity} is too small for frame_stack={self._k}: one "
+                f"transition needs up to {self._k + 1} rows; use capacity >= {self._k + 1}"
+            )
         self._obs_dtype = np.dtype(obs_dtype)
         self._action_dtype = _action_dtype(self._n_actions)
+        self._equal_nan = self._obs_dtype.kind in "fc"
+        self._memmap_path = None if memmap_path is None else Path(memmap_path)
 
         # Check before allocating: failing with a clear message beats a
         # MemoryError (or the OOM killer) halfway through filling the arrays.
-        row_bytes = self.bytes_per_row(self._obs_shape, self._obs_dtype, self._n_actions)
-        total = self._capacity * row_bytes
+        row_bytes = self.bytes_per_row(
+            self._obs_shape, self._obs_dtype, self._n_actions, frame_stack=self._k
+        )
+        frame_bytes = math.prod(self._frame_shape) * self._obs_dtype.itemsize
+        in_ram_row = row_bytes - frame_bytes if self._memmap_path is not None else row_bytes
+        total = self._capacity * in_ram_row
         available = psutil.virtual_memory().available
         if total > _MEMORY_MARGIN * available:
             raise UserError(
                 f"replay buffer needs {_format_bytes(total)} "
-                f"({self._capacity} transitions x {_format_bytes(row_bytes)}) "
+                f"({self._capacity} transitions x {_format_bytes(in_ram_row)}) "
                 f"but only {_format_bytes(available)} of memory is available "
                 f"(at most {_MEMORY_MARGIN:.0%} of it is used); "
                 "lower train.buffer_size or set replay.memory"
@@ -144,7 +204,11 @@ class ReplayBuffer:
         # np.empty + fill(0) rather than np.zeros: zeros may hand back lazily
         # mapped pages, so RSS would creep up as the buffer fills and an
         # out-of-memory failure would come hours into training, not now.
-        self._obs = self._alloc((self._capacity, *self._obs_shape), self._obs_dtype)
+        obs_shape_rows = (self._capacity, *self._frame_shape)
+        if self._memmap_path is None:
+            self._obs = self._alloc(obs_shape_rows, self._obs_dtype)
+        else:
+            self._obs = self._alloc_memmap(self._memmap_path, obs_shape_rows, self._obs_dtype)
         self._actions = self._alloc((self._capacity,), self._action_dtype)
         self._rewards = self._alloc((self._capacity,), np.dtype(np.float32))
         self._flags = self._alloc((self._capacity,), np.dtype(np.uint8))
@@ -163,14 +227,53 @@ class ReplayBuffer:
         arr.fill(0)  # touch every page now so the memory is committed up front
         return arr
 
+    @staticmethod
+    def _alloc_memmap(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> np.memmap:
+        """A zeroed memmap file whose disk blocks are reserved now.
+
+        A sparse file would only run out of disk when a page is first written
+        back, which kills the process with SIGBUS hours into training.
+        """
+        nbytes = math.prod(shape) * dtype.itemsize
+        directory = path.parent
+        if not directory.is_dir():
+            raise UserError(f"replay memmap directory {directory} does not exist; create it or change memmap_path")
+        existing = path.stat().st_size if path.is_file() else 0  # reused when overwritten
+        free = shutil.disk_usage(directory).free
+        if nbytes - existing > free:
+            raise UserError(
+                f"replay memmap file {path} needs {_format_bytes(nbytes)} ({nbytes} bytes) "
+                f"but only {_format_bytes(free)} ({free} bytes) is free on {directory}; "
+                "point memmap_path at a disk with more space or lower train.buffer_size"
+            )
+        with open(path, "w+b") as f:
+            f.truncate(nbytes)
+            if hasattr(os, "posix_fallocate"):
+                try:
+                    os.posix_fallocate(f.fileno(), 0, nbytes)
+                except OSError as err:
+                    if err.errno == errno.ENOSPC:
+                        raise UserError(
+                            f"replay memmap file {path} needs {_format_bytes(nbytes)} but the disk "
+                            f"of {directory} ran out of space reserving it; point memmap_path "
+                            "at a disk with more space or lower train.buffer_size"
+                        ) from None
+                    # EINVAL/EOPNOTSUPP: this filesystem cannot reserve; go on sparse.
+        return np.memmap(path, dtype=dtype, mode="r+", shape=shape)
+
     # ------------------------------------------------------------------ sizes
 
     @staticmethod
     def bytes_per_row(
-        obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int
+        obs_shape: tuple[int, ...],
+        obs_dtype: npt.DTypeLike,
+        n_actions: int,
+        *,
+        frame_stack: int = 1,
     ) -> int:
-        """Exact bytes one row costs (obs + action + reward + flags)."""
-        shape = _normalize_shape(obs_shape)
+        """Exact bytes one row costs (obs or one frame + action + reward + flags)."""
+        k = _check_positive_int("frame_stack", frame_stack, 1)
+        shape = _frame_shape(_normalize_shape(obs_shape), k)
         obs_bytes = math.prod(shape) * np.dtype(obs_dtype).itemsize
         action_bytes = _action_dtype(_check_positive_int("n_actions", n_actions, 1)).itemsize
         return obs_bytes + action_bytes + np.dtype(np.float32).itemsize + np.dtype(np.uint8).itemsize
@@ -182,17 +285,21 @@ class ReplayBuffer:
         obs_shape: tuple[int, ...],
         obs_dtype: npt.DTypeLike,
         n_actions: int,
+        *,
+        frame_stack: int = 1,
     ) -> int:
         """Rows that fit in ``budget_bytes``, so users can size by memory.
 
-        :raises UserError: if fewer than 2 rows (one transition) fit.
+        :raises UserError: if fewer rows than one transition needs
+            (2, or ``frame_stack + 1``) fit.
         """
-        row_bytes = cls.bytes_per_row(obs_shape, obs_dtype, n_actions)
+        row_bytes = cls.bytes_per_row(obs_shape, obs_dtype, n_actions, frame_stack=frame_stack)
+        minimum = max(2, int(frame_stack) + 1)
         rows = int(budget_bytes) // row_bytes if budget_bytes > 0 else 0
-        if rows < 2:
+        if rows < minimum:
             raise UserError(
                 f"replay memory budget of {_format_bytes(budget_bytes)} ({int(budget_bytes)} bytes) "
-                f"holds {rows} rows but the buffer needs at least 2 "
+                f"holds {rows} rows but the buffer needs at least {minimum} "
                 f"({_format_bytes(row_bytes)} = {row_bytes} bytes per transition); "
                 "raise replay.memory"
             )
@@ -200,7 +307,7 @@ class ReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Exact bytes held by the buffer's arrays."""
+        """Exact bytes held by the buffer's arrays (a memmap file's included)."""
         return int(
             self._obs.nbytes + self._actions.nbytes + self._rewards.nbytes + self._flags.nbytes
         )
@@ -232,44 +339,91 @@ class ReplayBuffer:
     def n_actions(self) -> int:
         return self._n_actions
 
+    @property
+    def frame_stack(self) -> int:
+        """Frames per observation; 1 means whole observations are stored per row."""
+        return self._k
+
     # ----------------------------------------------------------------- adding
 
-    def _write_row(self, x: np.ndarray) -> int:
-        """Write an observation into the next ring row and return its index.
+    def _write_row(self, x: np.ndarray, start: bool) -> int:
+        """Write an observation (or frame) into the next ring row and return its index.
 
         Overwriting row j destroys the transition starting at j (its obs is
-        gone) and the one starting at j-1 (its next obs is gone).  When j is
-        written as the next obs of j-1 in the same add, the caller sets j-1's
-        VALID bit afterwards, so clearing it here is harmless.
+        gone), the one starting at j-1 (its next obs is gone) and, with frame
+        stacks, those starting at j+1 .. j+k-1 whose stack reaches back to j
+        (none past a START row).  When j is written as the next obs of j-1 in
+        the same add, the caller sets j-1's VALID bit afterwards, so clearing
+        it here is harmless.
         """
         j = self._pos
-        if self._flags[j] & VALID:
+        flags = self._flags
+        if flags[j] & VALID:
             self._num_valid -= 1
-        self._flags[j] = 0
         prev = j - 1 if j > 0 else self._capacity - 1
-        if self._flags[prev] & VALID:
-            self._flags[prev] &= ~VALID
+        if flags[prev] & VALID:
+            flags[prev] &= _NOT_VALID
             self._num_valid -= 1
+        for m in range(1, self._k):  # capacity > k, so these rows are not j or j-1
+            r = j + m if j + m < self._capacity else j + m - self._capacity
+            f = flags[r]
+            if f & START:
+                break
+            if f & VALID:
+                flags[r] = f & _NOT_VALID
+                self._num_valid -= 1
+        flags[j] = START if start else 0
         self._obs[j] = x
         self._pos = j + 1 if j + 1 < self._capacity else 0
         if self._size < self._capacity:
             self._size += 1
         return j
 
+    def _as_stored(self, x: Any) -> np.ndarray:
+        # Compare in storage dtype: a float64 copy of a float32 obs is the same obs.
+        return np.asarray(x).astype(self._obs_dtype, copy=False)
+
+    def _equal(self, a: np.ndarray, b: np.ndarray) -> bool:
+        return bool(np.array_equal(a, b, equal_nan=self._equal_nan))
+
     def _continues_episode(self, obs: Any) -> bool:
-        """Whether ``obs`` is the previous add's next_obs, already stored."""
+        """Whether ``obs`` is the previous add's next_obs, already stored.
+
+        With frame stacks the whole rebuilt stack must match, not just the
+        newest frame, or the stored history would not be the given obs.
+        """
         if not self._episode_open or self._last_row < 0:
             return False
         if obs is self._last_next_obs:
             return True
-        stored = self._obs[self._last_row]
+        if self._k == 1:
+            stored = self._obs[self._last_row]
+        else:
+            row = np.array([self._last_row], dtype=np.int64)
+            stored = self._stacks(self._frames(self._chain(row)))[0]
         candidate = np.asarray(obs)
         if candidate.shape != stored.shape:
             return False
-        # Compare in storage dtype: a float64 copy of a float32 obs is the same obs.
-        candidate = candidate.astype(self._obs_dtype, copy=False)
-        equal_nan = self._obs_dtype.kind in "fc"
-        return bool(np.array_equal(candidate, stored, equal_nan=equal_nan))
+        return self._equal(self._as_stored(candidate), stored)
+
+    def _write_history(self, obs: Any) -> int:
+        """Write ``obs`` as a fresh history (first row START); return its newest row.
+
+        The rebuild repeats the START row's frame for older positions, so only
+        frames from the end of the leading run of copies of the oldest frame
+        need rows: one row for a reset stack of k copies, up to k otherwise.
+        """
+        x = self._as_stored(obs)
+        if self._k == 1:
+            return self._write_row(x, start=True)
+        frames = np.moveaxis(x, -1, 0)  # (k, *frame_shape), oldest first
+        first = 0
+        while first + 1 < self._k and self._equal(frames[first + 1], frames[0]):
+            first += 1
+        row = self._write_row(frames[first], start=True)
+        for t in range(first + 1, self._k):
+            row = self._write_row(frames[t], start=False)
+        return row
 
     def _check_obs(self, name: str, x: Any) -> None:
         shape = np.shape(x)
@@ -290,22 +444,44 @@ class ReplayBuffer:
         When ``obs`` is the previous add's ``next_obs`` (same object, or equal
         values) and that add did not end the episode, the stored row is reused
         so consecutive transitions share observations.  Unrelated transitions
-        (e.g. loaded from a file) each take two rows.
+        (e.g. loaded from a file) each take two rows (with frame stacks, up to
+        k + 1 when the older frames are not copies of the oldest one).
+
+        With ``frame_stack=k > 1``, ``next_obs`` must be ``obs`` shifted by one
+        frame (``next_obs[..., :-1] == obs[..., 1:]``), as a frame-stack wrapper
+        gives: its stack is the next row's, rebuilt from obs's frames.
 
         Observations are copied, but the identity fast path assumes the caller
         does not modify a passed ``next_obs`` in place before the next add.
+
+        :raises ValueError: on a wrong shape, an out-of-range action or a
+            next_obs that is not obs shifted by one frame; nothing is written then.
         """
         self._check_obs("obs", obs)
         self._check_obs("next_obs", next_obs)
         a = int(action)
         if not 0 <= a < self._n_actions:
             raise ValueError(f"action {a} is out of range [0, {self._n_actions})")
+        if self._k == 1:
+            next_frame = next_obs
+        else:
+            nxt = self._as_stored(next_obs)
+            x = self._as_stored(obs)
+            # Frame by frame: one comparison of the strided (..., k-1) views is ~3x slower.
+            if not all(self._equal(nxt[..., m], x[..., m + 1]) for m in range(self._k - 1)):
+                raise ValueError(
+                    f"with frame_stack={self._k}, next_obs must be obs shifted by one frame "
+                    "(next_obs[..., :-1] == obs[..., 1:]) but its older frames differ; pass the "
+                    "frame-stack wrapper's stacks (at an episode end, the final observation, "
+                    "not the reset one)"
+                )
+            next_frame = nxt[..., -1]
 
         if self._continues_episode(obs):
             obs_row = self._last_row
         else:
-            obs_row = self._write_row(obs)
-        next_row = self._write_row(next_obs)  # always (obs_row + 1) % capacity
+            obs_row = self._write_history(obs)
+        next_row = self._write_row(next_frame, start=False)  # always (obs_row + 1) % capacity
 
         flags = VALID
         if terminated:
@@ -314,7 +490,7 @@ class ReplayBuffer:
             flags |= TRUNCATED
         self._actions[obs_row] = a
         self._rewards[obs_row] = reward
-        self._flags[obs_row] = flags
+        self._flags[obs_row] = (self._flags[obs_row] & START) | flags
         self._num_valid += 1
 
         self._last_row = next_row
@@ -354,8 +530,29 @@ class ReplayBuffer:
             filled += keep.size
         return out
 
+    def _chain(self, idx: np.ndarray) -> list[np.ndarray]:
+        """Rows of each stack, newest first: k-1 steps back, standing still at START rows."""
+        rows = [idx]
+        cur = idx
+        for _ in range(self._k - 1):
+            back = cur - 1
+            back[back < 0] = self._capacity - 1
+            cur = np.where(self._flags[cur] & START, cur, back)
+            rows.append(cur)
+        return rows
+
+    def _frames(self, rows: list[np.ndarray]) -> list[np.ndarray]:
+        return [self._obs[r] for r in rows]
+
+    @staticmethod
+    def _stacks(frames_newest_first: list[np.ndarray]) -> np.ndarray:
+        return np.stack(frames_newest_first[::-1], axis=-1)
+
     def gather(self, indices: npt.ArrayLike) -> Batch:
         """Build a batch from VALID row indices (vectorised, no per-row loop).
+
+        With frame stacks, the next stack reuses the obs stack's k-1 newest
+        frames plus the next row's frame, so a batch reads k + 1 frames per row.
 
         :raises ValueError: if an index is not a VALID row.
         """
@@ -367,11 +564,18 @@ class ReplayBuffer:
             raise ValueError("gather got indices that are not valid transitions")
         next_idx = idx + 1
         next_idx[next_idx == self._capacity] = 0
+        if self._k == 1:
+            observations = self._obs[idx]
+            next_observations = self._obs[next_idx]
+        else:
+            frames = self._frames(self._chain(idx))
+            observations = self._stacks(frames)
+            next_observations = self._stacks([self._obs[next_idx], *frames[:-1]])
         return Batch(
-            observations=self._obs[idx],
+            observations=observations,
             actions=self._actions[idx].astype(np.int64),
             rewards=self._rewards[idx],
-            next_observations=self._obs[next_idx],
+            next_observations=next_observations,
             terminated=((flags & TERMINATED) != 0).astype(np.float32),
         )
 
@@ -386,7 +590,10 @@ class ReplayBuffer:
     def sample_observations(self, n: int) -> np.ndarray:
         """n observations from uniformly sampled transitions, without gathering the rest of the
         batch (calibration and distillation need states only). Draws exactly as sample(n) does."""
-        return self._obs[self.sample_indices(n)]
+        idx = self.sample_indices(n)
+        if self._k == 1:
+            return self._obs[idx]
+        return self._stacks(self._frames(self._chain(idx)))
 
     # ------------------------------------------------------------ checkpoints
 
@@ -395,6 +602,7 @@ class ReplayBuffer:
 
         Suitable for ``np.savez`` and ``np.load(..., allow_pickle=False)``: the
         generator state is a JSON string in a 0-d unicode array, not a pickle.
+        ``obs`` holds one frame per row when ``frame_stack > 1``.
         """
         return {
             "obs": self._obs,
@@ -406,6 +614,7 @@ class ReplayBuffer:
             "num_transitions": np.array(self._num_valid, dtype=np.int64),
             "episode_open": np.array(self._episode_open, dtype=np.bool_),
             "last_row": np.array(self._last_row, dtype=np.int64),
+            "frame_stack": np.array(self._k, dtype=np.int64),
             "rng_state": np.array(json.dumps(self._rng.bit_generator.state)),
         }
 
@@ -413,13 +622,20 @@ class ReplayBuffer:
         """Restore from :meth:`state_dict` into this (same-shaped) buffer.
 
         Arrays are copied into the existing preallocated ones so memory stays
-        committed and no reference to the loaded file is kept.
+        committed and no reference to the loaded file is kept.  A state without
+        ``frame_stack`` (saved before frame stacking existed) counts as 1.
 
         :raises ValueError: if the state does not match this buffer.
         """
         missing = [k for k in (*_STATE_ARRAYS, *_STATE_SCALARS, "rng_state") if k not in state]
         if missing:
             raise ValueError(f"replay state is missing {', '.join(missing)}")
+        saved_k = int(state["frame_stack"]) if "frame_stack" in state else 1
+        if saved_k != self._k:
+            raise ValueError(
+                f"replay state was saved with frame_stack={saved_k} but this buffer has "
+                f"frame_stack={self._k}; build the buffer with frame_stack={saved_k}"
+            )
         for key in _STATE_ARRAYS:
             src = np.asarray(state[key])
             dst = getattr(self, f"_{key}")

@@ -24,11 +24,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from compress_dqn._tf import configure_threads, set_seed, tf, tf_keras
-from compress_dqn.envs import EnvInfo, env_info, make_env, rng_state, seed_env, set_rng_state
+from compress_dqn._tf import configure_device, configure_threads, mixed_precision_policy, set_seed, tf, tf_keras
+from compress_dqn.envs import EnvInfo, env_info, make_env_from, rng_state, seed_env, set_rng_state
 from compress_dqn.evaluate import run_episodes
 from compress_dqn.fileio import load_arrays, load_dict, save_arrays, write_text_atomic
-from compress_dqn.networks import build_q_network, make_actor, q_from_outputs
+from compress_dqn.networks import make_actor, network_for, q_from_outputs
 from compress_dqn.progress import Progress
 from compress_dqn.recipe import EnvConfig, ReplayConfig, TrainConfig
 from compress_dqn.replay import ReplayBuffer
@@ -94,12 +94,18 @@ def _make_generic_update_fn(
             return tf.reduce_mean(tf.where(abs_error < 1.0, 0.5 * tf.square(error), abs_error - 0.5))
         return tf.reduce_mean(tf.square(error))
 
+    loss_scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+
     def one_step(obs, actions, td_target):
         with tf.GradientTape() as tape:
-            q_all = q_from_outputs(model(obs, training=True))
+            q_all = tf.cast(q_from_outputs(model(obs, training=True)), tf.float32)
             q_taken = tf.gather(q_all, actions, batch_dims=1)
             loss = td_loss(tf.stop_gradient(td_target) - q_taken)
-        grads = tape.gradient(loss, model.trainable_variables)
+            # Mixed precision: scale the loss so float16 gradients do not underflow.
+            objective = optimizer.get_scaled_loss(loss) if loss_scaled else loss
+        grads = tape.gradient(objective, model.trainable_variables)
+        if loss_scaled:
+            grads = optimizer.get_unscaled_gradients(grads)
         if cfg.max_grad_norm is not None:
             grads, _ = tf.clip_by_global_norm(grads, cfg.max_grad_norm)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
@@ -112,14 +118,14 @@ def _make_generic_update_fn(
         if not cfg.double_dqn:
             # The target network is fixed for the phase: one batched forward pass for all K steps.
             flat_next = tf.reshape(next_obs, tf.concat([[k_steps * batch], tf.shape(next_obs)[2:]], 0))
-            next_q = tf.reshape(target(flat_next, training=False), [k_steps, batch, -1])
+            next_q = tf.reshape(tf.cast(target(flat_next, training=False), tf.float32), [k_steps, batch, -1])
             all_targets = rewards + gamma * (1.0 - terminated) * tf.reduce_max(next_q, axis=-1)
         total_loss = tf.constant(0.0)
         total_q = tf.constant(0.0)
         for k in tf.range(k_steps):
             if cfg.double_dqn:
                 next_actions = tf.argmax(q_from_outputs(model(next_obs[k], training=False)), axis=-1, output_type=tf.int32)
-                next_values = tf.gather(target(next_obs[k], training=False), next_actions, batch_dims=1)
+                next_values = tf.gather(tf.cast(target(next_obs[k], training=False), tf.float32), next_actions, batch_dims=1)
                 td_target = rewards[k] + gamma * (1.0 - terminated[k]) * next_values
             else:
                 td_target = all_targets[k]
@@ -398,6 +404,7 @@ class DQNTrainer:
         initial_model: tf_keras.Model | None = None,
         initial_replay: ReplayBuffer | None = None,
         frozen_target: list[np.ndarray] | None = None,
+        device: str = "auto",
     ) -> None:
         """initial_model/initial_replay/frozen_target turn this into a TD fine-tune of an
         existing (possibly tfmot-wrapped) model that keeps the baseline's buffer and target."""
@@ -405,6 +412,8 @@ class DQNTrainer:
         self.seed, self.ckpt_dir, self.tb_dir = seed, ckpt_dir, tb_dir
         self.hooks, self.label, self.quiet = hooks, label, quiet
         self.initial_model, self.initial_replay, self.frozen_target = initial_model, initial_replay, frozen_target
+        self.device_request = device
+        self.notes: list[str] = []  # said once the progress display is up
         self.step = 0
         self.gradient_step = 0
         self.episodes = 0
@@ -414,30 +423,38 @@ class DQNTrainer:
     def _build(self) -> None:
         cfg = self.cfg
         configure_threads(cfg.intra_op_threads)
+        self.device = configure_device(self.device_request)
         set_seed(self.seed)
-        self.env = make_env(self.env_cfg.id, self.env_cfg.kwargs, self.env_cfg.max_episode_steps)
+        self.env = make_env_from(self.env_cfg)
         self.info = env_info(self.env, self.env_cfg.id)
+        replay_shape = (self.info.obs_shape, self.info.obs_dtype, self.info.n_actions)
         capacity = cfg.buffer_size
         if self.replay_cfg.memory is not None:
             capacity = min(
                 capacity,
-                ReplayBuffer.capacity_for_budget(
-                    self.replay_cfg.memory, self.info.obs_shape, self.info.obs_dtype, self.info.n_actions
-                ),
+                ReplayBuffer.capacity_for_budget(self.replay_cfg.memory, *replay_shape, frame_stack=self.info.frame_stack),
             )
         if self.initial_replay is not None:
             self.replay = self.initial_replay
         else:
-            self.replay = ReplayBuffer(capacity, self.info.obs_shape, self.info.obs_dtype, self.info.n_actions, self.seed)
-        if self.initial_model is not None:
-            self.model = self.initial_model
-        else:
-            self.model = build_q_network(self.info.obs_shape, self.info.n_actions, cfg.net_arch, cfg.activation)
-        self.target = build_q_network(
-            self.info.obs_shape, self.info.n_actions, cfg.net_arch, cfg.activation, name="target"
-        )
+            self.replay = ReplayBuffer(capacity, *replay_shape, self.seed, frame_stack=self.info.frame_stack)
+        self.dtype_policy = mixed_precision_policy(cfg.mixed_precision, self.device)
+        if cfg.mixed_precision and self.dtype_policy != "mixed_float16":
+            self.notes.append("mixed_precision needs a GPU; training in float32 on the CPU")
+        previous_policy = tf_keras.mixed_precision.global_policy()
+        tf_keras.mixed_precision.set_global_policy(self.dtype_policy)
+        try:
+            if self.initial_model is not None:
+                self.model = self.initial_model
+            else:
+                self.model = network_for(self.info, cfg)
+            self.target = network_for(self.info, cfg, name="target")
+        finally:
+            tf_keras.mixed_precision.set_global_policy(previous_policy)
         self.target.set_weights(self.frozen_target if self.frozen_target is not None else self.model.get_weights())
         self.optimizer = tf_keras.optimizers.Adam(cfg.learning_rate)
+        if self.dtype_policy == "mixed_float16":
+            self.optimizer = tf_keras.mixed_precision.LossScaleOptimizer(self.optimizer)
         self.optimizer.build(self.model.trainable_variables)
         self.update = make_update_fn(self.model, self.target, self.optimizer, cfg)
         self.soft_update = make_soft_update_fn(self.model, self.target)
@@ -583,6 +600,8 @@ class DQNTrainer:
         self.progress = Progress(self.label, cfg.total_timesteps, self.step, self.quiet)
         if resumed_from is not None:
             self.progress.message(f"[{self.label}] resuming from checkpoint at step {resumed_from}")
+        for note in self.notes:
+            self.progress.message(f"[{self.label}] {note}")
         for hook in self.hooks:
             hook.on_train_begin(self)
         episode_return, episode_len = 0.0, 0

@@ -25,3 +25,31 @@ def test_numpy_actor_act_matches_batch_argmax():
     actor = NumpyActor(model)
     obs = np.random.default_rng(2).normal(size=(300, 4)).astype(np.float32)
     assert [actor.act(o) for o in obs] == model(obs).numpy().argmax(1).tolist()
+
+
+class _Conv:
+    def __init__(self, filters: int, kernel: int, stride: int) -> None:
+        self.filters, self.kernel, self.stride = filters, kernel, stride
+
+
+def test_numpy_actor_runs_cnns_like_keras():
+    """MinAtar's network (uint8 0/1 input) and a strided Nature-style stack on pixels."""
+    rng = np.random.default_rng(3)
+    cases = [
+        ((10, 10, 4), [_Conv(16, 3, 1)], [128], 1.0, rng.integers(0, 2, size=(20, 10, 10, 4))),
+        ((36, 36, 4), [_Conv(8, 8, 4), _Conv(16, 4, 2), _Conv(16, 3, 1)], [32], 1 / 255, rng.integers(0, 256, size=(20, 36, 36, 4))),
+    ]
+    for shape, conv, dense, scale, obs in cases:
+        model = build_q_network(shape, 6, dense, conv=conv, input_scale=scale)
+        obs = obs.astype(np.uint8)
+        actor = NumpyActor(model)
+        keras_q = model(obs.astype(np.float32)).numpy()
+        np.testing.assert_allclose(actor.q_values(obs), keras_q, rtol=1e-4, atol=1e-5)
+        assert [actor.act(o) for o in obs] == keras_q.argmax(1).tolist()
+
+
+def test_conv_layers_need_image_observations():
+    import pytest
+
+    with pytest.raises(ValueError, match=r"conv layers need \(height, width, channels\)"):
+        build_q_network((8,), 2, [16], conv=[_Conv(4, 3, 1)])

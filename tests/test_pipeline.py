@@ -37,7 +37,7 @@ def test_variants_use_the_baselines_episode_seeds(tmp_path, monkeypatch):
         assert fp16["return"]["episodes"] == base["return"]["episodes"]
     assert student["size"]["params"] < base["size"]["params"]
     assert student["size"]["tflite_bytes"] < base["size"]["tflite_bytes"]
-    assert student["compression"]["student"] == {"net_arch": [8], "activation": "relu"}
+    assert student["compression"]["student"] == {"net_arch": [8], "activation": "relu", "conv": []}
     for v in results["variants"]:
         assert (tmp_path / "run" / v["artifacts"]["tflite"]).is_file()
 

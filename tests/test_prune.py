@@ -35,7 +35,7 @@ def test_target_sparsity_reached_and_output_layer_kept_dense(trained_tiny, sched
 def test_unknown_excluded_layer_is_a_clear_error(trained_tiny):
     recipe, result = trained_tiny
     v = variant(recipe, prune={"sparsity": 0.5, "exclude": ["output"]}, fine_tune={"steps": 10})
-    with pytest.raises(UserError, match="prune.exclude: no Dense layer named output; layers are hidden_0"):
+    with pytest.raises(UserError, match="prune.exclude: no Dense or Conv2D layer named output; layers are hidden_0"):
         build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
 
 
@@ -45,3 +45,14 @@ def test_td_fine_tune_prunes_too(trained_tiny):
     built = build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
     assert built.details["fine_tune"]["method"] == "td"
     assert all(abs(s - 0.5) <= 0.01 for s in built.details["sparsity"].values())
+
+
+def test_short_fine_tunes_still_reach_the_target():
+    """tfmot prunes only every `frequency` steps: the schedule must end on one of them."""
+    from compress_dqn.compress.prune import schedule
+    from compress_dqn.recipe import PruneConfig
+
+    for total in (10, 48, 83, 6000, 6010):
+        plan = schedule(PruneConfig(sparsity=0.9, frequency=50), total).get_config()["config"]
+        assert (plan["end_step"] - plan["begin_step"]) % plan["frequency"] == 0
+        assert 0 < plan["end_step"] <= max(1, int(0.6 * total))

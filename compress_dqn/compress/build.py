@@ -44,11 +44,11 @@ class BuiltVariant:
 
 
 def dense_kernels(model: tf_keras.Model) -> dict[str, np.ndarray]:
-    """Each Dense kernel by layer name, looking through tfmot wrappers (QAT keeps float kernels)."""
+    """Each Dense/Conv2D kernel by layer name, looking through tfmot wrappers (QAT keeps float kernels)."""
     kernels = {}
     for layer in model.layers:
         inner = getattr(layer, "layer", layer)
-        if isinstance(inner, tf_keras.layers.Dense):
+        if isinstance(inner, (tf_keras.layers.Dense, tf_keras.layers.Conv2D)):
             # A QAT wrapper swaps inner.kernel for a fake-quant tensor; the variable is in its weights.
             (kernel,) = [w for w in layer.weights if w.name.endswith("kernel:0") and "cluster" not in w.name]
             kernels[inner.name] = kernel.numpy()
@@ -97,7 +97,7 @@ def fine_tune(
     })
     result = DQNTrainer(
         cfg, recipe.env, recipe.replay, seed=recipe.seed + 1, hooks=hooks, label=label, quiet=quiet,
-        initial_model=model, initial_replay=replay, frozen_target=baseline.get_weights(),
+        initial_model=model, initial_replay=replay, frozen_target=baseline.get_weights(), device=recipe.device,
     ).train()
     return {"method": "td", "env_steps": result.env_steps, "gradient_steps": result.gradient_steps}
 

@@ -21,13 +21,15 @@ _INIT = {
     "random": _clustering.CentroidInitialization.RANDOM,
 }
 
+_WEIGHT_LAYERS = (tf_keras.layers.Dense, tf_keras.layers.Conv2D)
+
 
 def cluster_model(model: tf_keras.Model, cfg: ClusterConfig) -> tf_keras.Model:
-    """A clustering-wrapped copy: every Dense layer not in cfg.exclude gets cluster_weights."""
+    """A clustering-wrapped copy: every Dense and Conv2D layer not in cfg.exclude gets cluster_weights."""
     _check_names(model, cfg.exclude, "cluster.exclude")
 
     def wrap(layer: tf_keras.layers.Layer) -> tf_keras.layers.Layer:
-        if isinstance(layer, tf_keras.layers.Dense) and layer.name not in cfg.exclude:
+        if isinstance(layer, _WEIGHT_LAYERS) and layer.name not in cfg.exclude:
             return _clustering.cluster_weights(
                 layer, number_of_clusters=cfg.clusters, cluster_centroids_init=_INIT[cfg.init]
             )
@@ -37,14 +39,14 @@ def cluster_model(model: tf_keras.Model, cfg: ClusterConfig) -> tf_keras.Model:
 
 
 def strip(model: tf_keras.Model) -> tf_keras.Model:
-    """Remove the clustering wrappers: plain Dense layers holding the clustered weights."""
+    """Remove the clustering wrappers: plain layers holding the clustered weights."""
     return _clustering.strip_clustering(model)
 
 
 def unique_kernel_values(model: tf_keras.Model) -> dict[str, int]:
-    """Distinct values in each Dense kernel of a plain (stripped) model."""
+    """Distinct values in each Dense/Conv2D kernel of a plain (stripped) model."""
     return {
         layer.name: int(len(np.unique(layer.kernel.numpy())))
         for layer in model.layers
-        if isinstance(layer, tf_keras.layers.Dense)
+        if isinstance(layer, _WEIGHT_LAYERS)
     }

@@ -11,13 +11,13 @@ from typing import Any
 
 from compress_dqn._tf import tf, tf_keras
 from compress_dqn.envs import EnvInfo
-from compress_dqn.networks import build_q_network, q_from_outputs
+from compress_dqn.networks import network_for, q_from_outputs
 from compress_dqn.recipe import StudentConfig
 
 
 def build_student(info: EnvInfo, cfg: StudentConfig) -> tf_keras.Model:
     """A fresh (untrained) student network."""
-    return build_q_network(info.obs_shape, info.n_actions, cfg.net_arch, cfg.activation, name="student")
+    return network_for(info, cfg, name="student")
 
 
 def make_distill_update_fn(
@@ -96,12 +96,12 @@ class Distiller:
         loss: str = "policy",
         temperature: float = 0.01,
     ) -> None:
-        from compress_dqn.networks import NumpyActor
+        from compress_dqn.networks import make_actor
 
         self.student, self.replay, self.steps = student, replay, steps
         self.batch_size, self.hooks, self.label, self.quiet = batch_size, hooks, label, quiet
         self.phase_steps = phase_steps
-        self.teacher = NumpyActor(teacher)
+        self.teacher = make_actor(teacher)
         self.optimizer = tf_keras.optimizers.Adam(learning_rate)
         self.optimizer.build(student.trainable_variables)
         # The Q-value term is scaled by the variance of the teacher's Q-values over replay states.

@@ -18,12 +18,14 @@ from compress_dqn.recipe import PruneConfig
 
 _sparsity = tfmot.sparsity.keras
 
+_WEIGHT_LAYERS = (tf_keras.layers.Dense, tf_keras.layers.Conv2D)
+
 
 def _check_names(model: tf_keras.Model, names: list[str], key: str) -> None:
-    known = [layer.name for layer in model.layers if isinstance(layer, tf_keras.layers.Dense)]
+    known = [layer.name for layer in model.layers if isinstance(layer, _WEIGHT_LAYERS)]
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise UserError(f"{key}: no Dense layer named {', '.join(unknown)}; layers are {', '.join(known)}")
+        raise UserError(f"{key}: no Dense or Conv2D layer named {', '.join(unknown)}; layers are {', '.join(known)}")
 
 
 def schedule(cfg: PruneConfig, total_steps: int) -> _sparsity.PruningSchedule:
@@ -31,17 +33,21 @@ def schedule(cfg: PruneConfig, total_steps: int) -> _sparsity.PruningSchedule:
     begin = int(cfg.begin_fraction * total_steps)
     if cfg.schedule == "constant":
         return _sparsity.ConstantSparsity(cfg.sparsity, begin_step=begin, frequency=cfg.frequency)
-    end = max(begin + 1, int(cfg.end_fraction * total_steps))
-    return _sparsity.PolynomialDecay(0.0, cfg.sparsity, begin_step=begin, end_step=end, frequency=cfg.frequency)
+    span = max(1, int(cfg.end_fraction * total_steps) - begin)
+    # tfmot only prunes on steps begin + n * frequency: end on one, or a short fine-tune (fewer steps
+    # than the frequency) would never reach the target sparsity.
+    frequency = min(cfg.frequency, span)
+    end = begin + (span // frequency) * frequency
+    return _sparsity.PolynomialDecay(0.0, cfg.sparsity, begin_step=begin, end_step=end, frequency=frequency)
 
 
 def prune_model(model: tf_keras.Model, cfg: PruneConfig, total_steps: int) -> tf_keras.Model:
-    """A pruning-wrapped copy: every Dense layer not in cfg.exclude gets prune_low_magnitude."""
+    """A pruning-wrapped copy: every Dense and Conv2D layer not in cfg.exclude gets prune_low_magnitude."""
     _check_names(model, cfg.exclude, "prune.exclude")
     plan = schedule(cfg, total_steps)
 
     def wrap(layer: tf_keras.layers.Layer) -> tf_keras.layers.Layer:
-        if isinstance(layer, tf_keras.layers.Dense) and layer.name not in cfg.exclude:
+        if isinstance(layer, _WEIGHT_LAYERS) and layer.name not in cfg.exclude:
             return _sparsity.prune_low_magnitude(layer, pruning_schedule=plan)
         return layer
 
@@ -70,14 +76,14 @@ class PruningHook:
 
 
 def strip(model: tf_keras.Model) -> tf_keras.Model:
-    """Remove the pruning wrappers: plain Dense layers holding the masked weights."""
+    """Remove the pruning wrappers: plain layers holding the masked weights."""
     return _sparsity.strip_pruning(model)
 
 
 def kernel_sparsity(model: tf_keras.Model) -> dict[str, float]:
-    """Share of exact zeros in each Dense kernel of a plain (stripped) model."""
+    """Share of exact zeros in each Dense/Conv2D kernel of a plain (stripped) model."""
     return {
         layer.name: float(1.0 - np.count_nonzero(layer.kernel.numpy()) / layer.kernel.numpy().size)
         for layer in model.layers
-        if isinstance(layer, tf_keras.layers.Dense)
+        if isinstance(layer, _WEIGHT_LAYERS)
     }

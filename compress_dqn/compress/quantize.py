@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow_model_optimization as tfmot
 
 from compress_dqn._tf import tf, tf_keras
-from compress_dqn.networks import independent_copy
+from compress_dqn.networks import independent_copy, weight_layers
 from compress_dqn.recipe import QuantizeConfig
 
 Preserve = Literal["sparsity", "clusters"] | None
@@ -24,15 +24,24 @@ def qat_model(model: tf_keras.Model, preserve: Preserve = None) -> tf_keras.Mode
     """A copy of a plain model with fake-quant wrappers for quantization-aware training."""
     quant = tfmot.quantization.keras
     copy = independent_copy(model)
+
+    def annotate(layer: tf_keras.layers.Layer) -> tf_keras.layers.Layer:
+        # The input Rescaling (uint8 -> float) has no QAT config; TFLite quantizes after it anyway.
+        if isinstance(layer, tf_keras.layers.Rescaling):
+            return layer
+        return quant.quantize_annotate_layer(layer)
+
+    annotated = tf_keras.models.clone_model(copy, clone_function=annotate)
+    annotated.set_weights(copy.get_weights())
     if preserve is None:
-        return quant.quantize_model(copy)
+        return quant.quantize_apply(annotated)
     combine = tfmot.experimental.combine
     scheme = (
         combine.Default8BitPrunePreserveQuantizeScheme()
         if preserve == "sparsity"
         else combine.Default8BitClusterPreserveQuantizeScheme()
     )
-    return quant.quantize_apply(quant.quantize_annotate_model(copy), scheme)
+    return quant.quantize_apply(annotated, scheme)
 
 
 def calibrate_ranges(qat: tf_keras.Model, plain: tf_keras.Model, observations: np.ndarray) -> dict[str, tuple[float, float]]:
@@ -43,10 +52,13 @@ def calibrate_ranges(qat: tf_keras.Model, plain: tf_keras.Model, observations: n
     Set each range from the float model's activations on replay observations, as PTQ does.
     """
     x = np.asarray(observations, dtype=np.float32)
+    for layer in plain.layers:  # the quantized input is what the first weight layer sees
+        if isinstance(layer, tf_keras.layers.Rescaling):
+            x = layer(x).numpy()
     ranges = {"quantize_layer": (float(x.min()), float(x.max()))}
-    dense = [layer for layer in plain.layers if isinstance(layer, tf_keras.layers.Dense)]
+    dense = weight_layers(plain)
     probe = tf_keras.Model(plain.inputs, [layer.output for layer in dense])
-    for layer, out in zip(dense, probe(x)):
+    for layer, out in zip(dense, probe(np.asarray(observations, dtype=np.float32))):
         out = out.numpy()
         ranges[f"quant_{layer.name}"] = (float(min(out.min(), 0.0)), float(max(out.max(), 0.0)))
     for layer in qat.layers:

@@ -1,0 +1,71 @@
+"""Executors: a local process pool and Ray run the same units and give the same results."""
+
+import json
+import operator
+import os
+
+import pytest
+
+from compress_dqn.errors import UserError
+from compress_dqn.executors import map_units, threads_per_worker, worker_count
+from compress_dqn.recipe import load_recipe
+
+from conftest import TINY
+
+
+def test_worker_count_is_bounded_by_units_and_request():
+    assert worker_count(1, None) == 1
+    assert worker_count(3, 2) == 2
+    assert worker_count(2, 8) == 2
+    assert threads_per_worker(1) >= 1 and threads_per_worker(64) == 1
+
+
+def test_local_pool_keeps_order_and_uses_other_processes():
+    args = [(i, i + 1) for i in range(6)]
+    assert map_units(operator.mul, args, "local", workers=2) == [i * (i + 1) for i in range(6)]
+    pids = map_units(os.getpid, [()] * 4, "local", workers=2)
+    assert os.getpid() not in pids
+    assert map_units(os.getpid, [()], "local", workers=1) == [os.getpid()]  # one unit: inline
+
+
+def test_unknown_executor_and_bad_ray_address_are_clear_errors():
+    with pytest.raises(UserError, match="executor: 'dask' is not one of local, ray"):
+        map_units(operator.mul, [(1, 2)], "dask")
+    with pytest.raises(UserError, match="address: remove it|executor: ray"):
+        load_recipe(TINY, ["address=auto"])
+
+
+def _comparable(results: dict, seed_dir) -> dict:
+    """What a seed computed: returns, agreement and the exact TFLite bytes (not timings, which vary;
+    nor SavedModel sizes, whose metadata holds the writing process's temporary path)."""
+    import hashlib
+
+    return {
+        v["name"]: {
+            "episodes": v["return"]["episodes"],
+            "agreement": v["action_agreement"],
+            "tflite_sha256": hashlib.sha256((seed_dir / v["artifacts"]["tflite"]).read_bytes()).hexdigest(),
+        }
+        for v in results["variants"]
+    }
+
+
+def test_sweep_gives_the_same_per_seed_results_on_local_pool_and_ray(tmp_path):
+    """recipes/sweep.yaml's contract, shrunk: 2 seeds on a 2-worker pool and on a local 2-CPU Ray."""
+    pytest.importorskip("ray")
+    from compress_dqn.pipeline import run_seeds
+
+    overrides = ["seeds=[0, 1]", "workers=2", "eval.episodes=3",
+                 "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}]"]
+    per_engine = {}
+    for executor in ("local", "ray"):
+        recipe = load_recipe(TINY, [*overrides, f"executor={executor}"])
+        run_seeds(recipe, tmp_path / executor, quiet=True, log=lambda m: None)
+        summary = json.loads((tmp_path / executor / "results.json").read_text())
+        assert summary["executor"] == {"kind": executor, "workers": 2, "intra_op_threads": 1}
+        per_engine[executor] = {}
+        for seed in (0, 1):
+            seed_dir = tmp_path / executor / f"seed-{seed}"
+            per_engine[executor][seed] = _comparable(json.loads((seed_dir / "results.json").read_text()), seed_dir)
+    assert per_engine["local"] == per_engine["ray"]
+    assert per_engine["local"][0] != per_engine["local"][1]  # the seeds really differ

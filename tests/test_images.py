@@ -1,0 +1,99 @@
+"""Image observations: MinAtar and Atari environments, CNN Q-networks, and a CNN run end to end."""
+
+import json
+
+import numpy as np
+import pytest
+
+from compress_dqn.envs import FrameStack, env_info, make_env, rng_state, set_rng_state
+from compress_dqn.errors import UserError
+from compress_dqn.recipe import load_recipe
+
+from conftest import ROOT
+
+MINATAR = ROOT / "recipes" / "minatar-breakout.yaml"
+
+
+def _play(env, steps: int, seed: int) -> list[tuple]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        obs, reward, terminated, truncated, _ = env.step(int(rng.integers(env.action_space.n)))
+        out.append((obs.tobytes(), reward, terminated))
+        if terminated or truncated:
+            obs, _ = env.reset()
+            out.append((obs.tobytes(),))
+    return out
+
+
+def test_minatar_gives_uint8_channels_and_resumes_exactly():
+    env = make_env("MinAtar/Breakout-v1")
+    info = env_info(env, "MinAtar/Breakout-v1")
+    assert info.obs_shape == (10, 10, 4) and info.obs_dtype == np.uint8 and info.n_actions == 3
+    assert info.input_scale == 1.0 and info.frame_stack == 1
+    obs, _ = env.reset(seed=3)
+    assert obs.dtype == np.uint8 and set(np.unique(obs)) <= {0, 1}
+    _play(env, 50, 0)
+    saved = rng_state(env)
+    # Sticky actions and ball starts come from MinAtar's own RandomState: it must be restored too.
+    first = _play(env, 300, 1)
+    set_rng_state(env, saved)
+    env.reset()
+    other = make_env("MinAtar/Breakout-v1")
+    other.reset(seed=99)
+    set_rng_state(other, saved)
+    other.reset()
+    assert _play(env, 300, 1) == _play(other, 300, 1)
+    assert first  # the stream after restoring continues from the saved state, not from the seed
+
+
+def test_atari_preprocessing_and_channels_last_frame_stack():
+    env = make_env("ALE/Pong-v5", frame_stack=4)
+    info = env_info(env, "ALE/Pong-v5")
+    assert info.obs_shape == (84, 84, 4) and info.obs_dtype == np.uint8 and info.frame_stack == 4
+    assert info.input_scale == pytest.approx(1 / 255)
+    obs, _ = env.reset(seed=0)
+    assert all((obs[..., i] == obs[..., 0]).all() for i in range(4))  # padded with the reset frame
+    previous = obs
+    for _ in range(3):
+        obs, *_ = env.step(0)
+        np.testing.assert_array_equal(obs[..., :-1], previous[..., 1:])  # shifts by one frame
+        previous = obs
+    assert isinstance(env, FrameStack)
+
+
+def test_atari_settings_only_for_ale_ids(tmp_path):
+    with pytest.raises(UserError, match="env: atari preprocessing applies to ALE/ ids only"):
+        load_recipe(MINATAR, ["env.atari={noop_max: 0}"])
+    with pytest.raises(UserError, match="env.atari.frame_skip"):
+        load_recipe(MINATAR, ["env.id=ALE/Pong-v5", "env.atari={frame_skip: 0}"])
+
+
+def test_minatar_cnn_pipeline_end_to_end(tmp_path):
+    """The MinAtar recipe, shrunk: CNN training, frame replay, pruned + int8 + QAT variants, report."""
+    from compress_dqn.pipeline import run
+    from compress_dqn.policy import TFLitePolicy
+
+    recipe = load_recipe(MINATAR, [
+        "train.total_timesteps=600", "train.learning_starts=100", "train.eval_interval=0",
+        "train.checkpoint_interval=300", "train.buffer_size=2000", "eval.episodes=3",
+        "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}, "
+        "{name: prune-90-int8, prune: {sparsity: 0.9, exclude: [q_values]}, quantize: {mode: int8, calibration_samples: 50}, "
+        "fine_tune: {method: td, steps: 200}}, "
+        "{name: qat-int8, quantize: {mode: qat}, fine_tune: {steps: 64, batch_size: 16}}]",
+    ])
+    outcome = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    names = [v["name"] for v in results["variants"]]
+    assert names == ["baseline", "ptq-int8", "prune-90-int8", "qat-int8"]
+    base = results["variants"][0]
+    for entry in results["variants"]:
+        policy = TFLitePolicy(tmp_path / "run" / entry["artifacts"]["tflite"])
+        assert policy.obs_shape == (10, 10, 4) and policy.input_dtype == np.uint8  # raw MinAtar input
+        assert entry["latency_us"]["cpu"]["tflite"]["p50"] > 0
+    for entry in results["variants"][1:]:
+        assert entry["size"]["tflite_bytes"] < base["size"]["tflite_bytes"] / 3
+        assert "verdict" in entry["return_vs_baseline"]
+    sparsity = results["variants"][2]["compression"]["sparsity"]
+    assert sparsity["conv_0"] > 0.85 and sparsity["hidden_0"] > 0.85
+    assert outcome.results == results
