@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import sys
@@ -25,11 +26,20 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
-            click.echo(f"error: {exc}", err=True)
+            # One line, always: a key or value from the user may itself hold a line break.
+            message = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(exc))
+            click.echo(f"error: {message}", err=True)
             sys.exit(EXIT_USAGE)
         except KeyboardInterrupt:
             click.echo("interrupted; rerun the same command to resume", err=True)
             sys.exit(130)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            where = f" writing {exc.filename}" if exc.filename else ""
+            click.echo(f"error: no space left on the device{where}; finished stages and the last checkpoint "
+                       "are kept: free space and rerun the same command to resume", err=True)
+            sys.exit(EXIT_USAGE)
 
     return wrapper
 
@@ -88,24 +98,18 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
 def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
     """Check a recipe and its environment without training (and without importing TensorFlow)."""
     loaded = _load(recipe, seed, overrides)
+    from compress_dqn import resources
     from compress_dqn.envs import env_info, make_env_from
-    from compress_dqn.replay import ReplayBuffer
 
     env = make_env_from(loaded.env)
     info = env_info(env, loaded.env.id)
     env.close()
-    capacity = loaded.train.buffer_size
-    if loaded.replay.memory is not None:
-        capacity = min(
-            capacity,
-            ReplayBuffer.capacity_for_budget(
-                loaded.replay.memory, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
-            ),
-        )
-    nbytes = capacity * ReplayBuffer.bytes_per_row(info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack)
+    needed = resources.plan(loaded, info)
     click.echo(
         f"ok: {recipe}: {loaded.env.id} (obs {info.obs_shape} {info.obs_dtype}, {info.n_actions} actions), "
-        f"{loaded.train.total_timesteps} steps, replay {capacity} transitions = {nbytes / 2**20:.1f} MiB"
+        f"{loaded.train.total_timesteps} steps, replay {needed.replay_capacity} transitions = "
+        f"{needed.replay_bytes / 2**20:.1f} MiB; needs ~{needed.memory_bytes / 2**30:.1f} GiB of memory and "
+        f"~{needed.disk_bytes / 2**30:.2f} GiB of disk per seed"
     )
 
 
@@ -119,9 +123,11 @@ def evaluate(policy: Path, env_id: str, episodes: int, seed: int) -> None:
     """Play greedy episodes with a .tflite file or SavedModel directory; prints JSON."""
     from compress_dqn.envs import env_info, make_env_from
     from compress_dqn.evaluate import evaluate as run_evaluation
+    from compress_dqn.manifest import check_artifact
     from compress_dqn.policy import check_compatible, load_policy
     from compress_dqn.recipe import EnvConfig
 
+    check_artifact(policy)
     loaded = load_policy(policy)
     env_cfg = EnvConfig(id=env_id)
     env = make_env_from(env_cfg)
@@ -144,10 +150,32 @@ def evaluate(policy: Path, env_id: str, episodes: int, seed: int) -> None:
 @_user_errors
 def report(run_dir: Path) -> None:
     """Re-render results.csv, report.md, report.html and the plots from RUN_DIR/results.json."""
+    from compress_dqn.manifest import MANIFEST, check_artifact, write_manifest
     from compress_dqn.report import write_report
 
+    finished = (run_dir / MANIFEST).is_file()
+    if finished:
+        check_artifact(run_dir / "results.json")  # never render a report from altered results
     for path in write_report(run_dir):
         click.echo(str(path))
+    if finished:
+        write_manifest(run_dir)  # the re-rendered report files are the run's artifacts now
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@_user_errors
+def verify(run_dir: Path) -> None:
+    """Check every artifact of a finished run against RUN_DIR/manifest.json (SHA-256 and size)."""
+    from compress_dqn.manifest import read_manifest, verify as verify_run
+
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such directory; pass a run directory written by compress-dqn run")
+    problems = verify_run(run_dir)
+    count = len(read_manifest(run_dir)["files"])
+    if problems:
+        raise UserError(f"{run_dir}: {len(problems)} problem(s) in {count} artifacts: " + "; ".join(problems))
+    click.echo(f"ok: {run_dir}: {count} artifacts match manifest.json")
 
 
 @main.command()
@@ -159,12 +187,19 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
     """Measure one .tflite file or SavedModel directory: size, latency, inference memory (JSON)."""
     import numpy as np
 
+    from compress_dqn.manifest import check_artifact
     from compress_dqn.measure import dir_bytes, gzip_bytes, measure_latency, measure_memory
     from compress_dqn.policy import TFLitePolicy, load_policy
 
+    check_artifact(policy)
     loaded = load_policy(policy)
     runtime = "tflite" if isinstance(loaded, TFLitePolicy) else "saved_model"
-    obs = np.random.default_rng(0).normal(size=(1000, *loaded.obs_shape)).astype(np.float32)
+    rng = np.random.default_rng(0)
+    dtype = np.dtype(loaded.input_dtype)
+    if dtype.kind in "iu" and not getattr(loaded, "_quantized_input", False):  # raw images: pixel values
+        obs = rng.integers(0, 256, size=(1000, *loaded.obs_shape)).astype(dtype)
+    else:
+        obs = rng.normal(size=(1000, *loaded.obs_shape)).astype(np.float32)
     report = {
         "policy": str(policy),
         "runtime": runtime,

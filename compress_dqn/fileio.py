@@ -19,11 +19,15 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not also leave a half-written file behind
+        raise
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -38,11 +42,15 @@ def save_arrays(path: Path, arrays: list[np.ndarray] | dict[str, np.ndarray]) ->
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
-    with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_arrays(path: Path) -> list[np.ndarray]:
@@ -64,3 +72,18 @@ def replace_dir(tmp: Path, final: Path) -> None:
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale_temporaries(root: Path) -> int:
+    """Delete the .tmp-*/.old-* leftovers of a killed process under root; returns how many."""
+    stale = [p for p in Path(root).rglob("*") if p.name.startswith((".tmp-", ".old-"))]
+    removed = 0
+    for path in sorted(stale, key=lambda p: len(p.parts)):
+        if not path.exists() and not path.is_symlink():
+            continue  # inside a directory removed just before
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed += 1
+    return removed

@@ -29,8 +29,12 @@ from typing import Any, Callable
 
 import yaml
 
+from compress_dqn import resources
 from compress_dqn.errors import UserError
-from compress_dqn.fileio import load_arrays, load_dict, save_arrays, write_bytes_atomic, write_text_atomic
+from compress_dqn.fileio import (
+    load_arrays, load_dict, remove_stale_temporaries, save_arrays, write_bytes_atomic, write_text_atomic,
+)
+from compress_dqn.manifest import MANIFEST, verify, write_manifest
 from compress_dqn.recipe import Recipe, recipe_from_data
 from compress_dqn.report import write_report
 
@@ -81,6 +85,15 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
             raise UserError(
                 f"{run_dir}: holds a run of a different recipe ({diff}); pass another --out or delete the directory"
             )
+        remove_stale_temporaries(run_dir)  # what a killed process was writing
+        if (run_dir / MANIFEST).exists():
+            problems = verify(run_dir)
+            if problems:
+                more = f" (and {len(problems) - 1} more; see compress-dqn verify)" if len(problems) > 1 else ""
+                raise UserError(f"{run_dir}: a finished run with a damaged artifact: {problems[0]}{more}; "
+                                "pass another --out to rerun it")
+            # From here on files get rewritten: the run is in progress again until a new manifest.
+            (run_dir / MANIFEST).unlink()
         return True
     if run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"{run_dir}: exists and is not a compress-dqn run directory; pass another --out")
@@ -176,6 +189,8 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     probe = make_env_from(recipe.env)
     info = env_info(probe, recipe.env.id)
     probe.close()
+    if not (run_dir / "stages.json").exists() or "train" not in Stages(run_dir).done:
+        resources.check(resources.plan(recipe, info), run_dir)
     resumed = prepare_run_dir(recipe, run_dir)
     stages = Stages(run_dir)
     base = run_dir / "baseline"
@@ -311,6 +326,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     _add_paired_comparisons(results["variants"])
     write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2))
     write_report(run_dir)
+    write_manifest(run_dir)  # last: its presence means the run finished
     return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
 
 
@@ -353,10 +369,16 @@ def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[
     """
     from compress_dqn.executors import map_units, threads_per_worker, worker_count
 
+    from compress_dqn.envs import env_info, make_env_from
+
     run_dir = Path(run_dir)
-    resumed = prepare_run_dir(recipe, run_dir)
     seeds = list(recipe.seeds or [recipe.seed])
     workers = worker_count(len(seeds), recipe.workers)
+    probe = make_env_from(recipe.env)
+    info = env_info(probe, recipe.env.id)
+    probe.close()
+    resources.check(resources.plan(recipe, info), run_dir, at_once=workers, in_total=len(seeds))
+    resumed = prepare_run_dir(recipe, run_dir)
     threads = recipe.train.intra_op_threads or threads_per_worker(workers)
     parallel = workers > 1 or recipe.executor == "ray"
     units = []
@@ -381,6 +403,7 @@ def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[
     }
     write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2))
     write_report(run_dir)
+    write_manifest(run_dir)  # last: its presence means the run finished
     return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from compress_dqn._tf import configure_device, configure_threads, mixed_precision_policy, set_seed, tf, tf_keras
 from compress_dqn.envs import EnvInfo, env_info, make_env_from, rng_state, seed_env, set_rng_state
+from compress_dqn.errors import UserError
 from compress_dqn.evaluate import run_episodes
 from compress_dqn.fileio import load_arrays, load_dict, save_arrays, write_text_atomic
 from compress_dqn.networks import make_actor, network_for, q_from_outputs
@@ -337,6 +338,10 @@ def make_soft_update_fn(model: tf_keras.Model, target: tf_keras.Model) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
+class TrainingDiverged(UserError):
+    """Non-finite loss or Q-values: the recipe's hyperparameters, not a bug, so a one-line error."""
+
+
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     """The newest complete checkpoint, or None."""
     pointer = ckpt_dir / "latest"
@@ -374,10 +379,14 @@ def run_updates(trainer: Any, update: Any, arrays: tuple[np.ndarray, ...]) -> tu
         loss_t, q_t = update(*arrays)
         loss, q_mean = float(loss_t), float(q_t)
         trainer.gradient_step += k_steps
-    if not np.isfinite(loss):
-        raise FloatingPointError(
-            f"[{trainer.label}] loss became {loss} at step {trainer.step}; lower the learning rate "
-            "or set train.max_grad_norm (the last checkpoint is kept)"
+    if not (np.isfinite(loss) and np.isfinite(q_mean)):
+        what = f"loss {loss}" if not np.isfinite(loss) else f"mean Q-value {q_mean}"
+        ckpt_dir = getattr(trainer, "ckpt_dir", None)
+        kept = latest_checkpoint(ckpt_dir) if ckpt_dir is not None else None
+        where = f"; the last good checkpoint is kept in {kept}" if kept is not None else ""
+        raise TrainingDiverged(
+            f"[{trainer.label}] training diverged: {what} at env step {trainer.step} (gradient step "
+            f"{trainer.gradient_step}); lower the learning rate or set max_grad_norm{where}"
         )
     return loss, q_mean
 
@@ -491,6 +500,26 @@ class DQNTrainer:
         name = f"step-{self.step:09d}"
         tmp = self.ckpt_dir / f".tmp-{name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            self._write_checkpoint(tmp)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)  # the previous checkpoint stays as it was
+            previous = latest_checkpoint(self.ckpt_dir)
+            kept = f"the last good checkpoint ({previous.name}) is intact" if previous else "no checkpoint was complete"
+            raise UserError(
+                f"cannot write checkpoint {name} in {self.ckpt_dir} ({exc.strerror or exc}); {kept}; "
+                "free disk space and rerun the same command to resume"
+            ) from None
+        final = self.ckpt_dir / name
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        previous = latest_checkpoint(self.ckpt_dir)
+        write_text_atomic(self.ckpt_dir / "latest", name)
+        if previous is not None and previous != final:
+            shutil.rmtree(previous, ignore_errors=True)
+        return final
+
+    def _write_checkpoint(self, tmp: Path) -> None:
         tmp.mkdir()
         save_arrays(tmp / "model.npz", self.model.get_weights())
         save_arrays(tmp / "target.npz", self.target.get_weights())
@@ -513,14 +542,6 @@ class DQNTrainer:
             "env_rng": rng_state(self.env),
         }
         write_text_atomic(tmp / "state.json", json.dumps(state))
-        final = self.ckpt_dir / name
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        previous = latest_checkpoint(self.ckpt_dir)
-        write_text_atomic(self.ckpt_dir / "latest", name)
-        if previous is not None and previous != final:
-            shutil.rmtree(previous, ignore_errors=True)
-        return final
 
     def _restore(self, path: Path) -> None:
         state = json.loads((path / "state.json").read_text())

@@ -1,0 +1,104 @@
+"""kill -9 `compress-dqn run` at random moments, resume, and check every resumed run.
+
+    .venv/bin/python benchmarks/kill_resume.py --kills 20 --out runs/kill-resume
+
+One uninterrupted reference run first; then trials, each in a fresh directory: the same command
+is started and SIGKILLed at a uniformly random time within the reference's wall time, one to three
+times in a row, then rerun to completion. Every finished trial must pass `compress-dqn verify` and,
+the run being deterministic on CPU with a fixed seed, give the reference's per-episode returns and
+byte-identical TFLite files. Prints a JSON line per trial and a summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OVERRIDES = [
+    "train.total_timesteps=3000", "train.checkpoint_interval=500", "eval.episodes=5",
+    "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}, "
+    "{name: prune-50, prune: {sparsity: 0.5}, fine_tune: {steps: 300}}]",
+]
+
+
+def command(recipe: str, out: Path) -> list[str]:
+    args = [sys.executable, "-m", "compress_dqn", "run", recipe, "--out", str(out), "--quiet"]
+    for override in OVERRIDES:
+        args += ["--set", override]
+    return args
+
+
+def outcome(out: Path) -> dict:
+    results = json.loads((out / "results.json").read_text())
+    return {
+        v["name"]: {
+            "episodes": v["return"]["episodes"],
+            "tflite": hashlib.sha256((out / v["artifacts"]["tflite"]).read_bytes()).hexdigest(),
+        }
+        for v in results["variants"]
+    }
+
+
+def stage_reached(out: Path) -> str:
+    try:
+        done = list(json.loads((out / "stages.json").read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return "training" if (out / "baseline" / "checkpoints").exists() else "start"
+    return f"after {done[-1]}" if done else "start"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default=str(ROOT / "recipes" / "tiny.yaml"))
+    parser.add_argument("--kills", type=int, default=20, help="kill at least this many times in all")
+    parser.add_argument("--out", default="runs/kill-resume")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    out = Path(args.out)
+
+    start = time.perf_counter()
+    reference = out / "reference"
+    subprocess.run(command(args.recipe, reference), check=True, capture_output=True)
+    ref_wall = time.perf_counter() - start
+    expected = outcome(reference)
+
+    kills = trials = verified = identical = 0
+    while kills < args.kills:
+        run_dir = out / f"trial-{trials}"
+        killed_at = []
+        for _ in range(rng.randint(1, 3)):
+            delay = rng.uniform(0.5, ref_wall)
+            process = subprocess.Popen(command(args.recipe, run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                process.wait(timeout=delay)  # finished before the kill time: nothing to kill
+            except subprocess.TimeoutExpired:
+                killed_at.append({"after_s": round(delay, 2), "stage": stage_reached(run_dir)})
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait()
+        final = subprocess.run(command(args.recipe, run_dir), capture_output=True, text=True)
+        check = subprocess.run([sys.executable, "-m", "compress_dqn", "verify", str(run_dir)], capture_output=True, text=True)
+        ok = final.returncode == 0 and check.returncode == 0
+        same = ok and outcome(run_dir) == expected
+        kills += len(killed_at)
+        trials += 1
+        verified += ok
+        identical += same
+        print(json.dumps({"trial": trials - 1, "kills": killed_at, "resumed": final.returncode == 0,
+                          "verified": check.returncode == 0, "identical_to_reference": same,
+                          "error": None if ok else (final.stderr or check.stderr).strip()[-300:]}), flush=True)
+    print(json.dumps({"kills": kills, "trials": trials, "verified": verified, "identical": identical,
+                      "reference_wall_s": round(ref_wall, 1), "total_wall_s": round(time.perf_counter() - start, 1)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""manifest.json: every artifact of a finished run with its SHA-256 and size.
+
+Written last, when the run is complete, so its presence means "this run finished". `verify`
+recomputes it; `evaluate` and `report` check the files they read against it, so a truncated or
+altered artifact is refused with a clear message instead of being measured or reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from compress_dqn.errors import UserError
+from compress_dqn.fileio import write_text_atomic
+
+MANIFEST = "manifest.json"
+SCHEMA_VERSION = 1
+# Scratch that is not part of a finished run: checkpoints are deleted once training ends, and
+# .tmp-/.old- names are the leftovers of a killed process.
+_SKIP_DIRS = {"checkpoints"}
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _artifacts(run_dir: Path) -> list[Path]:
+    files = []
+    for path in sorted(run_dir.rglob("*")):
+        rel = path.relative_to(run_dir)
+        if path.is_dir() or rel.as_posix() == MANIFEST:
+            continue
+        if any(part.startswith((".tmp-", ".old-")) or part in _SKIP_DIRS for part in rel.parts):
+            continue
+        files.append(path)
+    return files
+
+
+def write_manifest(run_dir: Path) -> dict[str, Any]:
+    """Hash every artifact under run_dir into run_dir/manifest.json (atomically)."""
+    run_dir = Path(run_dir)
+    entries = {
+        path.relative_to(run_dir).as_posix(): {"sha256": sha256_of(path), "bytes": path.stat().st_size}
+        for path in _artifacts(run_dir)
+    }
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "files": entries,
+    }
+    write_text_atomic(run_dir / MANIFEST, json.dumps(manifest, indent=2))
+    return manifest
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no {MANIFEST}; the run did not finish (rerun it to complete it) or this is not a run directory")
+    try:
+        manifest = json.loads(path.read_text())
+        files = manifest["files"]
+        if not isinstance(files, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("sha256"), str) and isinstance(v.get("bytes"), int) for v in files.values()
+        ):
+            raise ValueError
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise UserError(f"{path}: unreadable or malformed manifest; rerun compress-dqn run on the directory to rebuild it") from None
+    return manifest
+
+
+def _problem(run_dir: Path, rel: str, expected: dict[str, Any]) -> str | None:
+    path = run_dir / rel
+    if not path.is_file():
+        return f"{rel} is missing"
+    size = path.stat().st_size
+    if size != expected["bytes"]:
+        return f"{rel} has {size} bytes, expected {expected['bytes']} (truncated or replaced)"
+    if sha256_of(path) != expected["sha256"]:
+        return f"{rel} does not match its SHA-256 (modified or corrupted)"
+    return None
+
+
+def verify(run_dir: Path) -> list[str]:
+    """Problems found (empty: every artifact is as written); unlisted new files are reported too."""
+    run_dir = Path(run_dir)
+    files = read_manifest(run_dir)["files"]
+    problems = [p for rel, expected in sorted(files.items()) if (p := _problem(run_dir, rel, expected))]
+    listed = set(files)
+    problems += [f"{p.relative_to(run_dir).as_posix()} is not in the manifest"
+                 for p in _artifacts(run_dir) if p.relative_to(run_dir).as_posix() not in listed]
+    return problems
+
+
+def find_run_dir(path: Path, levels: int = 4) -> Path | None:
+    """The run directory (holding manifest.json) that contains path, if any."""
+    path = Path(path).absolute()
+    for candidate in [path, *path.parents][: levels + 1]:
+        if (candidate / MANIFEST).is_file():
+            return candidate
+    return None
+
+
+def check_artifact(path: Path) -> None:
+    """Refuse an artifact that lies in a finished run directory but no longer matches its manifest.
+
+    Files outside any run directory (a policy copied elsewhere) are not checked here; their own
+    loaders refuse truncated or foreign files.
+    """
+    path = Path(path).absolute()
+    run_dir = find_run_dir(path)
+    if run_dir is None:
+        return
+    files = read_manifest(run_dir)["files"]
+    targets = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    rels = [t.relative_to(run_dir).as_posix() for t in targets]
+    if path.is_dir():  # a SavedModel directory: its listed files must all be there too
+        prefix = path.relative_to(run_dir).as_posix() + "/"
+        rels = sorted(set(rels) | {rel for rel in files if rel.startswith(prefix)})
+    for rel in rels:
+        if rel not in files:
+            raise UserError(f"{run_dir / rel}: not in {run_dir / MANIFEST}; it was added after the run finished")
+        problem = _problem(run_dir, rel, files[rel])
+        if problem:
+            raise UserError(f"{run_dir}: {problem}; rerun compress-dqn run in a new directory (or restore the file)")

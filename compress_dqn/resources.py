@@ -1,0 +1,135 @@
+"""What a run will need in memory and on disk, checked before anything starts.
+
+A run that dies hours in, because the replay buffer outgrew the machine or a checkpoint filled the
+disk, costs more than one refused at the start. The replay buffer dominates both: it lives in
+memory for the whole run, and each checkpoint writes a copy of it next to the previous one (the
+old checkpoint is removed only once the new one is complete), plus the final copy in baseline/.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from compress_dqn.errors import UserError
+
+# TensorFlow, the environment and the interpreter, on top of the replay buffer and the networks.
+_PROCESS_OVERHEAD = 1 << 30
+# Headroom on disk for exports, reports, TensorBoard events and the policies.
+_DISK_MARGIN = 64 << 20
+# Share of available memory a run may plan to use (as the replay buffer's own check).
+_MEMORY_SHARE = 0.9
+
+
+def _fmt(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+@dataclass(frozen=True)
+class ResourcePlan:
+    """Bytes a run needs, from its recipe and environment, before anything is allocated."""
+
+    replay_capacity: int
+    replay_bytes: int
+    network_bytes: int
+    """Weights of the online and target networks, Adam's two moments and the gradients."""
+    memory_bytes: int
+    disk_bytes: int
+
+
+def replay_capacity(recipe: Any, info: Any) -> int:
+    """Transitions the replay buffer will hold: train.buffer_size, bounded by replay.memory."""
+    from compress_dqn.replay import ReplayBuffer
+
+    capacity = recipe.train.buffer_size
+    if recipe.replay.memory is not None:
+        capacity = min(
+            capacity,
+            ReplayBuffer.capacity_for_budget(
+                recipe.replay.memory, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
+            ),
+        )
+    return capacity
+
+
+def _network_params(recipe: Any, info: Any) -> int:
+    """Parameters of the recipe's network, counted without building it (no TensorFlow)."""
+    shape = list(info.obs_shape)
+    params = 0
+    for conv in recipe.train.conv:
+        height = (shape[0] - conv.kernel) // conv.stride + 1
+        width = (shape[1] - conv.kernel) // conv.stride + 1
+        params += conv.kernel * conv.kernel * shape[2] * conv.filters + conv.filters
+        shape = [max(height, 0), max(width, 0), conv.filters]
+    width_in = math.prod(shape)
+    for width in [*recipe.train.net_arch, info.n_actions]:
+        params += width_in * width + width
+        width_in = width
+    return params
+
+
+def plan(recipe: Any, info: Any) -> ResourcePlan:
+    """Memory and disk a run of this recipe needs (see the module docstring for the model)."""
+    from compress_dqn.replay import ReplayBuffer
+
+    capacity = replay_capacity(recipe, info)
+    replay_bytes = capacity * ReplayBuffer.bytes_per_row(
+        info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
+    )
+    network_bytes = 5 * 4 * _network_params(recipe, info)  # online, target, 2 Adam moments, gradients
+    return ResourcePlan(
+        replay_capacity=capacity,
+        replay_bytes=replay_bytes,
+        network_bytes=network_bytes,
+        memory_bytes=replay_bytes + network_bytes + _PROCESS_OVERHEAD,
+        disk_bytes=3 * replay_bytes + 4 * network_bytes + _DISK_MARGIN,
+    )
+
+
+def _existing_parent(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def bytes_under(path: Path) -> int:
+    """Bytes of the files under path (0 if it does not exist)."""
+    path = Path(path)
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def check(needed: ResourcePlan, run_dir: Path, at_once: int = 1, in_total: int = 1) -> None:
+    """Refuse a run that would not fit in available memory or on run_dir's disk, with the numbers.
+
+    at_once: runs that hold memory at the same time (parallel seeds); in_total: runs that write
+    to run_dir (all seeds). Bytes a resumed run already wrote count as free: they get rewritten.
+    """
+    memory = needed.memory_bytes * at_once
+    available = psutil.virtual_memory().available
+    times = f"{at_once} x " if at_once > 1 else ""
+    if memory > _MEMORY_SHARE * available:
+        raise UserError(
+            f"this run needs about {_fmt(memory)} of memory ({times}replay {_fmt(needed.replay_bytes)} for "
+            f"{needed.replay_capacity} transitions + networks {_fmt(needed.network_bytes)} + process "
+            f"~{_fmt(_PROCESS_OVERHEAD)}) but {_fmt(available)} is available; lower train.buffer_size, set "
+            "replay.memory" + (", or lower workers" if at_once > 1 else "")
+        )
+    disk = needed.disk_bytes * in_total
+    free = shutil.disk_usage(_existing_parent(run_dir)).free + bytes_under(run_dir)
+    if disk > free:
+        times = f"{in_total} x " if in_total > 1 else ""
+        raise UserError(
+            f"this run needs about {_fmt(disk)} of disk under {run_dir} ({times}checkpoints and the final "
+            f"replay buffer, 3 x {_fmt(needed.replay_bytes)}) but {_fmt(free)} is free; free space, lower "
+            "train.buffer_size or replay.memory, or pass --out on a larger disk"
+        )

@@ -1,0 +1,264 @@
+"""Faults: kill -9 and resume, manifest and verify, divergence, full disks, resource refusal."""
+
+import errno
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from compress_dqn.cli import main
+from compress_dqn.errors import UserError
+from compress_dqn.recipe import load_recipe
+
+from conftest import ROOT, TINY
+
+# Long enough to kill inside training (checkpoints every 500 of 3000 steps), one variant.
+KILL_OVERRIDES = [
+    "train.total_timesteps=3000", "train.checkpoint_interval=500", "eval.episodes=3",
+    "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}]",
+]
+
+
+def _command(out: Path) -> list[str]:
+    args = [sys.executable, "-m", "compress_dqn", "run", str(TINY), "--out", str(out), "--quiet"]
+    for override in KILL_OVERRIDES:
+        args += ["--set", override]
+    return args
+
+
+def _stages(out: Path) -> dict:
+    try:
+        return json.loads((out / "stages.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _kill_when(out: Path, ready, timeout: float = 240) -> bool:
+    """Start a run, SIGKILL it as soon as ready(out) holds; False if it finished first."""
+    process = subprocess.Popen(_command(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        if ready(out):
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+            return True
+        time.sleep(0.02)
+    process.wait()
+    return False
+
+
+def outcome(out: Path) -> dict:
+    """What a run computed, independent of timing: returns, agreement, exact TFLite bytes."""
+    results = json.loads((out / "results.json").read_text())
+    return {
+        v["name"]: {
+            "episodes": v["return"]["episodes"],
+            "agreement": v["action_agreement"],
+            "tflite": hashlib.sha256((out / v["artifacts"]["tflite"]).read_bytes()).hexdigest(),
+        }
+        for v in results["variants"]
+    }
+
+
+def test_kill_9_at_each_stage_then_resume_equals_an_uninterrupted_run(tmp_path):
+    reference = tmp_path / "reference"
+    assert subprocess.run(_command(reference), capture_output=True).returncode == 0
+
+    out = tmp_path / "killed"
+    kill_points = [
+        ("training", lambda d: (d / "baseline" / "checkpoints" / "latest").exists()),
+        ("export", lambda d: "train" in _stages(d)),
+        ("variant", lambda d: "evaluate" in _stages(d)),
+        ("measure", lambda d: "variant:ptq-int8" in _stages(d)),
+    ]
+    killed = [name for name, ready in kill_points if _kill_when(out, ready)]
+    assert len(killed) >= 3, f"the run finished before most kill points: killed at {killed}"
+    assert not (out / "manifest.json").exists()  # never finished
+
+    done = subprocess.run(_command(out), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert not list(out.rglob(".tmp-*")) and not list(out.rglob(".old-*"))
+    assert outcome(out) == outcome(reference)
+    verified = CliRunner().invoke(main, ["verify", str(out)])
+    assert verified.exit_code == 0, verified.output
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "run"
+    from compress_dqn.pipeline import run
+
+    run(load_recipe(TINY, ["eval.episodes=2"]), out, quiet=True, log=lambda m: None)
+    return out
+
+
+def _copy(run_dir: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    target = tmp_path / "copy"
+    shutil.copytree(run_dir, target)
+    return target
+
+
+def test_verify_finds_truncated_modified_and_added_files(finished_run, tmp_path):
+    runner = CliRunner()
+    assert runner.invoke(main, ["verify", str(finished_run)]).exit_code == 0
+    run_dir = _copy(finished_run, tmp_path)
+    tflite = run_dir / "baseline" / "policy.tflite"
+    tflite.write_bytes(tflite.read_bytes()[:-16])
+    weights = run_dir / "baseline" / "weights.npz"
+    data = bytearray(weights.read_bytes())
+    data[-40] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    (run_dir / "stray.txt").write_text("x")
+    result = runner.invoke(main, ["verify", str(run_dir)])
+    assert result.exit_code == 2
+    message = result.output.strip()
+    assert len(message.splitlines()) == 1 and message.startswith("error:")
+    assert "baseline/policy.tflite has" in message and "truncated" in message
+    assert "baseline/weights.npz does not match its SHA-256" in message
+    assert "stray.txt is not in the manifest" in message
+
+
+def test_evaluate_report_and_rerun_refuse_a_corrupted_artifact(finished_run, tmp_path):
+    runner = CliRunner()
+    run_dir = _copy(finished_run, tmp_path)
+    results = run_dir / "results.json"
+    results.write_text(results.read_text().replace('"mean"', '"maen"', 1))  # same size, other bytes
+    result = runner.invoke(main, ["report", str(run_dir)])
+    assert result.exit_code == 2 and "results.json does not match its SHA-256" in result.output
+    policy = run_dir / "baseline" / "policy.tflite"
+    policy.write_bytes(policy.read_bytes()[:100])
+    result = runner.invoke(main, ["evaluate", str(policy), "--env", "CartPole-v1", "--episodes", "1"])
+    assert result.exit_code == 2 and "policy.tflite has 100 bytes" in result.output
+    rerun = runner.invoke(main, ["run", str(TINY), "--out", str(run_dir), "--set", "eval.episodes=2", "--quiet"])
+    assert rerun.exit_code == 2 and "a finished run with a damaged artifact" in rerun.output
+
+
+def test_report_rerender_keeps_the_run_verified(finished_run, tmp_path):
+    runner = CliRunner()
+    run_dir = _copy(finished_run, tmp_path)
+    assert runner.invoke(main, ["report", str(run_dir)]).exit_code == 0
+    assert runner.invoke(main, ["verify", str(run_dir)]).exit_code == 0
+
+
+def test_divergence_stops_with_a_clear_message_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    import compress_dqn.train as train_module
+
+    real = train_module.make_update_fn
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        update = real(*args, **kwargs)
+
+        def run(*arrays):
+            calls["n"] += 1
+            loss, q = update(*arrays)
+            return (loss, q) if calls["n"] < 40 else (np.float32("nan"), q)
+
+        return run
+
+    monkeypatch.setattr(train_module, "make_update_fn", poisoned)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", str(TINY), "--out", str(out), "--quiet",
+                                       "--set", "train.total_timesteps=1000", "--set", "train.checkpoint_interval=100"])
+    assert result.exit_code == 2, result.output
+    message = result.output.strip()
+    assert len(message.splitlines()) == 1 and "training diverged: loss nan at env step" in message
+    assert "lower the learning rate" in message and "last good checkpoint is kept" in message
+    latest = out / "baseline" / "checkpoints" / (out / "baseline" / "checkpoints" / "latest").read_text().strip()
+    assert (latest / "state.json").is_file() and (latest / "model.npz").is_file()
+    kept_step = json.loads((latest / "state.json").read_text())["step"]
+    assert 0 < kept_step < 1000
+    weights = np.load(latest / "model.npz")
+    assert all(np.isfinite(weights[k]).all() for k in weights.files)
+
+
+def test_a_full_disk_mid_run_leaves_the_last_checkpoint_intact(tmp_path, monkeypatch):
+    import compress_dqn.train as train_module
+    from compress_dqn.train import DQNTrainer, latest_checkpoint
+
+    real = train_module.save_arrays
+    writes = {"n": 0}
+
+    def filling_disk(path, arrays):
+        if Path(path).name == "replay.npz" and ".tmp-step" in str(path):
+            writes["n"] += 1
+            if writes["n"] == 3:  # the third checkpoint's replay does not fit
+                Path(path).parent.joinpath("partial").write_bytes(b"x" * 100)
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, arrays)
+
+    monkeypatch.setattr(train_module, "save_arrays", filling_disk)
+    recipe = load_recipe(TINY, ["train.total_timesteps=1000", "train.checkpoint_interval=100"])
+    ckpt = tmp_path / "checkpoints"
+    trainer = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=0, ckpt_dir=ckpt, quiet=True)
+    with pytest.raises(UserError, match=r"cannot write checkpoint step-\d+ .*No space left on device.*"
+                                        r"the last good checkpoint \(step-\d+\) is intact"):
+        trainer.train()
+    kept = latest_checkpoint(ckpt)
+    assert kept is not None and (kept / "replay.npz").is_file()
+    assert not [p for p in ckpt.iterdir() if p.name.startswith(".tmp-")]
+    # The kept checkpoint resumes.
+    kept_step = json.loads((kept / "state.json").read_text())["step"]
+    monkeypatch.setattr(train_module, "save_arrays", real)
+    resumed = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=0, ckpt_dir=ckpt, quiet=True).train()
+    assert resumed.resumed_from == kept_step
+
+
+def test_runs_that_do_not_fit_are_refused_before_anything_is_written(tmp_path, monkeypatch):
+    runner = CliRunner()
+    out = tmp_path / "run"
+    result = runner.invoke(main, ["run", str(TINY), "--out", str(out), "--set", "train.buffer_size=2e9"])
+    assert result.exit_code == 2 and "of memory" in result.output and "lower train.buffer_size" in result.output
+    assert not out.exists()
+
+    import compress_dqn.resources as resources
+
+    usage = resources.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(resources.shutil, "disk_usage", lambda p: usage._replace(free=10 << 20))
+    result = runner.invoke(main, ["run", str(TINY), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "of disk under" in result.output and "10.0 MiB is free" in result.output
+    assert not out.exists()
+
+
+def test_saved_model_with_the_wrong_signature_or_shape_is_refused(tmp_path):
+    from compress_dqn._tf import tf
+    from compress_dqn.policy import check_compatible, load_policy
+
+    module = tf.Module()
+    module.v = tf.Variable(1.0)
+    module.f = tf.function(lambda x: {"out": x * module.v}, input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+    tf.saved_model.save(module, str(tmp_path / "other"), signatures={"predict": module.f})
+    with pytest.raises(UserError, match="serving_default"):
+        load_policy(tmp_path / "other")
+    with pytest.raises(UserError, match=r"shape \(4,\) but MinAtar/Breakout-v1 gives \(10, 10, 4\)"):
+        from compress_dqn.export import export_saved_model
+        from compress_dqn.networks import build_q_network
+
+        export_saved_model(build_q_network((4,), 3, [8]), (4,), np.float32, tmp_path / "sm")
+        check_compatible(load_policy(tmp_path / "sm"), (10, 10, 4), 3, "MinAtar/Breakout-v1", "sm")
+
+
+def test_no_pickle_no_eval_no_unsafe_yaml_in_the_package():
+    import re
+
+    forbidden = re.compile(r"import pickle|allow_pickle=True|yaml\.load\(|yaml\.unsafe_load|(?<![\w.])(eval|exec)\(")
+    for path in (ROOT / "compress_dqn").rglob("*.py"):
+        found = forbidden.search(path.read_text())
+        assert found is None, f"{path.name} uses {found.group(0)}"
+
+
+def test_variant_names_cannot_leave_the_run_directory():
+    for name in ("../../x", "a/b", "/abs", ".hidden", "..", ""):
+        with pytest.raises(UserError, match="variants.0.name"):
+            load_recipe(TINY, [f"variants=[{{name: '{name}', quantize: {{mode: dynamic}}}}]"])
