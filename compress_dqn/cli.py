@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -14,6 +15,7 @@ import click
 
 from compress_dqn import __version__
 from compress_dqn.errors import UserError
+from compress_dqn.presets import VARIANT_PRESETS, preset_for
 
 EXIT_USAGE = 2
 
@@ -86,6 +88,63 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
         outcome = run_pipeline(loaded, run_dir, quiet=quiet, log=log)
         baseline_return = outcome.results["variants"][0]["return"]["mean"]
     click.echo(json.dumps({"run_dir": str(outcome.run_dir), "baseline_return": baseline_return,
+                           "report": str(outcome.run_dir / "report.md"),
+                           "results": str(outcome.run_dir / "results.json")}))
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--env", "env_id", required=True, help="Gymnasium environment id the model was trained on.")
+@click.option("--variants", default="ptq-int8,prune-90-int8", show_default=True,
+              help="Comma-separated presets: " + ", ".join(VARIANT_PRESETS) + ".")
+@click.option("--out", type=click.Path(path_type=Path), help="Run directory (default: runs/MODEL_STEM).")
+@click.option("--transitions", type=click.Path(path_type=Path), help="An .npz of transitions instead of a rollout.")
+@click.option("--rollout-steps", type=click.IntRange(min=1), default=20_000, show_default=True)
+@click.option("--epsilon", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Rollout exploration.")
+@click.option("--frame-stack", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--episodes", type=click.IntRange(min=1), default=100, show_default=True, help="Evaluation episodes.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress output.")
+@_user_errors
+def compress(model: Path, env_id: str, variants: str, out: Path | None, transitions: Path | None, rollout_steps: int,
+             epsilon: float, frame_stack: int, episodes: int, seed: int, quiet: bool) -> None:
+    """Compress a Q-network trained elsewhere (.keras, .h5, Keras SavedModel): a one-off recipe.
+
+    The run directory's recipe.yaml is the recipe this made; `compress-dqn run` takes it as is.
+    """
+    names = [name.strip() for name in variants.split(",") if name.strip()]
+    unknown = [name for name in names if name not in VARIANT_PRESETS]
+    if unknown or not names:
+        raise UserError(f"--variants: unknown preset {', '.join(unknown) or '(none given)'}; "
+                        f"choose from {', '.join(VARIANT_PRESETS)}")
+    from compress_dqn.baseline import load_model
+    from compress_dqn.envs import env_info, make_env_from
+    from compress_dqn.networks import weight_layers
+    from compress_dqn.pipeline import run as run_pipeline
+    from compress_dqn.recipe import EnvConfig, recipe_from_data
+
+    env_cfg = EnvConfig(id=env_id, frame_stack=frame_stack)
+    probe = make_env_from(env_cfg)
+    info = env_info(probe, env_id)
+    probe.close()
+    layers = [layer.name for layer in weight_layers(load_model(model, info))]
+    # Like the shipped recipes: prune/cluster the middle layers, keep the small input and output ones dense.
+    keep_dense = [layers[-1]] + ([layers[0]] if len(layers) > 2 else [])
+    baseline: dict = {"from": str(model.absolute())}
+    if transitions is not None:
+        baseline["transitions"] = str(transitions.absolute())
+    else:
+        baseline["rollout"] = {"steps": rollout_steps, "epsilon": epsilon}
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", model.stem).lstrip(".-_") or "model"
+    data = {
+        "name": name, "seed": seed, "env": {"id": env_id, "frame_stack": frame_stack}, "baseline": baseline,
+        "eval": {"episodes": episodes, "seed": 0},
+        "variants": [{"name": n, **preset_for(n, keep_dense)} for n in names],
+    }
+    recipe = recipe_from_data(data, "compress")
+    outcome = run_pipeline(recipe, out or Path("runs") / name, quiet=quiet, log=lambda m: click.echo(m, err=True))
+    click.echo(json.dumps({"run_dir": str(outcome.run_dir),
+                           "baseline_return": outcome.results["variants"][0]["return"]["mean"],
                            "report": str(outcome.run_dir / "report.md"),
                            "results": str(outcome.run_dir / "results.json")}))
 

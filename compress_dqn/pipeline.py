@@ -201,8 +201,10 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
 
     device = configure_device(recipe.device)
 
-    # 1. Train (resumes from baseline/checkpoints when interrupted).
-    if "train" not in stages.done:
+    # 1. Train (resumes from baseline/checkpoints when interrupted), or load the user's network.
+    if recipe.baseline is not None and "train" not in stages.done:
+        stages.finish("train", _load_baseline(recipe, info, base, log))
+    elif "train" not in stages.done:
         trainer = DQNTrainer(
             recipe.train, recipe.env, recipe.replay, seed=recipe.seed,
             ckpt_dir=base / "checkpoints", tb_dir=run_dir / "tensorboard" / "baseline",
@@ -229,7 +231,12 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         log(f"[baseline] trained {result.env_steps} steps in {result.wall_seconds:.1f} s "
             f"({result.env_steps_per_second:.0f} steps/s)")
     shutil.rmtree(base / "checkpoints", ignore_errors=True)
-    model = network_for(info, recipe.train)
+    if recipe.baseline is not None:
+        from compress_dqn.baseline import load_model
+
+        model = load_model(base / "model.keras", info)
+    else:
+        model = network_for(info, recipe.train)
     model.set_weights(load_arrays(base / "weights.npz"))
 
     # 2. Export a slim SavedModel and an fp32 TFLite file.
@@ -353,6 +360,33 @@ def aggregate_seeds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "tflite_gzip_bytes": int(np.median([run[name]["size"]["tflite_gzip_bytes"] for run in by_name])),
         })
     return out
+
+
+def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """The train stage for a brought baseline: load and check it, then collect its data."""
+    import os
+
+    from compress_dqn.baseline import file_digest, load_model, load_transitions, rollout
+
+    source = recipe.baseline
+    model = load_model(source.from_, info)
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = base / f".tmp-model-{os.getpid()}.keras"  # tf_keras wants the suffix
+    model.save(str(tmp))
+    os.replace(tmp, base / "model.keras")
+    save_arrays(base / "weights.npz", model.get_weights())
+    capacity = resources.replay_capacity(recipe, info)
+    if source.transitions is not None:
+        replay, data = load_transitions(source.transitions, info, capacity, recipe.seed)
+    else:
+        replay, data = rollout(model, recipe.env, info, source.rollout.steps, source.rollout.epsilon, capacity, recipe.seed)
+    save_arrays(base / "replay.npz", replay.state_dict())
+    log(f"[baseline] loaded {source.from_}; data: {data['kind']} ({replay.num_transitions} transitions)")
+    return {
+        "source": {"from": str(source.from_), "sha256": file_digest(source.from_), "data": data},
+        "replay_capacity": replay.capacity,
+        "replay_nbytes": replay.nbytes,
+    }
 
 
 def run_seed_unit(recipe_data: dict[str, Any], seed_dir: str, quiet: bool) -> dict[str, Any]:

@@ -141,9 +141,9 @@ class StrictModel(BaseModel):
     @classmethod
     def _known_keys(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            valid = list(cls.model_fields)
+            valid = [field.alias or name for name, field in cls.model_fields.items()]
             for key in data:
-                if key not in cls.model_fields:
+                if key not in valid:
                     close = difflib.get_close_matches(str(key), valid, n=1)
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
                     raise PydanticCustomError(
@@ -287,6 +287,29 @@ class ReplayConfig(StrictModel):
     """Byte budget for the buffer (e.g. 512MiB); the capacity is the smaller of this and buffer_size."""
 
 
+class RolloutConfig(StrictModel):
+    """Data for a loaded baseline: play it epsilon-greedily and keep the transitions."""
+
+    steps: PositiveCount = 20_000
+    """Environment steps to collect (calibration, distillation and TD fine-tuning sample these)."""
+    epsilon: Probability = 0.05
+    """Share of random actions, so the data covers a little more than the greedy path."""
+
+
+class BaselineConfig(StrictModel):
+    """Start from a Q-network trained elsewhere instead of training one."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
+
+    from_: str = Field(alias="from", min_length=1)
+    """A tf_keras model file (.keras or .h5) or a Keras SavedModel directory: observations -> Q-values."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """How to collect data by playing the loaded policy (ignored when transitions is given)."""
+    transitions: str | None = None
+    """An .npz of transitions instead of a rollout: observations, actions, rewards,
+    next_observations, terminated, truncated (one row per transition)."""
+
+
 class EvalConfig(StrictModel):
     """Final evaluation: greedy episodes on fixed seeds, shared by every variant."""
 
@@ -416,6 +439,9 @@ class Recipe(StrictModel):
     """Train and compress once per seed (RUN_DIR/seed-N) and aggregate over seeds with the
     interquartile mean and stratified-bootstrap CIs (rliable); overrides `seed`."""
     env: EnvConfig
+    baseline: BaselineConfig | None = None
+    """Compress a Q-network trained elsewhere (then train: is not run; its gamma, batch_size,
+    buffer_size, ... still set TD fine-tunes and the replay buffer)."""
     train: TrainConfig = Field(default_factory=TrainConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -452,7 +478,7 @@ class Recipe(StrictModel):
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, as written to the run directory's recipe.yaml."""
-        return self.model_dump(mode="json")
+        return self.model_dump(mode="json", by_alias=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -616,4 +642,11 @@ def load_recipe(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
     data = read_yaml(path)
     if isinstance(data, dict) and "name" not in data:
         data["name"] = re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem) or "run"
-    return recipe_from_data(data, str(path), tuple(overrides))
+    recipe = recipe_from_data(data, str(path), tuple(overrides))
+    if recipe.baseline is not None:  # files named in a recipe are relative to the recipe
+        here = path.absolute().parent
+        update = {"from_": str(here / Path(recipe.baseline.from_).expanduser())}
+        if recipe.baseline.transitions is not None:
+            update["transitions"] = str(here / Path(recipe.baseline.transitions).expanduser())
+        recipe = recipe.model_copy(update={"baseline": recipe.baseline.model_copy(update=update)})
+    return recipe

@@ -253,6 +253,13 @@ def _notes(results: dict) -> list[str]:
     ]
     if results.get("gpu") and results["gpu"] != "visible":
         notes.append(f"GPU figures: {results['gpu']}.")
+    source = (results.get("train") or {}).get("source")
+    if source:
+        data = source.get("data", {})
+        how = (f"a {data.get('steps')}-step epsilon={data.get('epsilon')} rollout of it" if data.get("kind") == "rollout"
+               else f"{data.get('transitions')} transitions from {data.get('path')}")
+        notes.insert(0, f"Baseline: not trained here but loaded from {source['from']} (SHA-256 "
+                        f"{source.get('sha256', '?')[:12]}...); calibration, distillation and fine-tuning used {how}.")
     return notes
 
 

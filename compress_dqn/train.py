@@ -414,6 +414,7 @@ class DQNTrainer:
         initial_replay: ReplayBuffer | None = None,
         frozen_target: list[np.ndarray] | None = None,
         device: str = "auto",
+        target_template: tf_keras.Model | None = None,
     ) -> None:
         """initial_model/initial_replay/frozen_target turn this into a TD fine-tune of an
         existing (possibly tfmot-wrapped) model that keeps the baseline's buffer and target."""
@@ -422,6 +423,7 @@ class DQNTrainer:
         self.hooks, self.label, self.quiet = hooks, label, quiet
         self.initial_model, self.initial_replay, self.frozen_target = initial_model, initial_replay, frozen_target
         self.device_request = device
+        self.target_template = target_template
         self.notes: list[str] = []  # said once the progress display is up
         self.step = 0
         self.gradient_step = 0
@@ -457,7 +459,10 @@ class DQNTrainer:
                 self.model = self.initial_model
             else:
                 self.model = network_for(self.info, cfg)
-            self.target = network_for(self.info, cfg, name="target")
+            if self.target_template is not None:  # a fine-tune of a network not built from cfg
+                self.target = tf_keras.models.clone_model(self.target_template)
+            else:
+                self.target = network_for(self.info, cfg, name="target")
         finally:
             tf_keras.mixed_precision.set_global_policy(previous_policy)
         self.target.set_weights(self.frozen_target if self.frozen_target is not None else self.model.get_weights())

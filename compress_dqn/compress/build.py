@@ -98,6 +98,7 @@ def fine_tune(
     result = DQNTrainer(
         cfg, recipe.env, recipe.replay, seed=recipe.seed + 1, hooks=hooks, label=label, quiet=quiet,
         initial_model=model, initial_replay=replay, frozen_target=baseline.get_weights(), device=recipe.device,
+        target_template=baseline,
     ).train()
     return {"method": "td", "env_steps": result.env_steps, "gradient_steps": result.gradient_steps}
 

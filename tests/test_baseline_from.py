@@ -1,0 +1,120 @@
+"""Bring your own baseline: a saved Keras Q-network compressed from the file alone."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from compress_dqn.cli import main
+from compress_dqn.errors import UserError
+from compress_dqn.recipe import load_recipe
+
+from conftest import TINY
+
+SMALL_VARIANTS = ("variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 100}}, "
+                  "{name: prune-50, prune: {sparsity: 0.5, exclude: [q_values]}, fine_tune: {steps: 200}}, "
+                  "{name: td-prune-50, prune: {sparsity: 0.5}, fine_tune: {method: td, steps: 200}}]")
+
+
+@pytest.fixture(scope="module")
+def saved_model_file(trained_tiny, tmp_path_factory):
+    _, result = trained_tiny
+    path = tmp_path_factory.mktemp("byo") / "q.keras"
+    result.model.save(str(path))
+    return path, result.model
+
+
+def test_recipe_from_a_keras_file_runs_the_whole_pipeline(saved_model_file, tmp_path):
+    from compress_dqn.pipeline import run
+
+    path, model = saved_model_file
+    recipe = load_recipe(TINY, [f"baseline={{from: '{path}', rollout: {{steps: 600, epsilon: 0.1}}}}",
+                                "eval.episodes=3", SMALL_VARIANTS])
+    outcome = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
+    results = outcome.results
+    source = results["train"]["source"]
+    assert source["from"] == str(path) and source["data"]["kind"] == "rollout" and source["data"]["steps"] == 600
+    assert len(source["sha256"]) == 64
+    assert [v["name"] for v in results["variants"]] == ["baseline", "ptq-int8", "prune-50", "td-prune-50"]
+    weights = np.load(tmp_path / "run" / "baseline" / "weights.npz")
+    for saved, original in zip((weights[k] for k in sorted(weights.files)), model.get_weights()):
+        np.testing.assert_array_equal(saved, original)  # the baseline is the file's network, untrained
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"loaded from {path}" in report
+    assert CliRunner().invoke(main, ["verify", str(tmp_path / "run")]).exit_code == 0
+
+
+def test_compress_shortcut_and_transitions_file(saved_model_file, tmp_path):
+    path, model = saved_model_file
+    # Transitions from a short greedy rollout, as a user might have logged them.
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    rows = {k: [] for k in ("observations", "actions", "rewards", "next_observations", "terminated", "truncated")}
+    for _ in range(300):
+        action = int(np.argmax(model(obs[None]).numpy()[0]))
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        for key, value in zip(rows, (obs, action, reward, next_obs, terminated, truncated)):
+            rows[key].append(value)
+        obs = env.reset()[0] if terminated or truncated else next_obs
+    data = tmp_path / "transitions.npz"
+    np.savez(data, **{k: np.asarray(v) for k, v in rows.items()})
+
+    result = CliRunner().invoke(main, ["compress", str(path), "--env", "CartPole-v1", "--variants", "ptq-int8,prune-80",
+                                       "--transitions", str(data), "--episodes", "3", "--out", str(tmp_path / "run"),
+                                       "--quiet"])
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [v["name"] for v in results["variants"]] == ["baseline", "ptq-int8", "prune-80"]
+    assert results["train"]["source"]["data"] == {"kind": "transitions", "path": str(data), "transitions": 300}
+    pruned = results["variants"][2]["compression"]
+    assert pruned["prune"]["exclude"] == ["q_values", "hidden_0"]  # small input/output layers stay dense
+    # The run directory's recipe reruns as is (and resumes: nothing left to do).
+    rerun = CliRunner().invoke(main, ["run", str(tmp_path / "run" / "recipe.yaml"), "--out", str(tmp_path / "run"), "--quiet"])
+    assert rerun.exit_code == 0, rerun.output
+
+
+def test_mismatched_models_and_data_are_refused(saved_model_file, tmp_path):
+    from compress_dqn.baseline import load_model, load_transitions
+    from compress_dqn.envs import env_info, make_env
+
+    path, _ = saved_model_file
+    lunar = env_info(make_env("LunarLander-v3"), "LunarLander-v3")
+    with pytest.raises(UserError, match=r"input shape is \(4,\) but LunarLander-v3 observations are \(8,\); "
+                                        r"its output shape is \(2,\) but LunarLander-v3 has 4 actions"):
+        load_model(path, lunar)
+    (tmp_path / "notes.txt").write_text("x")
+    cartpole = env_info(make_env("CartPole-v1"), "CartPole-v1")
+    for bad, fragment in [(tmp_path / "missing.keras", "no such file"), (tmp_path / "notes.txt", "expected a .keras or .h5"),
+                          (tmp_path, "cannot load")]:
+        with pytest.raises(UserError, match=fragment):
+            load_model(bad, cartpole)
+    broken = tmp_path / "broken.keras"
+    broken.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(UserError, match="tf_keras cannot load it"):
+        load_model(broken, cartpole)
+
+    good = {"observations": np.zeros((5, 4), np.float32), "actions": np.zeros(5, np.int64),
+            "rewards": np.ones(5, np.float32), "next_observations": np.zeros((5, 4), np.float32),
+            "terminated": np.zeros(5, bool), "truncated": np.zeros(5, bool)}
+    cases = [
+        ({"observations": np.zeros((5, 8), np.float32)}, r"observations has shape \(5, 8\), expected \(5, 4\)"),
+        ({"actions": np.full(5, 7)}, r"actions range over \[7, 7\] but CartPole-v1 has actions 0..1"),
+        ({"actions": np.zeros(5, np.float32)}, "actions have dtype float32; expected integers"),
+        ({"rewards": np.full(5, np.nan)}, "rewards must be finite"),
+        ({"terminated": np.full(5, 3)}, "terminated must be booleans"),
+    ]
+    for change, fragment in cases:
+        np.savez(tmp_path / "t.npz", **{**good, **change})
+        with pytest.raises(UserError, match=fragment):
+            load_transitions(tmp_path / "t.npz", cartpole, 100, 0)
+    np.savez(tmp_path / "t.npz", **{k: v for k, v in good.items() if k != "rewards"})
+    with pytest.raises(UserError, match="missing arrays rewards"):
+        load_transitions(tmp_path / "t.npz", cartpole, 100, 0)
+
+    result = CliRunner().invoke(main, ["compress", str(path), "--env", "LunarLander-v3", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "input shape is (4,)" in result.output and not (tmp_path / "r").exists()
+    result = CliRunner().invoke(main, ["compress", str(path), "--env", "CartPole-v1", "--variants", "ptq-int9"])
+    assert result.exit_code == 2 and "unknown preset ptq-int9; choose from ptq-dynamic" in result.output
