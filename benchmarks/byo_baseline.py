@@ -22,7 +22,8 @@ def main() -> None:
     parser.add_argument("--run", required=True, help="a finished single-seed run directory")
     parser.add_argument("--out", required=True)
     parser.add_argument("--rollout-steps", type=int, default=20_000)
-    parser.add_argument("--epsilon", type=float, default=0.05)
+    parser.add_argument("--epsilon", type=float, default=0.3)
+    parser.add_argument("--only", nargs="*", help="compare only these variants")
     args = parser.parse_args()
     run, out = Path(args.run), Path(args.out)
 
@@ -43,6 +44,8 @@ def main() -> None:
     keras_file = out.absolute() / "baseline.keras"
     model.save(str(keras_file))
 
+    if args.only:
+        data["variants"] = [v for v in data["variants"] if v["name"] in args.only]
     data["name"] = f"{recipe.name}-from-keras"
     data["baseline"] = {"from": str(keras_file), "rollout": {"steps": args.rollout_steps, "epsilon": args.epsilon}}
     byo = recipe_from_data(data, "byo")

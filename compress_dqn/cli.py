@@ -100,7 +100,7 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
 @click.option("--out", type=click.Path(path_type=Path), help="Run directory (default: runs/MODEL_STEM).")
 @click.option("--transitions", type=click.Path(path_type=Path), help="An .npz of transitions instead of a rollout.")
 @click.option("--rollout-steps", type=click.IntRange(min=1), default=20_000, show_default=True)
-@click.option("--epsilon", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Rollout exploration.")
+@click.option("--epsilon", type=click.FloatRange(0, 1), default=0.3, show_default=True, help="Rollout exploration.")
 @click.option("--frame-stack", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--episodes", type=click.IntRange(min=1), default=100, show_default=True, help="Evaluation episodes.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
