@@ -29,7 +29,7 @@ with quiet_stderr():
         except RuntimeError:  # already initialised
             pass
 
-__all__ = ["tf", "tf_keras", "configure_device", "configure_threads", "mixed_precision_policy", "set_seed", "quiet_stderr"]
+__all__ = ["tf", "tf_keras", "configure_device", "configure_threads", "mixed_precision_policy", "use_xla", "set_seed", "quiet_stderr"]
 
 
 def configure_device(device: str) -> str:
@@ -56,6 +56,13 @@ def configure_device(device: str) -> str:
         return "cpu"
     visible = tf.config.get_visible_devices("GPU")
     return "gpu" if visible else "cpu"
+
+
+def use_xla(requested: bool | None, convolutional: bool) -> bool:
+    """Whether to compile updates with XLA: as asked, else yes unless a CNN runs on the CPU."""
+    if requested is not None:
+        return requested
+    return not convolutional or bool(tf.config.get_visible_devices("GPU"))
 
 
 def mixed_precision_policy(requested: bool, device: str) -> str:

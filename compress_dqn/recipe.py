@@ -260,8 +260,9 @@ class TrainConfig(StrictModel):
     """Episodes per periodic evaluation."""
     eval_seed: Count = 100_000
     """First seed of the periodic evaluations; kept apart from eval.seed so the final score is unbiased."""
-    jit_compile: bool = True
-    """Compile the update step with XLA."""
+    jit_compile: bool | None = None
+    """Compile the update step with XLA (null: yes, except convolutional networks on a CPU, where
+    XLA's convolutions were 2.4x (MinAtar) to 5.7x (Atari) slower than TensorFlow's own)."""
     intra_op_threads: Annotated[int | None, BeforeValidator(_parse_count)] = None
     """TensorFlow intra-op threads (null: TensorFlow's default). 1 is fastest for small MLPs."""
     mixed_precision: bool = False

@@ -24,7 +24,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from compress_dqn._tf import configure_device, configure_threads, mixed_precision_policy, set_seed, tf, tf_keras
+from compress_dqn._tf import (
+    configure_device, configure_threads, mixed_precision_policy, set_seed, tf, tf_keras, use_xla,
+)
 from compress_dqn.envs import EnvInfo, env_info, make_env_from, rng_state, seed_env, set_rng_state
 from compress_dqn.errors import UserError
 from compress_dqn.evaluate import run_episodes
@@ -432,9 +434,10 @@ class DQNTrainer:
     # -- set-up --------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        cfg = self.cfg
-        configure_threads(cfg.intra_op_threads)
+        configure_threads(self.cfg.intra_op_threads)
         self.device = configure_device(self.device_request)
+        self.cfg = self.cfg.model_copy(update={"jit_compile": use_xla(self.cfg.jit_compile, bool(self.cfg.conv))})
+        cfg = self.cfg
         set_seed(self.seed)
         self.env = make_env_from(self.env_cfg)
         self.info = env_info(self.env, self.env_cfg.id)

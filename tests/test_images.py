@@ -97,3 +97,12 @@ def test_minatar_cnn_pipeline_end_to_end(tmp_path):
     sparsity = results["variants"][2]["compression"]["sparsity"]
     assert sparsity["conv_0"] > 0.85 and sparsity["hidden_0"] > 0.85
     assert outcome.results == results
+
+
+def test_xla_by_default_except_convolutions_on_a_cpu():
+    from compress_dqn._tf import tf, use_xla
+
+    on_gpu = bool(tf.config.get_visible_devices("GPU"))
+    assert use_xla(None, convolutional=False) is True
+    assert use_xla(None, convolutional=True) is on_gpu
+    assert use_xla(True, convolutional=True) is True and use_xla(False, convolutional=False) is False

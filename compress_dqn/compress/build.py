@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from compress_dqn._tf import tf, tf_keras
+from compress_dqn._tf import tf, tf_keras, use_xla
 from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.distill import Distiller, build_student
 from compress_dqn.envs import EnvInfo
@@ -76,7 +76,8 @@ def fine_tune(
 ) -> dict[str, Any]:
     """Recover return after compression: distillation to the baseline, or more TD learning."""
     # tfmot wrappers update masks/quantizer ranges with tf.cond and assign ops; keep them out of XLA.
-    jit = recipe.train.jit_compile and not wrapped
+    convolutional = any(isinstance(layer, tf_keras.layers.Conv2D) for layer in model.submodules)
+    jit = use_xla(recipe.train.jit_compile, convolutional) and not wrapped
     if ft.method == "distill":
         loss = Distiller(
             model, baseline, replay, ft.steps, ft.learning_rate, ft.batch_size, hooks=hooks,
