@@ -10,27 +10,9 @@ Timings are not compared: they vary from run to run.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import time
 from pathlib import Path
-
-
-def per_seed(run_dir: Path, seeds: list[int]) -> dict[str, dict]:
-    out = {}
-    for seed in seeds:
-        seed_dir = run_dir / f"seed-{seed}"
-        results = json.loads((seed_dir / "results.json").read_text())
-        out[str(seed)] = {
-            v["name"]: {
-                "mean_return": v["return"]["mean"],
-                "episodes": v["return"]["episodes"],
-                "agreement": v["action_agreement"],
-                "tflite_sha256": hashlib.sha256((seed_dir / v["artifacts"]["tflite"]).read_bytes()).hexdigest(),
-            }
-            for v in results["variants"]
-        }
-    return out
 
 
 def main() -> None:
@@ -40,6 +22,7 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="recipe override key=value")
     args = parser.parse_args()
 
+    from compress_dqn.manifest import run_fingerprint
     from compress_dqn.pipeline import run_seeds
     from compress_dqn.recipe import load_recipe
 
@@ -50,12 +33,13 @@ def main() -> None:
         start = time.perf_counter()
         run_seeds(recipe, Path(args.out) / executor, quiet=True, log=lambda m: None)
         wall = time.perf_counter() - start
-        found[executor] = per_seed(Path(args.out) / executor, seeds)
+        found[executor] = {str(seed): run_fingerprint(Path(args.out) / executor / f"seed-{seed}") for seed in seeds}
         print(json.dumps({"executor": executor, "seeds": seeds, "wall_seconds": round(wall, 1)}), flush=True)
     same = found["local"] == found["ray"]
-    summary = {
-        seed: {name: v["mean_return"] for name, v in variants.items()} for seed, variants in found["local"].items()
-    }
+    summary = {}
+    for seed in found["local"]:
+        results = json.loads((Path(args.out) / "local" / f"seed-{seed}" / "results.json").read_text())
+        summary[seed] = {v["name"]: v["return"]["mean"] for v in results["variants"]}
     print(json.dumps({"identical_per_seed_results": same, "mean_returns": summary}))
 
 

@@ -12,7 +12,6 @@ byte-identical TFLite files. Prints a JSON line per trial and a summary line.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -37,17 +36,6 @@ def command(recipe: str, out: Path) -> list[str]:
     return args
 
 
-def outcome(out: Path) -> dict:
-    results = json.loads((out / "results.json").read_text())
-    return {
-        v["name"]: {
-            "episodes": v["return"]["episodes"],
-            "tflite": hashlib.sha256((out / v["artifacts"]["tflite"]).read_bytes()).hexdigest(),
-        }
-        for v in results["variants"]
-    }
-
-
 def stage_reached(out: Path) -> str:
     try:
         done = list(json.loads((out / "stages.json").read_text()))
@@ -63,6 +51,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/kill-resume")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    from compress_dqn.manifest import run_fingerprint
+
     rng = random.Random(args.seed)
     out = Path(args.out)
 
@@ -70,7 +60,7 @@ def main() -> None:
     reference = out / "reference"
     subprocess.run(command(args.recipe, reference), check=True, capture_output=True)
     ref_wall = time.perf_counter() - start
-    expected = outcome(reference)
+    expected = run_fingerprint(reference)
 
     kills = trials = verified = identical = 0
     while kills < args.kills:
@@ -88,7 +78,7 @@ def main() -> None:
         final = subprocess.run(command(args.recipe, run_dir), capture_output=True, text=True)
         check = subprocess.run([sys.executable, "-m", "compress_dqn", "verify", str(run_dir)], capture_output=True, text=True)
         ok = final.returncode == 0 and check.returncode == 0
-        same = ok and outcome(run_dir) == expected
+        same = ok and run_fingerprint(run_dir) == expected
         kills += len(killed_at)
         trials += 1
         verified += ok

@@ -118,15 +118,12 @@ def compress(model: Path, env_id: str, variants: str, out: Path | None, transiti
         raise UserError(f"--variants: unknown preset {', '.join(unknown) or '(none given)'}; "
                         f"choose from {', '.join(VARIANT_PRESETS)}")
     from compress_dqn.baseline import load_model
-    from compress_dqn.envs import env_info, make_env_from
+    from compress_dqn.envs import probe_env
     from compress_dqn.networks import weight_layers
     from compress_dqn.pipeline import run as run_pipeline
     from compress_dqn.recipe import EnvConfig, recipe_from_data
 
-    env_cfg = EnvConfig(id=env_id, frame_stack=frame_stack)
-    probe = make_env_from(env_cfg)
-    info = env_info(probe, env_id)
-    probe.close()
+    info = probe_env(EnvConfig(id=env_id, frame_stack=frame_stack))
     layers = [layer.name for layer in weight_layers(load_model(model, info))]
     # Like the shipped recipes: prune/cluster the middle layers, keep the small input and output ones dense.
     keep_dense = [layers[-1]] + ([layers[0]] if len(layers) > 2 else [])
@@ -158,11 +155,9 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
     """Check a recipe and its environment without training (and without importing TensorFlow)."""
     loaded = _load(recipe, seed, overrides)
     from compress_dqn import resources
-    from compress_dqn.envs import env_info, make_env_from
+    from compress_dqn.envs import probe_env
 
-    env = make_env_from(loaded.env)
-    info = env_info(env, loaded.env.id)
-    env.close()
+    info = probe_env(loaded.env)
     needed = resources.plan(loaded, info)
     click.echo(
         f"ok: {recipe}: {loaded.env.id} (obs {info.obs_shape} {info.obs_dtype}, {info.n_actions} actions), "
@@ -177,31 +172,35 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
 @click.option("--env", "env_id", required=True, help="Gymnasium environment id, e.g. CartPole-v1.")
 @click.option("--episodes", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Episodes use seeds SEED..SEED+EPISODES-1.")
+@click.option("--runtime", type=click.Choice(["litert", "micro"]), default="litert", show_default=True,
+              help="micro: play a .tflite through the TFLite Micro interpreter, as a microcontroller would.")
 @_user_errors
-def evaluate(policy: Path, env_id: str, episodes: int, seed: int) -> None:
+def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) -> None:
     """Play greedy episodes with a .tflite file or SavedModel directory; prints JSON."""
-    from compress_dqn.envs import env_info, make_env_from
+    from compress_dqn.envs import probe_env
     from compress_dqn.evaluate import evaluate as run_evaluation
     from compress_dqn.manifest import check_artifact
     from compress_dqn.policy import check_compatible, load_policy
     from compress_dqn.recipe import EnvConfig
 
     check_artifact(policy)
-    loaded = load_policy(policy)
+    if runtime == "micro":
+        from compress_dqn.micro import MicroPolicy
+
+        loaded = MicroPolicy(policy)
+    else:
+        loaded = load_policy(policy)
     env_cfg = EnvConfig(id=env_id)
-    env = make_env_from(env_cfg)
-    info = env_info(env, env_id)
-    env.close()
+    info = probe_env(env_cfg)
     shape = tuple(loaded.obs_shape)
     if len(shape) == len(info.obs_shape) + 1 and shape[:-1] == info.obs_shape and shape[-1] > 1:
         # A policy trained on stacked frames: stack the same number (the last axis of its input).
         env_cfg = EnvConfig(id=env_id, frame_stack=shape[-1])
-        env = make_env_from(env_cfg)
-        info = env_info(env, env_id)
-        env.close()
+        info = probe_env(env_cfg)
     check_compatible(loaded, info.obs_shape, info.n_actions, env_id, str(policy))
     stats = run_evaluation(loaded.act, env_cfg, episodes, seed)
-    click.echo(json.dumps({"policy": str(policy), "env_id": env_id, "seed": seed, "return": stats.to_dict()}))
+    click.echo(json.dumps({"policy": str(policy), "env_id": env_id, "seed": seed, "runtime": runtime,
+                           "return": stats.to_dict()}))
 
 
 @main.command()
@@ -267,6 +266,25 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
         "memory_bytes": measure_memory(policy, runtime) if memory else None,
     }
     click.echo(json.dumps(report))
+
+
+@main.command()
+@click.argument("policy", type=click.Path(path_type=Path))
+@click.option("--target", type=click.Choice(["micro"]), default="micro", show_default=True,
+              help="micro: C++ for TensorFlow Lite Micro (model array, header, example, README).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory (default: micro/NAME).")
+@click.option("--int8-io", is_flag=True, help="int8 observation input and q_values output (full-integer policies).")
+@click.option("--name", help="C++ identifier for the files and namespace (default: the variant or file name).")
+@click.option("--compress", "tflm_compress", is_flag=True,
+              help="Keep TFLM's look-up-table weight compression when it shrinks the model losslessly.")
+@_user_errors
+def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None, tflm_compress: bool) -> None:
+    """Export a .tflite policy for a microcontroller, with measured flash and RAM; prints JSON."""
+    from compress_dqn.manifest import check_artifact
+    from compress_dqn.micro import export_micro
+
+    check_artifact(policy)
+    click.echo(json.dumps(export_micro(policy, out, int8_io=int8_io, name=name, compress=tflm_compress)))
 
 
 if __name__ == "__main__":  # pragma: no cover

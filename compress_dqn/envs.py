@@ -174,6 +174,15 @@ def make_env_from(cfg: Any) -> gym.Env:
     return make_env(cfg.id, cfg.kwargs, cfg.max_episode_steps, atari, cfg.frame_stack)
 
 
+def probe_env(cfg: Any) -> EnvInfo:
+    """Build the environment a recipe's env section describes just to read its shapes, then close it."""
+    env = make_env_from(cfg)
+    try:
+        return env_info(env, cfg.id)
+    finally:
+        env.close()
+
+
 def env_info(env: gym.Env, env_id: str) -> EnvInfo:
     """Shapes and sizes of an environment built by make_env."""
     space = env.observation_space

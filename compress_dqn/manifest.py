@@ -98,6 +98,23 @@ def verify(run_dir: Path) -> list[str]:
     return problems
 
 
+def run_fingerprint(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """What a single-seed run computed, leaving out timings (they vary run to run) and SavedModel
+    bytes (their metadata holds the writing process's temporary path): per variant, the
+    per-episode returns, the action agreement and the SHA-256 of its TFLite file. Two runs that
+    computed the same thing, whatever crashed or ran them, have equal fingerprints."""
+    run_dir = Path(run_dir)
+    results = json.loads((run_dir / "results.json").read_text())
+    return {
+        v["name"]: {
+            "episodes": v["return"]["episodes"],
+            "agreement": v["action_agreement"],
+            "tflite_sha256": sha256_of(run_dir / v["artifacts"]["tflite"]),
+        }
+        for v in results["variants"]
+    }
+
+
 def find_run_dir(path: Path, levels: int = 4) -> Path | None:
     """The run directory (holding manifest.json) that contains path, if any."""
     path = Path(path).absolute()

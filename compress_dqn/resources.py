@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from compress_dqn.errors import UserError
+from compress_dqn.replay import ReplayBuffer, format_bytes
 
 # TensorFlow, the environment and the interpreter, on top of the replay buffer and the networks.
 _PROCESS_OVERHEAD = 1 << 30
@@ -27,11 +28,7 @@ _MEMORY_SHARE = 0.9
 
 
 def _fmt(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
+    return format_bytes(n, decimals=1)
 
 
 @dataclass(frozen=True)
@@ -46,19 +43,16 @@ class ResourcePlan:
     disk_bytes: int
 
 
-def replay_capacity(recipe: Any, info: Any) -> int:
+def replay_capacity(train: Any, replay: Any, info: Any) -> int:
     """Transitions the replay buffer will hold: train.buffer_size, bounded by replay.memory."""
-    from compress_dqn.replay import ReplayBuffer
-
-    capacity = recipe.train.buffer_size
-    if recipe.replay.memory is not None:
-        capacity = min(
-            capacity,
-            ReplayBuffer.capacity_for_budget(
-                recipe.replay.memory, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
-            ),
-        )
-    return capacity
+    if replay.memory is None:
+        return train.buffer_size
+    return min(
+        train.buffer_size,
+        ReplayBuffer.capacity_for_budget(
+            replay.memory, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
+        ),
+    )
 
 
 def _network_params(recipe: Any, info: Any) -> int:
@@ -79,9 +73,7 @@ def _network_params(recipe: Any, info: Any) -> int:
 
 def plan(recipe: Any, info: Any) -> ResourcePlan:
     """Memory and disk a run of this recipe needs (see the module docstring for the model)."""
-    from compress_dqn.replay import ReplayBuffer
-
-    capacity = replay_capacity(recipe, info)
+    capacity = replay_capacity(recipe.train, recipe.replay, info)
     replay_bytes = capacity * ReplayBuffer.bytes_per_row(
         info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
     )

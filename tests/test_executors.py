@@ -8,6 +8,7 @@ import pytest
 
 from compress_dqn.errors import UserError
 from compress_dqn.executors import map_units, threads_per_worker, worker_count
+from compress_dqn.manifest import run_fingerprint
 from compress_dqn.recipe import load_recipe
 
 from conftest import TINY
@@ -35,21 +36,6 @@ def test_unknown_executor_and_bad_ray_address_are_clear_errors():
         load_recipe(TINY, ["address=auto"])
 
 
-def _comparable(results: dict, seed_dir) -> dict:
-    """What a seed computed: returns, agreement and the exact TFLite bytes (not timings, which vary;
-    nor SavedModel sizes, whose metadata holds the writing process's temporary path)."""
-    import hashlib
-
-    return {
-        v["name"]: {
-            "episodes": v["return"]["episodes"],
-            "agreement": v["action_agreement"],
-            "tflite_sha256": hashlib.sha256((seed_dir / v["artifacts"]["tflite"]).read_bytes()).hexdigest(),
-        }
-        for v in results["variants"]
-    }
-
-
 def test_sweep_gives_the_same_per_seed_results_on_local_pool_and_ray(tmp_path):
     """recipes/sweep.yaml's contract, shrunk: 2 seeds on a 2-worker pool and on a local 2-CPU Ray."""
     pytest.importorskip("ray")
@@ -63,9 +49,6 @@ def test_sweep_gives_the_same_per_seed_results_on_local_pool_and_ray(tmp_path):
         run_seeds(recipe, tmp_path / executor, quiet=True, log=lambda m: None)
         summary = json.loads((tmp_path / executor / "results.json").read_text())
         assert summary["executor"] == {"kind": executor, "workers": 2, "intra_op_threads": 1}
-        per_engine[executor] = {}
-        for seed in (0, 1):
-            seed_dir = tmp_path / executor / f"seed-{seed}"
-            per_engine[executor][seed] = _comparable(json.loads((seed_dir / "results.json").read_text()), seed_dir)
+        per_engine[executor] = {seed: run_fingerprint(tmp_path / executor / f"seed-{seed}") for seed in (0, 1)}
     assert per_engine["local"] == per_engine["ray"]
     assert per_engine["local"][0] != per_engine["local"][1]  # the seeds really differ

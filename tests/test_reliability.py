@@ -1,7 +1,6 @@
 """Faults: kill -9 and resume, manifest and verify, divergence, full disks, resource refusal."""
 
 import errno
-import hashlib
 import json
 import os
 import signal
@@ -16,6 +15,7 @@ from click.testing import CliRunner
 
 from compress_dqn.cli import main
 from compress_dqn.errors import UserError
+from compress_dqn.manifest import run_fingerprint
 from compress_dqn.recipe import load_recipe
 
 from conftest import ROOT, TINY
@@ -55,19 +55,6 @@ def _kill_when(out: Path, ready, timeout: float = 240) -> bool:
     return False
 
 
-def outcome(out: Path) -> dict:
-    """What a run computed, independent of timing: returns, agreement, exact TFLite bytes."""
-    results = json.loads((out / "results.json").read_text())
-    return {
-        v["name"]: {
-            "episodes": v["return"]["episodes"],
-            "agreement": v["action_agreement"],
-            "tflite": hashlib.sha256((out / v["artifacts"]["tflite"]).read_bytes()).hexdigest(),
-        }
-        for v in results["variants"]
-    }
-
-
 def test_kill_9_at_each_stage_then_resume_equals_an_uninterrupted_run(tmp_path):
     reference = tmp_path / "reference"
     assert subprocess.run(_command(reference), capture_output=True).returncode == 0
@@ -86,7 +73,7 @@ def test_kill_9_at_each_stage_then_resume_equals_an_uninterrupted_run(tmp_path):
     done = subprocess.run(_command(out), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert not list(out.rglob(".tmp-*")) and not list(out.rglob(".old-*"))
-    assert outcome(out) == outcome(reference)
+    assert run_fingerprint(out) == run_fingerprint(reference)
     verified = CliRunner().invoke(main, ["verify", str(out)])
     assert verified.exit_code == 0, verified.output
 

@@ -10,7 +10,7 @@ import tensorflow_model_optimization as tfmot
 
 from compress_dqn._tf import tf_keras
 from compress_dqn.compress.prune import _check_names
-from compress_dqn.networks import independent_copy
+from compress_dqn.networks import WEIGHT_LAYERS, independent_copy, weight_layers
 from compress_dqn.recipe import ClusterConfig
 
 _clustering = tfmot.clustering.keras
@@ -21,15 +21,13 @@ _INIT = {
     "random": _clustering.CentroidInitialization.RANDOM,
 }
 
-_WEIGHT_LAYERS = (tf_keras.layers.Dense, tf_keras.layers.Conv2D)
-
 
 def cluster_model(model: tf_keras.Model, cfg: ClusterConfig) -> tf_keras.Model:
     """A clustering-wrapped copy: every Dense and Conv2D layer not in cfg.exclude gets cluster_weights."""
     _check_names(model, cfg.exclude, "cluster.exclude")
 
     def wrap(layer: tf_keras.layers.Layer) -> tf_keras.layers.Layer:
-        if isinstance(layer, _WEIGHT_LAYERS) and layer.name not in cfg.exclude:
+        if isinstance(layer, WEIGHT_LAYERS) and layer.name not in cfg.exclude:
             return _clustering.cluster_weights(
                 layer, number_of_clusters=cfg.clusters, cluster_centroids_init=_INIT[cfg.init]
             )
@@ -47,6 +45,5 @@ def unique_kernel_values(model: tf_keras.Model) -> dict[str, int]:
     """Distinct values in each Dense/Conv2D kernel of a plain (stripped) model."""
     return {
         layer.name: int(len(np.unique(layer.kernel.numpy())))
-        for layer in model.layers
-        if isinstance(layer, _WEIGHT_LAYERS)
+        for layer in weight_layers(model)
     }

@@ -13,16 +13,14 @@ import tensorflow_model_optimization as tfmot
 
 from compress_dqn._tf import tf_keras
 from compress_dqn.errors import UserError
-from compress_dqn.networks import independent_copy
+from compress_dqn.networks import WEIGHT_LAYERS, independent_copy, weight_layers
 from compress_dqn.recipe import PruneConfig
 
 _sparsity = tfmot.sparsity.keras
 
-_WEIGHT_LAYERS = (tf_keras.layers.Dense, tf_keras.layers.Conv2D)
-
 
 def _check_names(model: tf_keras.Model, names: list[str], key: str) -> None:
-    known = [layer.name for layer in model.layers if isinstance(layer, _WEIGHT_LAYERS)]
+    known = [layer.name for layer in weight_layers(model)]
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UserError(f"{key}: no Dense or Conv2D layer named {', '.join(unknown)}; layers are {', '.join(known)}")
@@ -47,7 +45,7 @@ def prune_model(model: tf_keras.Model, cfg: PruneConfig, total_steps: int) -> tf
     plan = schedule(cfg, total_steps)
 
     def wrap(layer: tf_keras.layers.Layer) -> tf_keras.layers.Layer:
-        if isinstance(layer, _WEIGHT_LAYERS) and layer.name not in cfg.exclude:
+        if isinstance(layer, WEIGHT_LAYERS) and layer.name not in cfg.exclude:
             return _sparsity.prune_low_magnitude(layer, pruning_schedule=plan)
         return layer
 
@@ -84,6 +82,5 @@ def kernel_sparsity(model: tf_keras.Model) -> dict[str, float]:
     """Share of exact zeros in each Dense/Conv2D kernel of a plain (stripped) model."""
     return {
         layer.name: float(1.0 - np.count_nonzero(layer.kernel.numpy()) / layer.kernel.numpy().size)
-        for layer in model.layers
-        if isinstance(layer, _WEIGHT_LAYERS)
+        for layer in weight_layers(model)
     }
