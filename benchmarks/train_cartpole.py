@@ -1,6 +1,9 @@
 """Train a recipe for given seeds and print one JSON line per seed.
 
     python benchmarks/train_cartpole.py --recipe recipes/cartpole.yaml --seeds 0 1 2 3
+    python benchmarks/train_cartpole.py --recipe recipes/cartpole-zoo.yaml --seeds $(seq 0 19) --jobs 2
+
+The last line counts the seeds whose final greedy return is >= --solved (475, CartPole's bar).
 
 Each seed runs in a fresh process (so RSS is that run's alone) and reports train wall seconds,
 env steps/s, gradient steps, the greedy mean return over the recipe's eval episodes (the kept
@@ -75,24 +78,55 @@ def one(recipe_path: str, seed: int, overrides: list[str]) -> dict:
     }
 
 
+def summary(rows: list[dict], solved_at: float) -> dict:
+    """Solved count, mean and median final return, and mean speed over the seeds that ran."""
+    import statistics
+
+    returns = [r["eval_mean_return"] for r in rows if "eval_mean_return" in r]
+    speeds = [r["env_steps_per_second"] for r in rows if "env_steps_per_second" in r]
+    return {
+        "summary": True,
+        "seeds": len(rows),
+        "failed": len(rows) - len(returns),
+        "solved_at": solved_at,
+        "solved": sum(r >= solved_at for r in returns),
+        "mean_return": round(statistics.fmean(returns), 2) if returns else None,
+        "median_return": round(statistics.median(returns), 2) if returns else None,
+        "mean_env_steps_per_second": round(statistics.fmean(speeds), 1) if speeds else None,
+        "mean_train_wall_seconds": round(statistics.fmean(r["train_wall_seconds"] for r in rows if "train_wall_seconds" in r), 1)
+        if returns else None,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default=str(ROOT / "recipes" / "cartpole.yaml"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once (one process each)")
+    parser.add_argument("--solved", type=float, default=475.0, help="final mean return that counts as solved")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
         print(json.dumps(one(args.recipe, args.one, args.overrides)), flush=True)
         return
-    for seed in args.seeds:
-        extra = [x for o in args.overrides for x in ("--set", o)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    extra = [x for o in args.overrides for x in ("--set", o)]
+
+    def child(seed: int) -> dict:
         done = subprocess.run([sys.executable, __file__, "--recipe", args.recipe, "--one", str(seed), *extra],
                               capture_output=True, text=True)
         if done.returncode != 0:
-            print(json.dumps({"seed": seed, "error": done.stderr.strip().splitlines()[-1:]}), flush=True)
-        else:
-            print(done.stdout.strip().splitlines()[-1], flush=True)
+            return {"seed": seed, "error": done.stderr.strip().splitlines()[-1:]}
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    rows = []
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for row in pool.map(child, args.seeds):
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    print(json.dumps({**summary(rows, args.solved), "recipe": args.recipe, "overrides": args.overrides}), flush=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ def build_q_network(
     name: str = "q_network",
     conv: Sequence[Any] = (),
     input_scale: float | None = None,
+    init: str = "fan_in_uniform",
 ) -> tf_keras.Sequential:
     """Observations to one Q-value per action: optional Conv2D layers, then Dense layers.
 
@@ -31,24 +32,48 @@ def build_q_network(
     input_scale: integer observations (uint8 pixels, MinAtar's 0/1 channels) are cast to float and
     multiplied by this in a first Rescaling layer, so the exported policy takes raw uint8 input.
     Multi-dimensional inputs are flattened before the Dense layers.
+    init: "fan_in_uniform" draws kernels and biases from U(+-1/sqrt(fan_in)) (PyTorch's nn.Linear
+    and nn.Conv2d default, so SB3/CleanRL hyperparameters transfer); "glorot_uniform" is Keras'
+    default (Glorot kernels, zero biases).
     """
-    layers: list[tf_keras.layers.Layer] = [tf_keras.layers.InputLayer(input_shape=tuple(obs_shape), name="obs")]
-    if input_scale is not None:
-        layers.append(tf_keras.layers.Rescaling(float(input_scale), name="scale"))
+    if init not in INITIALIZERS:
+        raise ValueError(f"unknown init {init!r}; choose from {', '.join(INITIALIZERS)}")
     if conv and len(obs_shape) != 3:
         raise ValueError(f"conv layers need (height, width, channels) observations, not shape {tuple(obs_shape)}")
+    model = tf_keras.Sequential([tf_keras.layers.InputLayer(input_shape=tuple(obs_shape), name="obs")], name=name)
+    if input_scale is not None:
+        model.add(tf_keras.layers.Rescaling(float(input_scale), name="scale"))
+
+    def weighted(layer_type: type, *args: Any, **kwargs: Any) -> None:
+        fan_in = int(np.prod(model.output_shape[1:])) if layer_type is tf_keras.layers.Dense else None
+        if layer_type is tf_keras.layers.Conv2D:
+            fan_in = int(args[1]) ** 2 * int(model.output_shape[-1])
+        model.add(layer_type(*args, **_initializers(init, fan_in), **kwargs))
+
     for i, spec in enumerate(conv):
-        layers.append(
-            tf_keras.layers.Conv2D(
-                int(spec.filters), int(spec.kernel), strides=int(spec.stride), activation=activation, name=f"conv_{i}"
-            )
-        )
+        weighted(tf_keras.layers.Conv2D, int(spec.filters), int(spec.kernel), strides=int(spec.stride),
+                 activation=activation, name=f"conv_{i}")
     if len(obs_shape) > 1:
-        layers.append(tf_keras.layers.Flatten(name="flatten"))
+        model.add(tf_keras.layers.Flatten(name="flatten"))
     for i, width in enumerate(net_arch):
-        layers.append(tf_keras.layers.Dense(int(width), activation=activation, name=f"hidden_{i}"))
-    layers.append(tf_keras.layers.Dense(int(n_actions), name="q_values"))
-    return tf_keras.Sequential(layers, name=name)
+        weighted(tf_keras.layers.Dense, int(width), activation=activation, name=f"hidden_{i}")
+    weighted(tf_keras.layers.Dense, int(n_actions), name="q_values")
+    return model
+
+
+INITIALIZERS = ("fan_in_uniform", "glorot_uniform")
+"""Weight initializations a recipe can ask for (train.init)."""
+
+
+def _initializers(init: str, fan_in: int) -> dict[str, Any]:
+    """Keras initializer arguments for one layer with `fan_in` inputs per output."""
+    if init == "glorot_uniform":
+        return {}
+    bound = 1.0 / np.sqrt(fan_in)
+    return {
+        "kernel_initializer": tf_keras.initializers.RandomUniform(-bound, bound),
+        "bias_initializer": tf_keras.initializers.RandomUniform(-bound, bound),
+    }
 
 
 def network_for(info: Any, cfg: Any, name: str = "q_network") -> tf_keras.Sequential:
@@ -56,13 +81,17 @@ def network_for(info: Any, cfg: Any, name: str = "q_network") -> tf_keras.Sequen
     for an environment (an EnvInfo: .obs_shape, .n_actions, .input_scale)."""
     return build_q_network(
         info.obs_shape, info.n_actions, cfg.net_arch, cfg.activation, name=name,
-        conv=getattr(cfg, "conv", ()), input_scale=info.input_scale,
+        conv=getattr(cfg, "conv", ()), input_scale=info.input_scale, init=getattr(cfg, "init", "fan_in_uniform"),
     )
+
+
+WEIGHT_LAYERS = (tf_keras.layers.Dense, tf_keras.layers.Conv2D)
+"""The layer types compression acts on (pruning, clustering, QAT ranges, kernel reports)."""
 
 
 def weight_layers(model: tf_keras.Model) -> list[tf_keras.layers.Layer]:
     """The layers compression acts on (Dense and Conv2D), in order."""
-    return [layer for layer in model.layers if isinstance(layer, (tf_keras.layers.Dense, tf_keras.layers.Conv2D))]
+    return [layer for layer in model.layers if isinstance(layer, WEIGHT_LAYERS)]
 
 
 def q_from_outputs(outputs):
@@ -98,6 +127,30 @@ def split_value_advantage(model: tf_keras.Model) -> tf_keras.Model:
     split.get_layer("advantage").set_weights([kernel - kernel.mean(1, keepdims=True), bias - bias.mean()])
     split.get_layer("value").set_weights([kernel.mean(1, keepdims=True), bias.mean(keepdims=True)])
     return split
+
+
+def input_statistics(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature mean and std of flat float observations (std floored, so constant features pass)."""
+    x = np.asarray(observations, dtype=np.float64).reshape(len(observations), -1)
+    std = x.std(axis=0)
+    return x.mean(axis=0).astype(np.float32), np.where(std > 1e-6, std, 1.0).astype(np.float32)
+
+
+def fold_input_normalization(model: tf_keras.Model, mean: np.ndarray, std: np.ndarray) -> tf_keras.Model:
+    """A copy that takes z = (obs - mean) / std and computes what model computes on obs.
+
+    Exact in float: the first Dense layer's W x + b becomes (W * std) z + (b + mean W). Why: an
+    integer-quantized policy has one scale for its whole input tensor, so a feature with a small
+    range (CartPole's pole angle next to its velocities) rounds to a few steps; normalized features
+    share one range. The policy loader applies the normalization (see tflite_metadata).
+    """
+    first = weight_layers(model)[0]
+    if not isinstance(first, tf_keras.layers.Dense) or len(model.input_shape) != 2:
+        raise TypeError("input normalization folds into a first Dense layer on flat observations only")
+    copy = independent_copy(model)
+    kernel, bias = first.get_weights()
+    copy.get_layer(first.name).set_weights([kernel * std[:, None], bias + mean @ kernel])
+    return copy
 
 
 def independent_copy(model: tf_keras.Model) -> tf_keras.Model:

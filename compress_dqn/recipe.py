@@ -222,12 +222,18 @@ class TrainConfig(StrictModel):
     with net_arch [128]."""
     activation: Literal["relu", "tanh"] = "relu"
     """Hidden layer activation."""
+    init: Literal["fan_in_uniform", "glorot_uniform"] = "fan_in_uniform"
+    """Weight initialization: kernels and biases from U(+-1/sqrt(fan_in)), PyTorch's default and
+    so SB3's (the RL Zoo's hyperparameters were tuned with it), or Keras' Glorot kernels with zero
+    biases. See benchmarks/train_cartpole.py for the comparison."""
     learning_rate: _real(0.0, 1.0, lo_open=True) = 1e-4
-    """Adam step size."""
+    """Adam step size. The RL Zoo's `lin_6.3e-4` means 6.3e-4 with learning_rate_schedule: linear."""
+    learning_rate_schedule: Literal["constant", "linear"] = "constant"
+    """linear: decay the step size linearly to 0 over total_timesteps (SB3's linear schedule)."""
     buffer_size: PositiveCount = 1_000_000
     """Replay capacity in transitions; replay.memory can bound it further by bytes."""
     learning_starts: Count = 100
-    """Environment steps collected before the first gradient step."""
+    """Environment steps collected, acting uniformly at random, before the first gradient step."""
     batch_size: PositiveCount = 32
     """Transitions per gradient step."""
     gamma: Probability = 0.99
@@ -250,6 +256,8 @@ class TrainConfig(StrictModel):
     """Clip the global gradient norm to this (null: no clipping)."""
     double_dqn: bool = False
     """Pick next actions with the online network, value them with the target (van Hasselt 2016)."""
+    n_steps: _count(1) = 1
+    """Bootstrap after n rewards (n-step returns, SB3's n_steps), sooner at an episode's end."""
     loss: Literal["huber", "mse"] = "huber"
     """TD loss; SB3 uses Huber (smooth L1)."""
     checkpoint_interval: PositiveCount = 10_000
@@ -268,6 +276,15 @@ class TrainConfig(StrictModel):
     mixed_precision: bool = False
     """Train in mixed float16 on a GPU (Keras' mixed_float16 policy; Q-values stay float32).
     Ignored with a note on CPU, where float16 is slower; the exported policy is float32 either way."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _zoo_schedule(cls, data: Any) -> Any:
+        """The RL Zoo writes a linear schedule as the string `lin_<initial value>`."""
+        rate = data.get("learning_rate") if isinstance(data, dict) else None
+        if isinstance(rate, str) and rate.startswith("lin_"):
+            return {**data, "learning_rate": rate[4:], "learning_rate_schedule": "linear"}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -316,9 +333,31 @@ class EvalConfig(StrictModel):
     """Final evaluation: greedy episodes on fixed seeds, shared by every variant."""
 
     episodes: PositiveCount = 100
-    """Number of episodes."""
+    """Episodes every variant plays first, on seeds seed .. seed+episodes-1."""
     seed: Count = 0
-    """Episodes use seeds seed .. seed+episodes-1."""
+    """First episode seed."""
+    max_episodes: PositiveCount | None = None
+    """Sequential evaluation: while a variant's verdict is inconclusive, double its episodes (and
+    the baseline's and the random policy's) up to this many; each look's CI is widened to
+    1 - 0.05/looks so the repeated looks keep a 5% error rate overall. null: episodes only."""
+    tolerance: _real(0.0, 1.0, lo_open=True) = 0.01
+    """Non-inferiority margin, as a share of the baseline's lead over a uniform-random policy on
+    the same episodes: 0.01 means "keeps 99% of what the baseline adds over random"."""
+    heldout_seed: Count = 1_000_000
+    """First seed of the episodes whose states measure action agreement; no calibration, fine-tune
+    or return evaluation plays them."""
+    heldout_episodes: PositiveCount = 10
+    """Baseline episodes (greedy) whose visited states measure action agreement."""
+
+    @model_validator(mode="after")
+    def _cap(self) -> EvalConfig:
+        if self.max_episodes is not None and self.max_episodes < self.episodes:
+            raise ValueError(f"max_episodes {self.max_episodes} is below episodes {self.episodes}; raise it or drop it")
+        seeds = range(self.seed, self.seed + (self.max_episodes or self.episodes))
+        if self.heldout_seed in seeds or self.seed in range(self.heldout_seed, self.heldout_seed + self.heldout_episodes):
+            raise ValueError(f"heldout_seed {self.heldout_seed} overlaps the evaluation seeds {seeds.start}..{seeds.stop - 1}; "
+                             "move one of them")
+        return self
 
 
 class PruneConfig(StrictModel):
@@ -357,6 +396,10 @@ class QuantizeConfig(StrictModel):
     """Replay observations in the representative dataset (int8, int16x8)."""
     int8_io: bool = False
     """Make the TFLite input and Q-value output int8 too (full-integer accelerators need it)."""
+    normalize_input: bool = True
+    """int8/int16x8 on flat float observations: give each feature its own range. The policy takes
+    (obs - mean) / std (replay statistics, folded into the first layer; the loader applies it from
+    the .tflite's metadata), so one input scale fits every feature."""
     preserve: bool = True
     """For qat on a pruned or clustered model: keep its sparsity/clusters (PQAT/CQAT)."""
     qat_steps: _count(1) | None = None

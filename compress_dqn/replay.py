@@ -49,7 +49,7 @@ import psutil
 
 from compress_dqn.errors import UserError
 
-__all__ = ["Batch", "ReplayBuffer", "VALID", "TERMINATED", "TRUNCATED", "START"]
+__all__ = ["Batch", "ReplayBuffer", "VALID", "TERMINATED", "TRUNCATED", "START", "format_bytes"]
 
 # Bits of the per-row ``flags`` byte.
 VALID = np.uint8(1)  # row starts a transition; the next row is its next obs
@@ -84,15 +84,16 @@ class Batch(NamedTuple):
     rewards: np.ndarray  # (B,) float32
     next_observations: np.ndarray  # (B, *obs_shape), the buffer's obs dtype
     terminated: np.ndarray  # (B,) float32
+    discounts: np.ndarray | None = None  # (B,) float32 gamma**m * (1 - terminated), n-step batches only
 
 
-def _format_bytes(n: float) -> str:
+def format_bytes(n: float, decimals: int = 2) -> str:
     """Human-readable size with binary units, for error messages."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024.0:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{decimals}f} {unit}"
         n /= 1024.0
-    return f"{n:.2f} TiB"
+    return f"{n:.{decimals}f} TiB"
 
 
 def _action_dtype(n_actions: int) -> np.dtype:
@@ -194,9 +195,9 @@ class ReplayBuffer:
         available = psutil.virtual_memory().available
         if total > _MEMORY_MARGIN * available:
             raise UserError(
-                f"replay buffer needs {_format_bytes(total)} "
-                f"({self._capacity} transitions x {_format_bytes(in_ram_row)}) "
-                f"but only {_format_bytes(available)} of memory is available "
+                f"replay buffer needs {format_bytes(total)} "
+                f"({self._capacity} transitions x {format_bytes(in_ram_row)}) "
+                f"but only {format_bytes(available)} of memory is available "
                 f"(at most {_MEMORY_MARGIN:.0%} of it is used); "
                 "lower train.buffer_size or set replay.memory"
             )
@@ -242,8 +243,8 @@ class ReplayBuffer:
         free = shutil.disk_usage(directory).free
         if nbytes - existing > free:
             raise UserError(
-                f"replay memmap file {path} needs {_format_bytes(nbytes)} ({nbytes} bytes) "
-                f"but only {_format_bytes(free)} ({free} bytes) is free on {directory}; "
+                f"replay memmap file {path} needs {format_bytes(nbytes)} ({nbytes} bytes) "
+                f"but only {format_bytes(free)} ({free} bytes) is free on {directory}; "
                 "point memmap_path at a disk with more space or lower train.buffer_size"
             )
         with open(path, "w+b") as f:
@@ -254,7 +255,7 @@ class ReplayBuffer:
                 except OSError as err:
                     if err.errno == errno.ENOSPC:
                         raise UserError(
-                            f"replay memmap file {path} needs {_format_bytes(nbytes)} but the disk "
+                            f"replay memmap file {path} needs {format_bytes(nbytes)} but the disk "
                             f"of {directory} ran out of space reserving it; point memmap_path "
                             "at a disk with more space or lower train.buffer_size"
                         ) from None
@@ -298,9 +299,9 @@ class ReplayBuffer:
         rows = int(budget_bytes) // row_bytes if budget_bytes > 0 else 0
         if rows < minimum:
             raise UserError(
-                f"replay memory budget of {_format_bytes(budget_bytes)} ({int(budget_bytes)} bytes) "
+                f"replay memory budget of {format_bytes(budget_bytes)} ({int(budget_bytes)} bytes) "
                 f"holds {rows} rows but the buffer needs at least {minimum} "
-                f"({_format_bytes(row_bytes)} = {row_bytes} bytes per transition); "
+                f"({format_bytes(row_bytes)} = {row_bytes} bytes per transition); "
                 "raise replay.memory"
             )
         return rows
@@ -577,6 +578,52 @@ class ReplayBuffer:
             rewards=self._rewards[idx],
             next_observations=next_observations,
             terminated=((flags & TERMINATED) != 0).astype(np.float32),
+        )
+
+    def gather_n_step(self, indices: npt.ArrayLike, n_steps: int, gamma: float) -> Batch:
+        """n-step transitions from VALID rows (SB3's n_steps): up to n_steps rewards summed with
+        discount gamma, stopping early at the episode's end or at the newest stored transition.
+
+        ``next_observations`` is the observation the target bootstraps from (m <= n_steps rows
+        later), ``terminated`` whether the episode terminated within those m steps, and
+        ``discounts`` = gamma**m * (1 - terminated), the factor of the bootstrapped value. With
+        n_steps=1 it is ``gather`` with discounts = gamma * (1 - terminated).
+
+        :raises ValueError: if an index is not a VALID row or n_steps < 1.
+        """
+        if int(n_steps) < 1:
+            raise ValueError(f"n_steps must be at least 1, got {n_steps}")
+        first = self.gather(indices)
+        idx = np.asarray(indices, dtype=np.int64)
+        cur = idx.copy()
+        rewards = np.zeros(idx.shape, np.float64)
+        discount = np.ones(idx.shape, np.float64)
+        terminated = np.zeros(idx.shape, bool)
+        alive = np.ones(idx.shape, bool)
+        for step in range(int(n_steps)):
+            if step:  # go on where the last row neither ended the episode nor was the newest
+                nxt = cur + 1
+                nxt[nxt == self._capacity] = 0
+                alive &= (self._flags[nxt] & VALID) != 0
+                cur = np.where(alive, nxt, cur)
+            flags = self._flags[cur]
+            rewards += np.where(alive, discount * self._rewards[cur], 0.0)
+            discount = np.where(alive, discount * gamma, discount)
+            terminated |= alive & ((flags & TERMINATED) != 0)
+            alive &= (flags & (TERMINATED | TRUNCATED)) == 0
+        if np.array_equal(cur, idx):
+            next_observations = first.next_observations
+        else:
+            next_idx = cur + 1
+            next_idx[next_idx == self._capacity] = 0
+            next_observations = (
+                self._obs[next_idx] if self._k == 1 else self._stacks(self._frames(self._chain(next_idx)))
+            )
+        return first._replace(
+            rewards=rewards.astype(np.float32),
+            next_observations=next_observations,
+            terminated=terminated.astype(np.float32),
+            discounts=(discount * ~terminated).astype(np.float32),
         )
 
     def sample(self, batch_size: int) -> Batch:

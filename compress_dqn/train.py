@@ -35,6 +35,7 @@ from compress_dqn.networks import make_actor, network_for, q_from_outputs
 from compress_dqn.progress import Progress
 from compress_dqn.recipe import EnvConfig, ReplayConfig, TrainConfig
 from compress_dqn.replay import ReplayBuffer
+from compress_dqn.resources import replay_capacity
 
 
 class TrainHooks(Protocol):
@@ -89,7 +90,6 @@ def _make_generic_update_fn(
 ) -> Any:
     """The update through the Keras model, GradientTape and optimizer.apply_gradients: works for
     any model (tfmot wrappers, split heads, CNNs), double DQN and any optimizer."""
-    gamma = tf.constant(cfg.gamma, tf.float32)
 
     def td_loss(error: tf.Tensor) -> tf.Tensor:
         if cfg.loss == "huber":
@@ -115,21 +115,21 @@ def _make_generic_update_fn(
         return loss, tf.reduce_mean(q_taken)
 
     @tf.function(jit_compile=cfg.jit_compile, reduce_retracing=True)
-    def update(obs, actions, rewards, next_obs, terminated):
+    def update(obs, actions, rewards, next_obs, discounts):
         k_steps = tf.shape(obs)[0]
         batch = tf.shape(obs)[1]
         if not cfg.double_dqn:
             # The target network is fixed for the phase: one batched forward pass for all K steps.
             flat_next = tf.reshape(next_obs, tf.concat([[k_steps * batch], tf.shape(next_obs)[2:]], 0))
             next_q = tf.reshape(tf.cast(target(flat_next, training=False), tf.float32), [k_steps, batch, -1])
-            all_targets = rewards + gamma * (1.0 - terminated) * tf.reduce_max(next_q, axis=-1)
+            all_targets = rewards + discounts * tf.reduce_max(next_q, axis=-1)
         total_loss = tf.constant(0.0)
         total_q = tf.constant(0.0)
         for k in tf.range(k_steps):
             if cfg.double_dqn:
                 next_actions = tf.argmax(q_from_outputs(model(next_obs[k], training=False)), axis=-1, output_type=tf.int32)
                 next_values = tf.gather(tf.cast(target(next_obs[k], training=False), tf.float32), next_actions, batch_dims=1)
-                td_target = rewards[k] + gamma * (1.0 - terminated[k]) * next_values
+                td_target = rewards[k] + discounts[k] * next_values
             else:
                 td_target = all_targets[k]
             loss, q_mean = one_step(obs[k], actions[k], td_target)
@@ -147,8 +147,9 @@ def make_update_fn(
     optimizer: tf_keras.optimizers.Optimizer,
     cfg: TrainConfig,
 ) -> Any:
-    """Build `update(obs, actions, rewards, next_obs, terminated)` over K stacked batches.
+    """Build `update(obs, actions, rewards, next_obs, discounts)` over K stacked batches.
 
+    discounts: the bootstrapped value's factor, gamma**n * (1 - terminated) for n-step returns.
     Inputs have a leading phase axis K; the call runs K gradient steps and returns the mean
     loss and mean Q. Compiled with XLA when cfg.jit_compile. A plain Dense MLP trained with a
     plain tf_keras Adam gets a hand-written fast path (same math, see `_make_mlp_adam_update_fn`);
@@ -230,7 +231,6 @@ def _make_mlp_adam_update_fn(
     tf_keras Adam's update of the optimizer's own slots and iteration counter, one gradient step
     after another. Only summation orders differ (float32 round-off, ~1e-7 relative).
     """
-    gamma = tf.constant(cfg.gamma, tf.float32)
     layers = list(model.layers)
     activations = [layer.activation.__name__ for layer in layers]
     params = [v for layer in layers for v in (layer.kernel, layer.bias)]
@@ -298,12 +298,12 @@ def _make_mlp_adam_update_fn(
             var.assign(var - (m * alpha) / (tf.sqrt(v) + epsilon))
 
     @tf.function(jit_compile=cfg.jit_compile, reduce_retracing=True, autograph=False)
-    def update(obs, actions, rewards, next_obs, terminated):
+    def update(obs, actions, rewards, next_obs, discounts):
         k_steps = tf.shape(obs)[0]
         batch = tf.shape(obs)[1]
         flat_next = tf.reshape(next_obs, tf.concat([[k_steps * batch], tf.shape(next_obs)[2:]], 0))
         next_q = tf.reshape(target(flat_next, training=False), [k_steps, batch, -1])
-        all_targets = rewards + gamma * (1.0 - terminated) * tf.reduce_max(next_q, axis=-1)
+        all_targets = rewards + discounts * tf.reduce_max(next_q, axis=-1)
         onehots = tf.one_hot(actions, n_actions, dtype=tf.float32)
         obs = tf.cast(obs, tf.float32)
         iteration0 = optimizer.iterations.read_value()
@@ -441,17 +441,13 @@ class DQNTrainer:
         set_seed(self.seed)
         self.env = make_env_from(self.env_cfg)
         self.info = env_info(self.env, self.env_cfg.id)
-        replay_shape = (self.info.obs_shape, self.info.obs_dtype, self.info.n_actions)
-        capacity = cfg.buffer_size
-        if self.replay_cfg.memory is not None:
-            capacity = min(
-                capacity,
-                ReplayBuffer.capacity_for_budget(self.replay_cfg.memory, *replay_shape, frame_stack=self.info.frame_stack),
-            )
         if self.initial_replay is not None:
             self.replay = self.initial_replay
         else:
-            self.replay = ReplayBuffer(capacity, *replay_shape, self.seed, frame_stack=self.info.frame_stack)
+            self.replay = ReplayBuffer(
+                replay_capacity(cfg, self.replay_cfg, self.info), self.info.obs_shape, self.info.obs_dtype,
+                self.info.n_actions, self.seed, frame_stack=self.info.frame_stack,
+            )
         self.dtype_policy = mixed_precision_policy(cfg.mixed_precision, self.device)
         if cfg.mixed_precision and self.dtype_policy != "mixed_float16":
             self.notes.append("mixed_precision needs a GPU; training in float32 on the CPU")
@@ -597,17 +593,19 @@ class DQNTrainer:
     def _train_phase(self) -> tuple[float, float]:
         cfg = self.cfg
         self._flush_target()
+        if cfg.learning_rate_schedule == "linear":  # SB3: set from the progress left before each phase
+            self.optimizer.learning_rate.assign(cfg.learning_rate * (1.0 - self.step / cfg.total_timesteps))
         k_steps, batch = cfg.gradient_steps, cfg.batch_size
         idx = self.replay.sample_indices(k_steps * batch)
-        b = self.replay.gather(idx)
+        b = self.replay.gather_n_step(idx, cfg.n_steps, cfg.gamma)
 
         def stack(x: np.ndarray) -> np.ndarray:
             return x.reshape((k_steps, batch) + x.shape[1:])
 
         obs, next_obs = stack(b.observations), stack(b.next_observations)
         actions = stack(b.actions.astype(np.int32))
-        rewards, terminated = stack(b.rewards), stack(b.terminated)
-        loss, q_mean = run_updates(self, self.update, (obs, actions, rewards, next_obs, terminated))
+        rewards, discounts = stack(b.rewards), stack(b.discounts)
+        loss, q_mean = run_updates(self, self.update, (obs, actions, rewards, next_obs, discounts))
         self.actor.refresh()
         for hook in self.hooks:
             hook.on_phase_end(self)
@@ -637,8 +635,8 @@ class DQNTrainer:
         start_step = self.step
         try:
             while self.step < cfg.total_timesteps:
-                # 1. Act: epsilon-greedy with the numpy actor.
-                if self.rng.random() < linear_epsilon(self.step, cfg):
+                # 1. Act: uniformly at random until learning_starts (as SB3), then epsilon-greedy.
+                if self.step < cfg.learning_starts or self.rng.random() < linear_epsilon(self.step, cfg):
                     action = int(self.rng.integers(self.info.n_actions))
                 else:
                     action = self.actor.act(obs)

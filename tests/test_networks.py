@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from compress_dqn.networks import NumpyActor, build_q_network, q_from_outputs, split_value_advantage
 
@@ -53,3 +54,36 @@ def test_conv_layers_need_image_observations():
 
     with pytest.raises(ValueError, match=r"conv layers need \(height, width, channels\)"):
         build_q_network((8,), 2, [16], conv=[_Conv(4, 3, 1)])
+
+
+def test_fan_in_uniform_init_draws_kernels_and_biases_like_torch():
+    """U(+-1/sqrt(fan_in)) for kernels and biases (nn.Linear's and nn.Conv2d's default)."""
+    model = build_q_network((10, 10, 4), 3, [64], conv=[_Conv(16, 3, 1)])
+    conv, hidden, head = [layer.get_weights() for layer in model.layers if layer.weights]
+    for (kernel, bias), fan_in in ((conv, 3 * 3 * 4), (hidden, 8 * 8 * 16), (head, 64)):
+        bound = 1 / np.sqrt(fan_in)
+        assert np.abs(kernel).max() <= bound and np.abs(bias).max() <= bound
+        assert np.abs(kernel).max() > 0.9 * bound  # fills the range
+        assert np.abs(bias).max() > 0.5 * bound  # biases are not zero
+    glorot = build_q_network((4,), 2, [64], init="glorot_uniform")
+    assert all(not layer.get_weights()[1].any() for layer in glorot.layers if layer.weights)  # zero biases
+    with pytest.raises(ValueError, match="unknown init"):
+        build_q_network((4,), 2, [8], init="zeros")
+
+
+def test_folded_input_normalization_computes_the_same_q_values():
+    from compress_dqn.networks import fold_input_normalization, input_statistics, split_value_advantage
+
+    rng = np.random.default_rng(0)
+    obs = (rng.normal(size=(200, 4)) * [2.0, 0.01, 5.0, 0.0] + [1.0, 0.0, -3.0, 7.0]).astype(np.float32)
+    mean, std = input_statistics(obs)
+    assert std[3] == 1.0  # a constant feature passes through unscaled
+    model = split_value_advantage(build_q_network((4,), 3, [16, 16]))
+    before = model.get_weights()[0].copy()
+    folded = fold_input_normalization(model, mean, std)
+    a, v = model(obs)
+    fa, fv = folded((obs - mean) / std)
+    np.testing.assert_allclose(fa + fv, a + v, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(model.get_weights()[0], before)  # the original is untouched
+    with pytest.raises(TypeError, match="flat observations"):
+        fold_input_normalization(build_q_network((6, 6, 1), 2, [8], conv=[_Conv(2, 3, 1)]), mean, std)

@@ -140,7 +140,7 @@ def test_fast_mlp_update_equals_generic_update():
     for k in (1, 10, 39):  # 50 gradient steps in calls of different sizes
         obs = rng.normal(size=(k, 16, 4)).astype(np.float32)
         data = (obs, rng.integers(0, 2, (k, 16)).astype(np.int32), rng.normal(size=(k, 16)).astype(np.float32),
-                rng.normal(size=(k, 16, 4)).astype(np.float32), (rng.random((k, 16)) < 0.1).astype(np.float32))
+                rng.normal(size=(k, 16, 4)).astype(np.float32), 0.99 * (rng.random((k, 16)) >= 0.1).astype(np.float32))
         loss_fast, _ = fast(*data)
         loss_generic, _ = generic(*data)
         np.testing.assert_allclose(float(loss_fast), float(loss_generic), rtol=1e-4)
@@ -149,3 +149,54 @@ def test_fast_mlp_update_equals_generic_update():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     assert int(o1.iterations.numpy()) == int(o2.iterations.numpy()) == 50
     assert moved > 1e-3  # the weights really changed
+
+
+class PhaseLog(StepHook):
+    """Records the learning rate and the replay's actions at each phase end."""
+
+    per_gradient_step = False
+
+    def __init__(self):
+        super().__init__()
+        self.rates = []
+
+    def on_phase_end(self, trainer):
+        self.rates.append((trainer.step, float(trainer.optimizer.learning_rate.numpy())))
+
+
+def test_zoo_linear_learning_rate_decays_to_zero_like_sb3():
+    recipe = tiny(**{"train.learning_rate": "lin_1e-3", "train.total_timesteps": 400})
+    assert recipe.train.learning_rate == 1e-3 and recipe.train.learning_rate_schedule == "linear"
+    log = PhaseLog()
+    DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=0, hooks=(log,), quiet=True).train()
+    for step, rate in log.rates:
+        # Set before the phase at `step` from the progress left: 1e-3 * (1 - step / 400).
+        assert rate == pytest.approx(1e-3 * (1 - step / 400), rel=1e-5)
+    assert log.rates[-1][1] < 1e-4 < log.rates[0][1]
+
+
+def test_acts_uniformly_at_random_before_learning_starts(monkeypatch):
+    """SB3 fills the buffer with random actions: a greedy actor must not be asked before learning_starts."""
+    recipe = tiny(**{"train.learning_starts": 300, "train.total_timesteps": 320, "train.exploration_final_eps": 0.0,
+                     "train.exploration_initial_eps": 0.0})
+    trainer = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=0, quiet=True)
+    asked = []
+    build = trainer._build
+
+    def build_and_spy():
+        build()
+        act = trainer.actor.act
+        trainer.actor.act = lambda obs: asked.append(trainer.step) or act(obs)
+
+    trainer._build = build_and_spy
+    result = trainer.train()
+    assert asked and min(asked) == 300  # epsilon 0: greedy from learning_starts on, never before
+    actions = result.replay.gather(np.flatnonzero(result.replay._flags[:300] & 1)).actions
+    assert 0.3 < actions.mean() < 0.7  # CartPole's two actions, drawn uniformly
+
+
+def test_n_step_training_runs_and_differs_from_one_step():
+    one = train(tiny())
+    three = train(tiny(**{"train.n_steps": 3}))
+    assert one.gradient_steps == three.gradient_steps
+    assert any(not np.array_equal(a, b) for a, b in zip(one.model.get_weights(), three.model.get_weights()))

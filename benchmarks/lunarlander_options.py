@@ -1,0 +1,67 @@
+"""Which standard DQN improvements pay off on LunarLander-v3: one JSON line per (option set, seed)
+and a summary line per option set, from benchmarks/train_cartpole.py's per-seed runner.
+
+    python benchmarks/lunarlander_options.py --seeds 0 1 2 --jobs 2
+    python benchmarks/lunarlander_options.py --only zoo-100k n3-double-200k --seeds 0 1 2
+
+Each option set is a list of recipe overrides on recipes/lunarlander.yaml (the RL Zoo's DQN
+hyperparameters). The final score is the kept weights' mean over the recipe's 100 evaluation
+episodes (seeds 0..99, never used for selection); "solved" is a mean >= 200. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER = ROOT / "benchmarks" / "train_cartpole.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+OPTIONS: dict[str, list[str]] = {
+    "zoo-100k": ["train.total_timesteps=1e5", "train.n_steps=1", "train.double_dqn=false"],
+    "zoo-200k": ["train.total_timesteps=2e5", "train.n_steps=1", "train.double_dqn=false"],
+    "double-200k": ["train.total_timesteps=2e5", "train.n_steps=1", "train.double_dqn=true"],
+    "n3-200k": ["train.total_timesteps=2e5", "train.n_steps=3", "train.double_dqn=false"],
+    "n3-double-200k": ["train.total_timesteps=2e5", "train.n_steps=3", "train.double_dqn=true"],
+    "n3-double-linlr-200k": ["train.total_timesteps=2e5", "train.n_steps=3", "train.double_dqn=true",
+                             "train.learning_rate_schedule=linear"],
+}
+
+
+def main() -> None:
+    from train_cartpole import summary
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default=str(ROOT / "recipes" / "lunarlander.yaml"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--only", nargs="+", choices=list(OPTIONS), help="option sets to run (default: all)")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once (one process each)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra override for every option set")
+    args = parser.parse_args()
+    for name in args.only or list(OPTIONS):
+        overrides = OPTIONS[name] + args.overrides
+
+        def child(seed: int, overrides: list[str] = overrides) -> dict:
+            extra = [x for o in overrides for x in ("--set", o)]
+            done = subprocess.run([sys.executable, str(RUNNER), "--recipe", args.recipe, "--one", str(seed), *extra],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                return {"seed": seed, "error": done.stderr.strip().splitlines()[-1:]}
+            return json.loads(done.stdout.strip().splitlines()[-1])
+
+        rows = []
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            for row in pool.map(child, args.seeds):
+                print(json.dumps({"option": name, **row}), flush=True)
+                rows.append(row)
+        print(json.dumps({"option": name, **summary(rows, 200.0), "overrides": overrides}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
