@@ -45,6 +45,7 @@ class TFLitePolicy:
         from ai_edge_litert.interpreter import Interpreter
 
         from compress_dqn._quiet import quiet_stderr
+        from compress_dqn.tflite_metadata import input_normalization
 
         try:
             with quiet_stderr():
@@ -72,6 +73,11 @@ class TFLitePolicy:
         self.n_actions = int(self._q["shape_signature"][-1])
         self.input_dtype = np.dtype(self._in["dtype"])
         self._quantized_input = bool(self._in["quantization"][0]) and self.input_dtype.kind in "iu"
+        self.input_normalization = input_normalization(content if content is not None else path.read_bytes(), str(path))
+        self._needs_prepare = self._quantized_input or self.input_normalization is not None
+        if self.input_normalization is not None and self.input_normalization[0].size != int(np.prod(self.obs_shape)):
+            raise UserError(f"{path}: its input normalization has {self.input_normalization[0].size} features but "
+                            f"its input has shape {self.obs_shape}; re-export the policy")
         self._one_shape = (1, *self.obs_shape)
         self._in_index, self._action_index = self._in["index"], self._action["index"]
         # Bound methods of the Python wrapper: they do not pin the interpreter's buffers.
@@ -89,8 +95,11 @@ class TFLitePolicy:
             self._batch = batch
 
     def _prepare(self, obs: np.ndarray) -> np.ndarray:
-        scale, zero_point = self._in["quantization"]
-        if scale and self.input_dtype.kind in "iu":  # full-integer model: quantize the input
+        if self.input_normalization is not None:  # the policy takes (obs - mean) / std
+            mean, std = self.input_normalization
+            obs = (np.asarray(obs, np.float32).reshape(-1, mean.size) - mean) / std
+        if self._quantized_input:  # full-integer model: quantize the input
+            scale, zero_point = self._in["quantization"]
             info = np.iinfo(self.input_dtype)
             obs = np.clip(np.round(np.asarray(obs, np.float32) / scale + zero_point), info.min, info.max)
         return np.ascontiguousarray(obs, dtype=self.input_dtype)
@@ -117,7 +126,7 @@ class TFLitePolicy:
         # The per-step hot path: a few microseconds in all, so every Python-level step counts.
         if self._batch != 1:
             self._resize(1)
-        if self._quantized_input or getattr(obs, "dtype", None) != self.input_dtype:
+        if self._needs_prepare or getattr(obs, "dtype", None) != self.input_dtype:
             obs = self._prepare(obs)
         self._set_tensor(self._in_index, obs.reshape(self._one_shape))
         self._invoke()

@@ -21,7 +21,9 @@ from compress_dqn._tf import tf, tf_keras, use_xla
 from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.distill import Distiller, build_student
 from compress_dqn.envs import EnvInfo
-from compress_dqn.networks import count_params, independent_copy, split_value_advantage
+from compress_dqn.networks import (
+    WEIGHT_LAYERS, count_params, fold_input_normalization, independent_copy, input_statistics, split_value_advantage,
+)
 from compress_dqn.recipe import FineTuneConfig, QuantizeConfig, Recipe, VariantConfig
 from compress_dqn.replay import ReplayBuffer
 
@@ -37,6 +39,14 @@ class BuiltVariant:
     calibration: np.ndarray | None
     try_sparse_format: bool
     details: dict[str, Any] = field(default_factory=dict)
+    input_normalization: tuple[np.ndarray, np.ndarray] | None = None
+    """(mean, std): the TFLite policy takes (obs - mean) / std (see networks.fold_input_normalization)."""
+
+    def tflite_model(self) -> tf_keras.Model:
+        """The model the TFLite file is converted from: normalization folded in where there is one."""
+        if self.input_normalization is None:
+            return self.export_model
+        return fold_input_normalization(self.export_model, *self.input_normalization)
 
     def converter(self, sparse: bool = False) -> Callable[[tf.lite.TFLiteConverter], None]:
         """TFLite converter settings for this variant, optionally with the sparse weight format."""
@@ -48,7 +58,7 @@ def dense_kernels(model: tf_keras.Model) -> dict[str, np.ndarray]:
     kernels = {}
     for layer in model.layers:
         inner = getattr(layer, "layer", layer)
-        if isinstance(inner, (tf_keras.layers.Dense, tf_keras.layers.Conv2D)):
+        if isinstance(inner, WEIGHT_LAYERS):
             # A QAT wrapper swaps inner.kernel for a fake-quant tensor; the variable is in its weights.
             (kernel,) = [w for w in layer.weights if w.name.endswith("kernel:0") and "cluster" not in w.name]
             kernels[inner.name] = kernel.numpy()
@@ -163,9 +173,13 @@ def build_variant(
     kernels = dense_kernels(export_model)
     biases_and_rest = params - sum(k.size for k in kernels.values())
     nonzero = int(sum(np.count_nonzero(k) for k in kernels.values())) + biases_and_rest
-    calibration = None
+    calibration = normalization = None
     if q is not None and q.mode in ("int8", "int16x8"):
         calibration = replay.sample_observations(q.calibration_samples)
+        if q.normalize_input and len(info.obs_shape) == 1 and info.input_scale is None:
+            normalization = input_statistics(calibration)
+            calibration = ((calibration - normalization[0]) / normalization[1]).astype(np.float32)
+            details["input_normalization"] = {"mean": normalization[0].tolist(), "std": normalization[1].tolist()}
     return BuiltVariant(
         export_model=export_model,
         params=params,
@@ -174,4 +188,5 @@ def build_variant(
         calibration=calibration,
         try_sparse_format=bool(variant.prune),
         details=details,
+        input_normalization=normalization,
     )

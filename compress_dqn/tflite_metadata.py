@@ -1,0 +1,69 @@
+"""Named metadata entries in a TFLite flatbuffer, read and written without TensorFlow.
+
+A deployed policy must carry everything it needs to act in one file: the per-feature input
+normalization of an integer-quantized policy travels as the metadata entry
+`INPUT_NORMALIZATION` (JSON: {"mean": [...], "std": [...]}) that `policy.TFLitePolicy` applies.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from compress_dqn.errors import UserError
+
+INPUT_NORMALIZATION = "compress_dqn.input_normalization"
+_IDENTIFIER = b"TFL3"
+
+
+def read_metadata(data: bytes, name: str) -> bytes | None:
+    """The bytes of metadata entry `name`, or None where the model has none."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.Model.GetRootAs(data, 0)
+    for i in range(model.MetadataLength()):
+        entry = model.Metadata(i)
+        if entry.Name() is not None and entry.Name().decode() == name:
+            return model.Buffers(entry.Buffer()).DataAsNumpy().tobytes()
+    return None
+
+
+def add_metadata(data: bytes, name: str, payload: bytes) -> bytes:
+    """The model with metadata entry `name` set to payload (replacing an entry of that name)."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    model.metadata = [m for m in (model.metadata or []) if (m.name.decode() if isinstance(m.name, bytes) else m.name) != name]
+    buffer = schema.BufferT()
+    buffer.data = np.frombuffer(payload, dtype=np.uint8)
+    model.buffers.append(buffer)
+    entry = schema.MetadataT()
+    entry.name = name
+    entry.buffer = len(model.buffers) - 1
+    model.metadata.append(entry)
+    builder = flatbuffers.Builder(len(data) + len(payload) + 1024)
+    builder.Finish(model.Pack(builder), file_identifier=_IDENTIFIER)
+    return bytes(builder.Output())
+
+
+def input_normalization(data: bytes, label: str = "<bytes>") -> tuple[np.ndarray, np.ndarray] | None:
+    """(mean, std) per input feature, if the model expects normalized observations."""
+    raw = read_metadata(data, INPUT_NORMALIZATION)
+    if raw is None:
+        return None
+    try:
+        spec = json.loads(raw)
+        mean, std = np.asarray(spec["mean"], np.float32), np.asarray(spec["std"], np.float32)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        mean = std = None
+    if mean is None or mean.ndim != 1 or mean.shape != std.shape or not np.all(std > 0):
+        raise UserError(f"{label}: its input normalization metadata is unreadable; re-export the policy")
+    return mean, std
+
+
+def with_input_normalization(data: bytes, mean: np.ndarray, std: np.ndarray) -> bytes:
+    """The model, marked as taking (obs - mean) / std; the policy loader normalizes for it."""
+    spec = {"mean": [float(x) for x in np.ravel(mean)], "std": [float(x) for x in np.ravel(std)]}
+    return add_metadata(data, INPUT_NORMALIZATION, json.dumps(spec).encode())

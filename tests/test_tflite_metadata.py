@@ -1,0 +1,79 @@
+"""Input normalization of integer policies: written into the .tflite, applied by the loader, and
+why it exists (one int8 input scale for features of very different ranges loses the small ones)."""
+
+import numpy as np
+import pytest
+
+from compress_dqn.compress.quantize import converter_setup
+from compress_dqn.errors import UserError
+from compress_dqn.export import convert_tflite, export_saved_model
+from compress_dqn.networks import build_q_network, fold_input_normalization, input_statistics, split_value_advantage
+from compress_dqn.policy import TFLitePolicy
+from compress_dqn.recipe import QuantizeConfig
+from compress_dqn.tflite_metadata import add_metadata, input_normalization, read_metadata, with_input_normalization
+
+SCALES = np.array([2.0, 2.0, 0.02, 0.05], np.float32)  # CartPole-like: small angle features matter most
+
+
+def sensitive_model():
+    """A network whose actions hinge on every feature in its own units (the small ones included),
+    as a trained CartPole policy's hinge on the pole angle: fitted to Q = [0, w . (obs / SCALES)]."""
+    from compress_dqn._tf import tf_keras
+
+    tf_keras.utils.set_random_seed(0)
+    model = build_q_network((4,), 2, [32, 32])
+    x = observations(4000, 0)
+    target = np.stack([np.zeros(len(x)), (x / SCALES) @ np.array([0.5, -0.3, 1.0, 0.8])], axis=1).astype(np.float32)
+    model.compile(optimizer=tf_keras.optimizers.Adam(3e-3), loss="mse")
+    model.fit(x, target, epochs=40, batch_size=64, verbose=0)
+    return split_value_advantage(model)
+
+
+def observations(n, seed):
+    return (np.random.default_rng(seed).normal(size=(n, 4)) * SCALES).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    """fp32, plain int8 and normalized int8 TFLite files of one model."""
+    out = tmp_path_factory.mktemp("meta")
+    model, calibration = sensitive_model(), observations(500, 1)
+    export_saved_model(model, (4,), np.float32, out / "raw")
+    fp32 = convert_tflite(out / "raw")
+    int8 = convert_tflite(out / "raw", converter_setup(QuantizeConfig(mode="int8"), calibration))
+    mean, std = input_statistics(calibration)
+    export_saved_model(fold_input_normalization(model, mean, std), (4,), np.float32, out / "normalized")
+    normalized = convert_tflite(out / "normalized", converter_setup(QuantizeConfig(mode="int8"), (calibration - mean) / std))
+    return fp32, int8, with_input_normalization(normalized, mean, std), (mean, std)
+
+
+def test_metadata_round_trip_keeps_the_model_runnable(policies):
+    fp32, _, _, _ = policies
+    assert read_metadata(fp32, "x") is None and input_normalization(fp32) is None
+    tagged = add_metadata(fp32, "x", b"hello")
+    assert read_metadata(add_metadata(tagged, "x", b"again"), "x") == b"again"  # replaced, not duplicated
+    obs = observations(100, 2)
+    np.testing.assert_array_equal(TFLitePolicy(tagged).q_values(obs), TFLitePolicy(fp32).q_values(obs))
+
+
+def test_normalized_int8_keeps_the_actions_plain_int8_loses(policies):
+    fp32, int8, normalized, (mean, std) = policies
+    held_out = observations(2000, 3)  # not the calibration states
+    reference = TFLitePolicy(fp32).actions(held_out)
+    plain = TFLitePolicy(int8)
+    policy = TFLitePolicy(normalized)
+    np.testing.assert_allclose(policy.input_normalization[0], mean)
+    plain_agreement = np.mean(plain.actions(held_out) == reference)
+    agreement = np.mean(policy.actions(held_out) == reference)
+    assert 0.2 < np.mean(reference) < 0.8  # both actions occur
+    assert agreement >= 0.95 > plain_agreement + 0.05
+    assert [policy.act(o) for o in held_out[:200]] == policy.actions(held_out[:200]).tolist()
+
+
+def test_a_normalization_that_does_not_fit_the_input_is_refused(policies):
+    fp32, _, _, _ = policies
+    bad = with_input_normalization(fp32, np.zeros(3), np.ones(3))
+    with pytest.raises(UserError, match="3 features"):
+        TFLitePolicy(bad)
+    with pytest.raises(UserError, match="unreadable"):
+        TFLitePolicy(add_metadata(fp32, "compress_dqn.input_normalization", b"{not json"))
