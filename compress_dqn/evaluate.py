@@ -56,29 +56,71 @@ def summarize(returns: Iterable[float]) -> ReturnStats:
     )
 
 
-def paired_difference(variant: list[float], baseline: list[float], tolerance: float = 0.01) -> dict:
-    """Compare a variant with the baseline episode by episode (same seeds, so the noise of the
-    episode draw cancels): mean difference, its 95% bootstrap CI, and a verdict.
+def looks(first: int, cap: int) -> list[int]:
+    """Episode counts at which a sequential evaluation looks at its verdicts: first, doubling, cap."""
+    counts = [first]
+    while counts[-1] < cap:
+        counts.append(min(2 * counts[-1], cap))
+    return counts
 
-    Verdicts: "gain" (CI above 0), "no measurable loss" (CI lower end above -tolerance x |baseline
-    mean|), "loss" (CI below 0 and past the tolerance), "inconclusive" (CI includes 0 but cannot
-    rule out a loss beyond the tolerance: more episodes are needed).
+
+def keeps_return(verdict: str | None) -> bool:
+    """Whether a verdict says the variant keeps the baseline's return (within tolerance or better)."""
+    return verdict is not None and (verdict == "better" or verdict.startswith("within"))
+
+
+def paired_difference(
+    variant: list[float],
+    baseline: list[float],
+    tolerance: float = 0.01,
+    random: list[float] | None = None,
+    confidence: float = 0.95,
+) -> dict:
+    """A non-inferiority test of a variant against the baseline, episode by episode.
+
+    The episodes share seeds, so the episode draw's noise cancels in the per-episode differences.
+    The margin is `tolerance` of the baseline's lead over a uniform-random policy on the same
+    episodes (the random policy's returns), so 1% means the same on tasks whose returns are near
+    zero or negative; without them, of |baseline mean|. Verdicts, from the difference's bootstrap CI:
+    "better" (above 0), "within 1%" (lower end above -margin), "worse" (upper end below -margin),
+    "inconclusive" (the CI straddles -margin: more episodes would decide).
+    Only the first len(variant) baseline and random episodes are used.
     """
-    a, b = np.asarray(variant, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"paired comparison needs the same episodes: {a.shape} vs {b.shape}")
+    a = np.asarray(variant, dtype=np.float64)
+    n = len(a)
+    if n == 0 or len(baseline) < n or (random is not None and len(random) < n):
+        raise ValueError(f"paired comparison needs the same episodes: {n} vs {len(baseline)} baseline episodes")
+    b = np.asarray(baseline[:n], dtype=np.float64)
     diff = a - b
-    lo, hi = bootstrap_ci(diff)
-    floor = -tolerance * abs(float(b.mean()))
+    lo, hi = bootstrap_ci(diff, confidence=confidence)
+    random_mean = float(np.mean(random[:n])) if random is not None else None
+    scale = float(b.mean()) - random_mean if random_mean is not None else abs(float(b.mean()))
+    margin = tolerance * max(scale, 0.0)
     if lo > 0:
-        verdict = "gain"
-    elif lo >= floor:
-        verdict = "no measurable loss"
-    elif hi < 0:
-        verdict = "loss"
+        verdict = "better"
+    elif lo >= -margin:
+        verdict = f"within {100 * tolerance:g}%"
+    elif hi < -margin:
+        verdict = "worse"
     else:
         verdict = "inconclusive"
-    return {"mean": float(diff.mean()), "ci95": [lo, hi], "verdict": verdict, "tolerance": tolerance}
+    out = {"mean": float(diff.mean()), "ci": [lo, hi], "confidence": confidence, "verdict": verdict,
+           "tolerance": tolerance, "margin": margin, "episodes": n}
+    if random_mean is not None:
+        out["random_mean"] = random_mean
+        out["normalized_score"] = float((a.mean() - random_mean) / scale) if scale > 0 else None
+    return out
+
+
+def random_returns(env: EnvConfig, seeds: Iterable[int], n_actions: int) -> list[float]:
+    """Returns of a uniform-random policy on the given episode seeds (the floor of normalized
+    scores). Each episode draws its actions from its own seed, so episode i's return does not
+    depend on which episodes were played before it."""
+    returns = []
+    for seed in seeds:
+        rng = np.random.default_rng([int(seed), 0x5EED])
+        returns += run_episodes(lambda _obs: int(rng.integers(n_actions)), env, [seed])
+    return returns
 
 
 def iqm(scores: np.ndarray) -> float:

@@ -11,7 +11,7 @@
       baseline/policy.tflite fp32 TFLite with the same signature
       tensorboard/baseline/  TensorBoard scalars
       results.csv, report.md, report.html, *.png   the report (compress-dqn report re-renders it)
-      results.json           schema_version 1 (latency_us.cpu and memory_bytes.cpu_rss per runtime;
+      results.json           schema_version 2 (latency_us.cpu and memory_bytes.cpu_rss per runtime;
                              gpu fields null with the reason in "gpu" where no GPU is visible)
 
 Every file is written under a temporary name and renamed, so an interrupted run never leaves
@@ -38,7 +38,7 @@ from compress_dqn.manifest import MANIFEST, verify, write_manifest
 from compress_dqn.recipe import Recipe, recipe_from_data
 from compress_dqn.report import write_report
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -139,22 +139,40 @@ def _same_policy(candidate: bytes, reference: bytes, observations: Any) -> bool:
     return bool(np.allclose(got, TFLitePolicy(reference).q_values(observations), rtol=1e-4, atol=1e-4))
 
 
-def _export(model: Any, info: Any, out: Path, converter: Callable[[bool], Any] | None = None,
-            try_sparse: bool = False, check_obs: Any = None) -> dict[str, Any]:
-    """SavedModel + TFLite for one model.
+def _export(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any = None) -> dict[str, Any]:
+    """SavedModel + TFLite for one model (a BuiltVariant says how to convert; None: fp32).
 
-    With try_sparse, the TFLite sparse weight format is kept only if it is smaller AND the
-    runtime loads it and computes the same Q-values (XNNPACK cannot prepare every sparse layout).
+    The SavedModel takes raw observations. The TFLite file is converted from built.tflite_model(),
+    which takes normalized observations where the variant has an input normalization (written
+    into the file's metadata). With built.try_sparse_format, the TFLite sparse weight format is
+    kept only if it is smaller AND the runtime loads it and computes the same Q-values (XNNPACK
+    cannot prepare every sparse layout).
     """
+    import tempfile
+
+    import numpy as np
+
     from compress_dqn.export import convert_tflite, export_saved_model
+    from compress_dqn.tflite_metadata import with_input_normalization
 
     export_saved_model(model, info.obs_shape, info.obs_dtype, out / "saved_model")
-    data = convert_tflite(out / "saved_model", converter(False) if converter else None)
-    sparse_format = False
-    if try_sparse and converter is not None:
-        sparse = convert_tflite(out / "saved_model", converter(True))
-        if len(sparse) < len(data) and _same_policy(sparse, data, check_obs):
-            data, sparse_format = sparse, True
+    source = out / "saved_model"
+    with tempfile.TemporaryDirectory(dir=out) as scratch:
+        if built is not None and built.input_normalization is not None:
+            source = export_saved_model(built.tflite_model(), info.obs_shape, np.float32, Path(scratch) / "normalized")
+
+        def convert(sparse: bool) -> bytes:
+            data = convert_tflite(source, built.converter(sparse) if built is not None else None)
+            if built is not None and built.input_normalization is not None:
+                data = with_input_normalization(data, *built.input_normalization)
+            return data
+
+        data = convert(False)
+        sparse_format = False
+        if built is not None and built.try_sparse_format:
+            sparse = convert(True)
+            if len(sparse) < len(data) and _same_policy(sparse, data, check_obs):
+                data, sparse_format = sparse, True
     write_bytes_atomic(out / "policy.tflite", data)
     return {"sparse_format": sparse_format}
 
@@ -179,20 +197,18 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     """
     import numpy as np
 
-    from compress_dqn.envs import env_info, make_env_from
-    from compress_dqn.evaluate import evaluate
+    from compress_dqn.envs import probe_env
+    from compress_dqn.evaluate import evaluate, looks, random_returns, summarize
     from compress_dqn.measure import measure_size
     from compress_dqn.policy import TFLitePolicy
 
     run_dir = Path(run_dir)
     # Check the environment before creating anything: a bad id leaves no run directory behind.
-    probe = make_env_from(recipe.env)
-    info = env_info(probe, recipe.env.id)
-    probe.close()
-    if not (run_dir / "stages.json").exists() or "train" not in Stages(run_dir).done:
+    info = probe_env(recipe.env)
+    stages = Stages(run_dir)
+    if "train" not in stages.done:
         resources.check(resources.plan(recipe, info), run_dir)
     resumed = prepare_run_dir(recipe, run_dir)
-    stages = Stages(run_dir)
     base = run_dir / "baseline"
 
     from compress_dqn._tf import configure_device, set_seed
@@ -248,24 +264,23 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
                                  "size": size.to_dict()})
         log(f"[baseline] exported: TFLite {size.tflite_bytes} bytes ({size.tflite_gzip_bytes} gzipped)")
 
-    # 3. Evaluate the deployed artifact (TFLite) on the fixed seeds; keep states it visited
-    #    as held-out observations for the variants' action agreement.
-    heldout_path = base / "heldout_obs.npz"
+    # 3. Evaluate the deployed artifact (TFLite) on the fixed seeds, and a uniform-random policy on
+    #    the same seeds (the floor of normalized scores). Action agreement is measured on states
+    #    from other episodes (heldout_seed..) that no calibration, fine-tune or evaluation plays.
     if "evaluate" not in stages.done:
-        policy = TFLitePolicy(base / "policy.tflite")
-        visited: list[np.ndarray] = []
-
-        def act(obs: np.ndarray) -> int:
-            visited.append(np.array(obs))
-            return policy.act(obs)
-
-        stats = evaluate(act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
-        rng = np.random.default_rng(recipe.eval.seed)
-        pick = rng.choice(len(visited), size=min(len(visited), 5000), replace=False)
-        save_arrays(heldout_path, {"observations": np.stack([visited[i] for i in sorted(pick)])})
+        stats = evaluate(TFLitePolicy(base / "policy.tflite").act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
         stages.finish("evaluate", {"return": stats.to_dict(), "action_agreement": 1.0})
         log(f"[baseline] return {stats.mean:.1f} ± {stats.std:.1f} over {recipe.eval.episodes} episodes "
             f"(95% CI {stats.ci95[0]:.1f}..{stats.ci95[1]:.1f})")
+    if "random" not in stages.done:
+        seeds = range(recipe.eval.seed, recipe.eval.seed + recipe.eval.episodes)
+        stats = summarize(random_returns(recipe.env, seeds, info.n_actions))
+        stages.finish("random", {"return": stats.to_dict()})
+        log(f"[random] return {stats.mean:.1f} ± {stats.std:.1f} (uniform-random actions, same episodes)")
+    heldout_path = base / "heldout_obs.npz"
+    if "heldout" not in stages.done:
+        save_arrays(heldout_path, {"observations": heldout_states(base / "policy.tflite", recipe)})
+        stages.finish("heldout", {"episodes": recipe.eval.heldout_episodes, "seed": recipe.eval.heldout_seed})
     heldout = load_dict(heldout_path)["observations"]
     baseline_actions = TFLitePolicy(base / "policy.tflite").actions(heldout)
 
@@ -281,7 +296,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         # alone, initialises exactly as it would have in one uninterrupted run.
         set_seed(variant_seed(recipe.seed, variant.name))
         built = build_variant(variant, model, _load_replay(base / "replay.npz", info), recipe, info, quiet=quiet)
-        exported = _export(built.export_model, info, out, built.converter, built.try_sparse_format, heldout[:500])
+        exported = _export(built.export_model, info, out, built, heldout[:500])
         size = measure_size(built.params, built.nonzero_params, out / "policy.tflite", out / "saved_model")
         evaluated = _evaluate(out / "policy.tflite", recipe, heldout, baseline_actions)
         stages.finish(key, {
@@ -295,7 +310,10 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         log(f"[{variant.name}] return {evaluated['return']['mean']:.1f}, TFLite {size.tflite_bytes} bytes "
             f"({size.tflite_gzip_bytes} gzipped), agreement {evaluated['action_agreement']:.3f}")
 
-    # 5. Measure every artifact: batch-1 latency and throughput, inference memory per runtime.
+    # 5. Sequential evaluation: more episodes for the variants whose verdict is still open.
+    episodes = decide(recipe, run_dir, stages, log)
+
+    # 6. Measure every artifact: batch-1 latency and throughput, inference memory per runtime.
     from compress_dqn.measure import gpu_note, measure_gpu, measure_latency, measure_memory
     from compress_dqn.policy import SavedModelPolicy
 
@@ -318,10 +336,15 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
             f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {memory['saved_model']['peak_rss'] / 2**20:.0f} MiB")
 
+    plan = looks(recipe.eval.episodes, recipe.eval.max_episodes or recipe.eval.episodes)
+    confidence = 1.0 - 0.05 / len(plan)  # Bonferroni over the looks
     results = {
         "schema_version": SCHEMA_VERSION,
         "env_id": recipe.env.id,
-        "eval": {"episodes": recipe.eval.episodes, "seed": recipe.eval.seed},
+        "eval": {"episodes": recipe.eval.episodes, "seed": recipe.eval.seed, "max_episodes": plan[-1],
+                 "looks": plan, "confidence": confidence, "tolerance": recipe.eval.tolerance,
+                 "heldout_seed": recipe.eval.heldout_seed, "heldout_episodes": recipe.eval.heldout_episodes},
+        "random": {"return": summarize(episodes["random"]).to_dict()},
         "train": stages.done["train"],
         "gpu": stages.done["measure:baseline"]["gpu_note"] or "visible",
         "variants": [_variant_entry("baseline", stages.done["export"], stages.done["evaluate"],
@@ -330,7 +353,9 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
                           stages.done[f"measure:{v.name}"])
            for v in recipe.variants],
     }
-    _add_paired_comparisons(results["variants"])
+    for entry in results["variants"]:
+        entry["return"] = summarize(episodes[entry["name"]]).to_dict()
+    _add_paired_comparisons(results["variants"], episodes["random"], recipe.eval.tolerance, confidence)
     write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2))
     write_report(run_dir)
     write_manifest(run_dir)  # last: its presence means the run finished
@@ -357,6 +382,8 @@ def aggregate_seeds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "iqm_return_ci95": list(stratified_bootstrap_ci(means)),
             "iqm_difference_vs_baseline": iqm(diffs),
             "difference_ci95": list(stratified_bootstrap_ci(diffs)),
+            "per_seed_verdict": [run[name].get("return_vs_baseline", {}).get("verdict", "reference") for run in by_name],
+            "per_seed_episodes": [len(run[name]["return"]["episodes"]) for run in by_name],
             "tflite_gzip_bytes": int(np.median([run[name]["size"]["tflite_gzip_bytes"] for run in by_name])),
         })
     return out
@@ -375,7 +402,7 @@ def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], N
     model.save(str(tmp))
     os.replace(tmp, base / "model.keras")
     save_arrays(base / "weights.npz", model.get_weights())
-    capacity = resources.replay_capacity(recipe, info)
+    capacity = resources.replay_capacity(recipe.train, recipe.replay, info)
     if source.transitions is not None:
         replay, data = load_transitions(source.transitions, info, capacity, recipe.seed)
     else:
@@ -391,7 +418,6 @@ def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], N
 
 def run_seed_unit(recipe_data: dict[str, Any], seed_dir: str, quiet: bool) -> dict[str, Any]:
     """One seed's whole pipeline, as an executor unit: plain data in, plain data out."""
-
     return run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print).results
 
 
@@ -401,16 +427,13 @@ def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[
     Seeds run in parallel on recipe.executor (local process pool or Ray); each unit gets the same
     TensorFlow thread count on either engine, so per-seed results do not depend on the engine.
     """
+    from compress_dqn.envs import probe_env
     from compress_dqn.executors import map_units, threads_per_worker, worker_count
-
-    from compress_dqn.envs import env_info, make_env_from
 
     run_dir = Path(run_dir)
     seeds = list(recipe.seeds or [recipe.seed])
     workers = worker_count(len(seeds), recipe.workers)
-    probe = make_env_from(recipe.env)
-    info = env_info(probe, recipe.env.id)
-    probe.close()
+    info = probe_env(recipe.env)
     resources.check(resources.plan(recipe, info), run_dir, at_once=workers, in_total=len(seeds))
     resumed = prepare_run_dir(recipe, run_dir)
     threads = recipe.train.intra_op_threads or threads_per_worker(workers)
@@ -457,10 +480,77 @@ def _variant_entry(name: str, exported: dict[str, Any], evaluated: dict[str, Any
     return entry
 
 
-def _add_paired_comparisons(variants: list[dict[str, Any]]) -> None:
-    """Each variant's return against the baseline's, episode by episode."""
+def _add_paired_comparisons(variants: list[dict[str, Any]], random: list[float], tolerance: float,
+                            confidence: float) -> None:
+    """Each variant's return against the baseline's, episode by episode (non-inferiority)."""
     from compress_dqn.evaluate import paired_difference
 
     baseline = variants[0]["return"]["episodes"]
     for entry in variants[1:]:
-        entry["return_vs_baseline"] = paired_difference(entry["return"]["episodes"], baseline)
+        entry["return_vs_baseline"] = paired_difference(entry["return"]["episodes"], baseline, tolerance, random, confidence)
+
+
+def heldout_states(tflite: Path, recipe: Recipe, limit: int = 5000) -> Any:
+    """States the baseline visits greedily on the held-out episode seeds (at most `limit`, evenly
+    subsampled with a fixed seed): where variants' actions are compared with the baseline's."""
+    import numpy as np
+
+    from compress_dqn.evaluate import run_episodes
+    from compress_dqn.policy import TFLitePolicy
+
+    policy = TFLitePolicy(tflite)
+    visited: list[Any] = []
+
+    def act(obs: Any) -> int:
+        visited.append(np.array(obs))
+        return policy.act(obs)
+
+    cfg = recipe.eval
+    run_episodes(act, recipe.env, range(cfg.heldout_seed, cfg.heldout_seed + cfg.heldout_episodes))
+    pick = np.random.default_rng(cfg.heldout_seed).choice(len(visited), size=min(len(visited), limit), replace=False)
+    return np.stack([visited[i] for i in sorted(pick)])
+
+
+def decide(recipe: Recipe, run_dir: Path, stages: Stages, log: Callable[[str], None]) -> dict[str, list[float]]:
+    """Sequential evaluation: at each look (episodes, doubling, up to eval.max_episodes), the
+    variants whose verdict is still inconclusive play the next episodes, and so do the baseline
+    and the random policy they are paired with. Each look is a stage (resumable). Returns every
+    policy's episode returns by name ("baseline", "random", variant names)."""
+    from compress_dqn.evaluate import evaluate, looks, paired_difference, random_returns
+    from compress_dqn.policy import TFLitePolicy
+
+    cfg = recipe.eval
+    episodes = {"baseline": list(stages.done["evaluate"]["return"]["episodes"]),
+                "random": list(stages.done["random"]["return"]["episodes"])}
+    for variant in recipe.variants:
+        episodes[variant.name] = list(stages.done[f"variant:{variant.name}"]["return"]["episodes"])
+    plan = looks(cfg.episodes, cfg.max_episodes or cfg.episodes)
+    confidence = 1.0 - 0.05 / len(plan)
+    n_actions = TFLitePolicy(run_dir / "baseline" / "policy.tflite").n_actions
+    for before, after in zip(plan, plan[1:]):
+        key = f"look:{after}"
+        if key not in stages.done:
+            undecided = [
+                v.name for v in recipe.variants
+                if len(episodes[v.name]) == before and paired_difference(
+                    episodes[v.name], episodes["baseline"], cfg.tolerance, episodes["random"], confidence
+                )["verdict"] == "inconclusive"
+            ]
+            if not undecided:
+                break
+            log(f"[evaluate] {len(undecided)} undecided ({', '.join(undecided)}): episodes {before} -> {after}")
+
+            def play(tflite: Path) -> list[float]:
+                return evaluate(TFLitePolicy(tflite).act, recipe.env, after - before, cfg.seed + before).episodes
+
+            stages.finish(key, {
+                "baseline": play(run_dir / "baseline" / "policy.tflite"),
+                "random": random_returns(recipe.env, range(cfg.seed + before, cfg.seed + after), n_actions),
+                "variants": {name: play(run_dir / "variants" / name / "policy.tflite") for name in undecided},
+            })
+        played = stages.done[key]
+        episodes["baseline"] += played["baseline"]
+        episodes["random"] += played["random"]
+        for name, more in played["variants"].items():
+            episodes[name] += more
+    return episodes

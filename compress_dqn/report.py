@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from compress_dqn.errors import UserError
+from compress_dqn.evaluate import keeps_return
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 
-KEEPS_RETURN = ("no measurable loss", "gain")
 
 
 def pareto_front(costs: Sequence[float], returns: Sequence[float]) -> list[int]:
@@ -52,8 +52,10 @@ def rows(results: dict) -> list[dict[str, Any]]:
             "return_ci_low": v["return"]["ci95"][0],
             "return_ci_high": v["return"]["ci95"][1],
             "diff_mean": _get(v, "return_vs_baseline", "mean") if v["name"] != "baseline" else 0.0,
-            "diff_ci_low": (_get(v, "return_vs_baseline", "ci95") or [0.0, 0.0])[0],
-            "diff_ci_high": (_get(v, "return_vs_baseline", "ci95") or [0.0, 0.0])[1],
+            "diff_ci_low": (_get(v, "return_vs_baseline", "ci") or [0.0, 0.0])[0],
+            "diff_ci_high": (_get(v, "return_vs_baseline", "ci") or [0.0, 0.0])[1],
+            "normalized_score": _get(v, "return_vs_baseline", "normalized_score") if v["name"] != "baseline" else 1.0,
+            "episodes": len(v["return"]["episodes"]),
             "verdict": _get(v, "return_vs_baseline", "verdict") or ("reference" if v["name"] == "baseline" else None),
             "action_agreement": v.get("action_agreement"),
             "params": v["size"]["params"],
@@ -74,15 +76,19 @@ def headline(results: dict) -> list[str]:
     """The findings a reader should see first, as sentences."""
     table = rows(results)
     base = table[0]
-    keepers = [r for r in table[1:] if r["verdict"] in KEEPS_RETURN]
-    lines = []
+    keepers = [r for r in table[1:] if keeps_return(r["verdict"])]
+    lines = [
+        f"Baseline return {base['return_mean']:.1f} over {base['episodes']} episodes; a uniform-random policy gets "
+        f"{results['random']['return']['mean']:.1f} on the same episodes (the 0% of normalized scores)."
+    ]
     if keepers:
         small = min(keepers, key=lambda r: r["tflite_gzip_bytes"])
         lines.append(
             f"Smallest policy that keeps the baseline's return: {small['name']}, "
-            f"{small['tflite_gzip_bytes']:,} bytes gzipped, {base['tflite_bytes'] / small['tflite_gzip_bytes']:.0f}x "
-            f"smaller than the fp32 baseline ({base['tflite_bytes']:,} bytes), return {small['return_mean']:.1f} "
-            f"vs {base['return_mean']:.1f} ({small['verdict']})."
+            f"{small['tflite_gzip_bytes']:,} bytes gzipped, {base['tflite_gzip_bytes'] / small['tflite_gzip_bytes']:.0f}x "
+            f"smaller than the fp32 baseline's {base['tflite_gzip_bytes']:,} gzipped bytes "
+            f"({base['tflite_bytes'] / small['tflite_bytes']:.1f}x raw to raw), return {small['return_mean']:.1f} "
+            f"vs {base['return_mean']:.1f} ({small['verdict']}, {small['episodes']} episodes)."
         )
         timed = [r for r in keepers if r["tflite_p50_us"] is not None]
         if timed and base["tflite_p50_us"] is not None:
@@ -94,9 +100,12 @@ def headline(results: dict) -> list[str]:
             )
     else:
         lines.append("No variant kept the baseline's return (see the verdicts below).")
-    losses = [r["name"] for r in table[1:] if r["verdict"] == "loss"]
+    losses = [r["name"] for r in table[1:] if r["verdict"] == "worse"]
     if losses:
-        lines.append(f"Measurable loss of return: {', '.join(losses)}.")
+        lines.append(f"Worse than the tolerance: {', '.join(losses)}.")
+    undecided = [r["name"] for r in table[1:] if r["verdict"] == "inconclusive"]
+    if undecided:
+        lines.append(f"Not decided within {results['eval']['max_episodes']} episodes: {', '.join(undecided)}.")
     if base["tflite_peak_rss"] and base["saved_model_peak_rss"]:
         lines.append(
             f"Serving memory: a TFLite policy process peaks at {base['tflite_peak_rss'] / 2**20:.0f} MiB; "
@@ -109,8 +118,13 @@ def headline(results: dict) -> list[str]:
 # Plots
 # ---------------------------------------------------------------------------------------------
 
-_VERDICT_COLORS = {"reference": "#333333", "gain": "#1a9850", "no measurable loss": "#4575b4",
-                   "inconclusive": "#fdae61", "loss": "#d73027", None: "#999999"}
+_VERDICT_COLORS = {"reference": "#333333", "better": "#1a9850", "within": "#4575b4",
+                   "inconclusive": "#fdae61", "worse": "#d73027", None: "#999999"}
+
+
+def _color(verdict: str | None) -> str:
+    """Verdict colour; every "within N%" shares one."""
+    return _VERDICT_COLORS.get("within" if verdict and verdict.startswith("within") else verdict, "#999999")
 
 
 def _figure_bytes(fig: Any) -> bytes:
@@ -141,7 +155,7 @@ def plot_return_vs(results: dict, cost_key: str, xlabel: str, title: str) -> byt
     offsets = [(6, 8), (6, -14), (6, 20), (6, -26)]
     for rank, i in enumerate(order):
         r, cost, mean = table[i], costs[i], means[i]
-        color = _VERDICT_COLORS.get(r["verdict"], "#999999")
+        color = _color(r["verdict"])
         ax.errorbar(cost, mean, yerr=[[mean - r["return_ci_low"]], [r["return_ci_high"] - mean]], fmt="o",
                     color=color, ms=8 if r["name"] == "baseline" else 6, capsize=3, zorder=3)
         ax.annotate(r["name"], (cost, mean), textcoords="offset points", xytext=offsets[rank % len(offsets)],
@@ -149,12 +163,12 @@ def plot_return_vs(results: dict, cost_key: str, xlabel: str, title: str) -> byt
     base = next((r for r in table if r["name"] == "baseline"), None)
     if base is not None:
         ax.axhline(base["return_mean"], ls="--", lw=0.8, color="#333333", zorder=0, label="baseline return")
-    for verdict, color in _VERDICT_COLORS.items():
-        if verdict and any(r["verdict"] == verdict for r in table):
-            ax.plot([], [], "o", color=color, label=verdict)
+    for verdict in dict.fromkeys(r["verdict"] for r in table):
+        if verdict:
+            ax.plot([], [], "o", color=_color(verdict), label=verdict)
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"mean return over {results['eval']['episodes']} episodes (95% CI)")
+    ax.set_ylabel(f"mean return over {results['eval']['episodes']}+ episodes (95% CI)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="best")
@@ -218,7 +232,8 @@ def make_plots(results: dict) -> dict[str, bytes]:
 
 _COLUMNS = [
     ("variant", "name", "{}"), ("return", "return_mean", "{:.1f}"), ("vs baseline", "diff_mean", "{:+.1f}"),
-    ("95% CI of difference", None, None), ("verdict", "verdict", "{}"), ("agreement", "action_agreement", "{:.3f}"),
+    ("CI of difference", None, None), ("verdict", "verdict", "{}"), ("episodes", "episodes", "{}"),
+    ("normalized", "normalized_score", "{:.1%}"), ("agreement", "action_agreement", "{:.3f}"),
     ("nonzero / params", None, None), ("TFLite bytes", "tflite_bytes", "{:,}"), ("gzipped", "tflite_gzip_bytes", "{:,}"),
     ("TFLite p50 us", "tflite_p50_us", "{:.1f}"), ("TF p50 us", "saved_model_p50_us", "{:.0f}"),
     ("TFLite RSS MiB", "tflite_peak_rss", "mib"), ("TF RSS MiB", "saved_model_peak_rss", "mib"),
@@ -243,13 +258,27 @@ def _cells(r: dict) -> list[str]:
 
 
 def _notes(results: dict) -> list[str]:
+    ev = results["eval"]
+    random = results["random"]["return"]["mean"]
+    base = results["variants"][0]["return"]["mean"]
+    looks = ev["looks"]
+    sequential = (
+        f" While a verdict was inconclusive, that variant (with the baseline and the random policy) played more "
+        f"episodes, at looks {', '.join(map(str, looks))}; each CI is at {ev['confidence']:.2%} so the {len(looks)} "
+        "looks keep a 5% error rate overall." if len(looks) > 1 else ""
+    )
     notes = [
-        f"Every variant is evaluated on the baseline's {results['eval']['episodes']} episode seeds "
-        f"(from {results['eval']['seed']}), so differences are paired: the verdict uses a 95% bootstrap CI of the "
-        "per-episode difference ('no measurable loss': its lower end is above -1% of the baseline's mean).",
-        "Agreement is the share of greedy actions equal to the baseline's on states from the baseline's "
-        "evaluation episodes; a policy can keep its return with low agreement where actions are near-tied.",
-        "Gzip is where sparsity shows: a pruned TFLite file is about as large as a dense one until compressed.",
+        f"Every variant plays the baseline's episode seeds (from {ev['seed']}), so differences are paired. The verdict "
+        f"is a non-inferiority test: 'within {100 * ev['tolerance']:g}%' means the {ev['confidence']:.0%} bootstrap CI "
+        f"of the per-episode difference stays above -{100 * ev['tolerance']:g}% of the baseline's lead over a "
+        f"uniform-random policy ({base:.1f} vs {random:.1f} on the same episodes); 'better' means it is above 0, "
+        f"'worse' below the margin, 'inconclusive' neither.{sequential}",
+        "Normalized score: (return - random) / (baseline - random) on the variant's episodes; 100% is the baseline.",
+        f"Agreement is the share of greedy actions equal to the baseline's on {ev['heldout_episodes']} held-out episodes "
+        f"(seeds {ev['heldout_seed']}..), which no calibration, fine-tune or return evaluation used; a policy can keep "
+        "its return with low agreement where actions are near-tied.",
+        "Gzip is where sparsity shows: a pruned TFLite file is about as large as a dense one until compressed; "
+        "size ratios compare gzip to gzip.",
     ]
     if results.get("gpu") and results["gpu"] != "visible":
         notes.append(f"GPU figures: {results['gpu']}.")
@@ -279,13 +308,12 @@ def render_markdown(results: dict, plots: Sequence[str]) -> str:
 def render_html(results: dict, plots: dict[str, bytes]) -> str:
     """One self-contained page: headline, table, plots embedded as data URIs."""
     esc = html.escape
-    colors = {k: v for k, v in _VERDICT_COLORS.items() if k}
     head = "".join(f"<li>{esc(line)}</li>" for line in headline(results))
     header = "".join(f"<th>{esc(c[0])}</th>" for c in _COLUMNS)
     body = ""
     for r in rows(results):
         cells = _cells(r)
-        color = colors.get(r["verdict"], "#999")
+        color = _color(r["verdict"])
         tds = "".join(
             f'<td style="color:{color};font-weight:600">{esc(c)}</td>' if i == 4 else f"<td>{esc(c)}</td>"
             for i, c in enumerate(cells)
@@ -327,15 +355,19 @@ def render_aggregate_markdown(results: dict) -> str:
         "stratified-bootstrap CIs (Agarwal et al., 2021); the difference is taken per seed against that "
         "seed's own baseline.",
         "",
-        "| variant | IQM return | 95% CI | IQM difference vs baseline | 95% CI | per-seed mean returns | gzipped bytes |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | IQM return | 95% CI | IQM difference vs baseline | 95% CI | per-seed mean returns | "
+        "per-seed verdicts (episodes) | gzipped bytes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for a in results["aggregate"]:
+        verdicts = ", ".join(f"{v} ({n})" for v, n in zip(a["per_seed_verdict"], a["per_seed_episodes"]))
         lines.append(
             f"| {a['name']} | {a['iqm_return']:.1f} | [{a['iqm_return_ci95'][0]:.1f}, {a['iqm_return_ci95'][1]:.1f}] | "
             f"{a['iqm_difference_vs_baseline']:+.1f} | [{a['difference_ci95'][0]:.1f}, {a['difference_ci95'][1]:.1f}] | "
-            f"{', '.join(f'{x:.1f}' for x in a['per_seed_mean_return'])} | {a['tflite_gzip_bytes']:,} |"
+            f"{', '.join(f'{x:.1f}' for x in a['per_seed_mean_return'])} | {verdicts} | {a['tflite_gzip_bytes']:,} |"
         )
+    kept = [a["name"] for a in results["aggregate"][1:] if all(keeps_return(v) for v in a["per_seed_verdict"])]
+    lines += ["", f"Within tolerance on every seed: {', '.join(kept) if kept else 'none'}."]
     return "\n".join(lines) + "\n"
 
 

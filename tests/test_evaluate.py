@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from compress_dqn.evaluate import bootstrap_ci, evaluate, summarize
 from compress_dqn.recipe import EnvConfig
@@ -36,21 +37,61 @@ def test_bootstrap_ci_covers_the_mean_and_narrows_with_more_data():
     assert (large[1] - large[0]) < (small[1] - small[0])
 
 
-def test_paired_difference_verdicts():
-    from compress_dqn.evaluate import paired_difference
+def test_paired_difference_verdicts_are_a_non_inferiority_test():
+    from compress_dqn.evaluate import keeps_return, paired_difference
 
     rng = np.random.default_rng(0)
     base = rng.normal(100, 30, 100)
-    assert paired_difference(base + 0.0, base)["verdict"] == "no measurable loss"
-    assert paired_difference(base + 5.0, base)["verdict"] == "gain"
-    assert paired_difference(base - 20.0, base)["verdict"] == "loss"
+    random = np.full(100, 20.0)  # the margin is 1% of (100 - 20) = 0.8
+    assert paired_difference(base + 0.0, base, random=random)["verdict"] == "within 1%"
+    assert paired_difference(base - 0.5, base, random=random)["verdict"] == "within 1%"
+    assert paired_difference(base - 0.5, base, random=np.full(100, 99.9))["verdict"] == "worse"  # margin 0.001
+    assert paired_difference(base + 5.0, base, random=random)["verdict"] == "better"
+    assert paired_difference(base - 20.0, base, random=random)["verdict"] == "worse"
+    assert paired_difference(base - 20.0, base, tolerance=0.3, random=random)["verdict"] == "within 30%"
     noisy = base + rng.normal(0, 60, 100)  # same mean, huge per-episode noise
-    result = paired_difference(noisy, base)
-    assert result["verdict"] in ("inconclusive", "gain", "loss")
-    assert result["ci95"][0] < result["mean"] < result["ci95"][1]
+    result = paired_difference(noisy, base, random=random)
+    assert result["verdict"] == "inconclusive"
+    assert result["ci"][0] < -result["margin"] < result["ci"][1]
+    assert [keeps_return(v) for v in ("better", "within 1%", "worse", "inconclusive", None)] == [True, True, False, False, False]
     # Pairing removes the shared episode noise: a constant shift is pinned down exactly.
-    shifted = paired_difference(base - 3.0, base)
-    assert np.allclose(shifted["ci95"], [-3.0, -3.0])
+    shifted = paired_difference(base - 3.0, base, random=random)
+    assert np.allclose(shifted["ci"], [-3.0, -3.0])
+    assert shifted["normalized_score"] == pytest.approx((base.mean() - 3.0 - 20.0) / (base.mean() - 20.0))
+
+
+def test_negative_returns_get_a_margin_from_the_lead_over_random():
+    """Returns below zero (LunarLander-like): 1% of |mean| would be tiny; the lead over random is not."""
+    from compress_dqn.evaluate import paired_difference
+
+    base = np.random.default_rng(1).normal(-50, 5, 200)
+    random = np.full(200, -250.0)
+    out = paired_difference(base - 1.0, base, random=random)
+    assert out["margin"] == pytest.approx(0.01 * (base.mean() + 250.0))
+    assert out["verdict"] == "within 1%"  # 1.0 < 2.0, the margin
+    assert paired_difference(base - 1.0, base)["verdict"] == "worse"  # 1% of |-50| = 0.5 < 1.0
+
+
+def test_sequential_looks_and_partial_pairs():
+    from compress_dqn.evaluate import looks, paired_difference
+
+    assert looks(100, 100) == [100]
+    assert looks(100, 800) == [100, 200, 400, 800]
+    assert looks(100, 300) == [100, 200, 300]
+    base = list(np.arange(400.0))
+    out = paired_difference(base[:100], base, random=[0.0] * 400, confidence=0.99)
+    assert out["episodes"] == 100 and out["confidence"] == 0.99 and out["ci"] == [0.0, 0.0]
+    with pytest.raises(ValueError):
+        paired_difference(base, base[:100])
+
+
+def test_random_policy_returns_do_not_depend_on_the_episodes_before():
+    from compress_dqn.evaluate import random_returns
+
+    env = EnvConfig(id="CartPole-v1")
+    both = random_returns(env, [3, 4], 2)
+    assert random_returns(env, [4], 2) == both[1:]
+    assert 8 <= np.mean(both) <= 60  # CartPole's random policy: ~22
 
 
 def test_iqm_and_stratified_bootstrap():

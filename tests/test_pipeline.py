@@ -2,7 +2,13 @@
 
 import json
 
+import numpy as np
+import pytest
+
 import compress_dqn.evaluate as evaluate_module
+from compress_dqn.envs import make_env_from
+from compress_dqn.evaluate import random_returns
+from compress_dqn.policy import TFLitePolicy
 from compress_dqn.pipeline import run
 from compress_dqn.recipe import load_recipe
 
@@ -13,33 +19,63 @@ VARIANTS = ('variants=[{name: ptq-float16, quantize: {mode: float16}}, '
             'fine_tune: {steps: 100}}]')
 
 
-def test_variants_use_the_baselines_episode_seeds(tmp_path, monkeypatch):
+def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(tmp_path, monkeypatch):
     calls = []
-    real = evaluate_module.evaluate
+    real_evaluate, real_paired = evaluate_module.evaluate, evaluate_module.paired_difference
 
     def spy(act, env, episodes, seed):
         calls.append((env.id, episodes, seed))
-        return real(act, env, episodes, seed)
+        return real_evaluate(act, env, episodes, seed)
+
+    def undecided_until_20(variant, baseline, tolerance=0.01, random=None, confidence=0.95):
+        out = real_paired(variant, baseline, tolerance, random, confidence)
+        return {**out, "verdict": "inconclusive"} if len(variant) < 20 else out
 
     monkeypatch.setattr(evaluate_module, "evaluate", spy)
-    recipe = load_recipe(TINY, [VARIANTS])
+    monkeypatch.setattr(evaluate_module, "paired_difference", undecided_until_20)
+    recipe = load_recipe(TINY, [VARIANTS, "eval.max_episodes=20"])
     outcome = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
-    assert calls == [("CartPole-v1", 5, 0)] * 3  # baseline + 2 variants, identical seeds
+    # Baseline + 2 variants on seeds 0..4; then every look (10, 20) replays the baseline and the
+    # undecided variants on the next seeds, never the ones already played.
+    assert calls == [("CartPole-v1", 5, 0)] * 3 + [("CartPole-v1", 5, 5)] * 3 + [("CartPole-v1", 10, 10)] * 3
 
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results == outcome.results
+    assert results["eval"]["looks"] == [5, 10, 20] and results["eval"]["confidence"] == pytest.approx(1 - 0.05 / 3)
     names = [v["name"] for v in results["variants"]]
     assert names == ["baseline", "ptq-float16", "student-8-int8"]
     base, fp16, student = results["variants"]
+    assert len(results["random"]["return"]["episodes"]) == 20
+    assert results["random"]["return"]["episodes"] == random_returns(recipe.env, range(20), 2)
+    assert base["return"]["episodes"] == real_evaluate(
+        TFLitePolicy(tmp_path / "run" / base["artifacts"]["tflite"]).act, recipe.env, 20, 0).episodes
+    for v in (fp16, student):
+        assert len(v["return"]["episodes"]) == 20
+        compared = v["return_vs_baseline"]
+        assert compared == real_paired(v["return"]["episodes"], base["return"]["episodes"], 0.01,
+                                       results["random"]["return"]["episodes"], 1 - 0.05 / 3)
     assert base["action_agreement"] == 1.0
     assert 0.0 <= student["action_agreement"] <= 1.0
-    if fp16["action_agreement"] == 1.0:  # same actions on held-out states -> same episodes
-        assert fp16["return"]["episodes"] == base["return"]["episodes"]
     assert student["size"]["params"] < base["size"]["params"]
     assert student["size"]["tflite_bytes"] < base["size"]["tflite_bytes"]
     assert student["compression"]["student"] == {"net_arch": [8], "activation": "relu", "conv": []}
     for v in results["variants"]:
         assert (tmp_path / "run" / v["artifacts"]["tflite"]).is_file()
+
+    # The int8 student takes normalized observations; its file says so and the loader applies it.
+    policy = TFLitePolicy(tmp_path / "run" / student["artifacts"]["tflite"])
+    mean, std = policy.input_normalization
+    assert student["compression"]["input_normalization"] == {"mean": mean.tolist(), "std": std.tolist()}
+    assert TFLitePolicy(tmp_path / "run" / fp16["artifacts"]["tflite"]).input_normalization is None
+
+    # Agreement is measured on held-out episodes, not on the evaluation's.
+    assert results["eval"]["heldout_seed"] == 1_000_000
+    heldout = np.load(tmp_path / "run" / "baseline" / "heldout_obs.npz")["observations"]
+    assert len(heldout) < 5000  # a tiny policy's 10 short episodes: every visited state is kept
+    heldout_start = make_env_from(recipe.env).reset(seed=1_000_000)[0]
+    evaluation_starts = [make_env_from(recipe.env).reset(seed=s)[0] for s in range(20)]
+    assert any(np.array_equal(state, heldout_start) for state in heldout)
+    assert not any(np.array_equal(state, start) for state in heldout for start in evaluation_starts)
 
     # Rerun: every stage is done, nothing is rebuilt.
     calls.clear()
@@ -65,7 +101,6 @@ def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path
     assert _same_policy(blobs[0], blobs[0], obs)
     assert not _same_policy(blobs[1], blobs[0], obs)  # loads, but another policy
     assert not _same_policy(blobs[0][:100], blobs[0], obs)  # does not load
-    assert not list(tmp_path.glob(".check-*"))  # scratch files are cleaned up
 
 
 def test_seeds_run_each_seed_and_aggregate_with_iqm(tmp_path):

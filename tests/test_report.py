@@ -23,8 +23,15 @@ def test_rows_and_headline_from_fixed_results():
     assert [r["name"] for r in table] == ["baseline", "ptq-int8", "prune-80", "student-32x32-qat-int8"]
     assert table[0]["verdict"] == "reference"
     lines = headline(results)
-    assert lines[0].startswith("Smallest policy that keeps the baseline's return: ptq-int8")  # the student is inconclusive
-    assert any("Measurable loss of return: prune-80" in line for line in lines)
+    assert lines[0].startswith("Baseline return 142.7 over 4 episodes; a uniform-random policy gets")
+    assert lines[1].startswith("Smallest policy that keeps the baseline's return: ptq-int8")  # the others are open
+    # Like with like: gzip to gzip, and raw to raw.
+    base, ptq = table[0], table[1]
+    assert f"{base['tflite_gzip_bytes'] / ptq['tflite_gzip_bytes']:.0f}x smaller than the fp32 baseline's" in lines[1]
+    assert f"({base['tflite_bytes'] / ptq['tflite_bytes']:.1f}x raw to raw)" in lines[1]
+    assert any("Not decided within 100 episodes: prune-80, student-32x32-qat-int8" in line for line in lines)
+    assert [r["verdict"] for r in table] == ["reference", "better", "inconclusive", "inconclusive"]
+    assert table[1]["normalized_score"] > 1.0 and table[0]["normalized_score"] == 1.0
     assert any("MiB" in line for line in lines)
 
 
