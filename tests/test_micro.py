@@ -1,0 +1,316 @@
+"""Microcontroller export: measured flash and arena, C++ that compiles, TFLM plays as LiteRT does."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from compress_dqn import micro
+from compress_dqn.cli import main
+
+needs_tflm = pytest.mark.skipif(not micro.available(), reason="tflite-micro not installed: pip install 'compress-dqn[micro]'")
+
+
+def _export(model, path: Path, configure=None) -> Path:
+    from compress_dqn.export import convert_tflite, export_saved_model
+
+    saved = export_saved_model(model, (4,), np.float32, path.with_suffix(".sm"))
+    path.write_bytes(convert_tflite(saved, configure))
+    return path
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    """CartPole-sized policies: int8 (float io, split head, as the pipeline exports), fp32, dynamic-range,
+    an fp32 one with 16 distinct weights per layer (as clustering leaves it), and one with REDUCE_PROD."""
+    if not micro.available():
+        pytest.skip("tflite-micro not installed: pip install 'compress-dqn[micro]'")
+    from compress_dqn._tf import tf, tf_keras
+    from compress_dqn.compress.quantize import calibrate_ranges, converter_setup, qat_model
+    from compress_dqn.networks import build_q_network, split_value_advantage
+    from compress_dqn.recipe import QuantizeConfig
+
+    out = tmp_path_factory.mktemp("micro")
+    tf_keras.utils.set_random_seed(3)
+    model = split_value_advantage(build_q_network((4,), 2, [32, 32]))
+    calibration = np.random.default_rng(0).normal(0, 1, size=(200, 4)).astype(np.float32)
+    qat = qat_model(model)  # QAT keeps the split head's sum in float: q = deq(advantage) + deq(value)
+    calibrate_ranges(qat, model, calibration)
+    paths = {
+        "int8": _export(model, out / "int8.tflite", converter_setup(QuantizeConfig(mode="int8"), calibration)),
+        "qat": _export(qat, out / "qat.tflite", converter_setup(QuantizeConfig(mode="qat"))),
+        "fp32": _export(model, out / "fp32.tflite"),
+        "dynamic": _export(model, out / "dynamic.tflite", converter_setup(QuantizeConfig(mode="dynamic"))),
+    }
+    clustered = build_q_network((4,), 2, [64, 64])
+    for layer in clustered.layers:
+        if layer.get_weights():
+            kernel, bias = layer.get_weights()
+            levels = np.quantile(kernel, np.linspace(0, 1, 16))
+            layer.set_weights([levels[np.abs(kernel[..., None] - levels).argmin(-1)].astype(np.float32), bias])
+    paths["clustered"] = _export(clustered, out / "clustered.tflite")
+
+    class Prod(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32, name="observations")])
+        def serve(self, observations):
+            q = tf.concat([tf.reduce_prod(observations, axis=1, keepdims=True), observations[:, :1]], axis=1)
+            return {"q_values": q, "action": tf.argmax(q, axis=-1, output_type=tf.int32)}
+
+    module = Prod()
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.serve.get_concrete_function()], module)
+    paths["prod"] = out / "prod.tflite"
+    paths["prod"].write_bytes(converter.convert())
+    return paths
+
+
+def _cli(*args: str):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@needs_tflm
+def test_summary_measures_flash_arena_and_ops(policies):
+    summary = micro.micro_summary(policies["int8"])
+    assert summary["runs"] and summary["reason"] is None
+    assert summary["flash_bytes"] == policies["int8"].stat().st_size
+    assert 0 < summary["arena_bytes"] < summary["arena_bytes_with_margin"] <= 32 * 1024
+    assert summary["fits"] == {"32KB": True, "256KB": True}
+    assert {"QUANTIZE", "FULLY_CONNECTED", "ARG_MAX", "ADD", "DEQUANTIZE"} == set(summary["ops"])
+    # Measured, not guessed: TFLM runs in an arena of exactly that size and not in one byte less.
+    data = policies["int8"].read_bytes()
+    probe = micro._ArenaProbe(data, 1)
+    try:
+        assert probe.runs(summary["arena_bytes"]) and not probe.runs(summary["arena_bytes"] - 1)
+    finally:
+        probe.close()
+    assert micro.micro_summary(data) == summary  # bytes work as a path does
+
+
+@needs_tflm
+def test_summary_never_raises_for_models_tflm_cannot_run(policies, tmp_path):
+    prod = micro.micro_summary(policies["prod"])
+    assert not prod["runs"] and "REDUCE_PROD" in prod["reason"] and "REDUCE_PROD" in prod["ops"]
+    assert prod["arena_bytes"] is None and prod["fits"] == {"32KB": False, "256KB": False}
+    dynamic = micro.micro_summary(policies["dynamic"])
+    assert not dynamic["runs"] and "FULLY_CONNECTED" in dynamic["reason"] and "int8" in dynamic["reason"]
+    (tmp_path / "junk.tflite").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    junk = micro.micro_summary(tmp_path / "junk.tflite")
+    assert not junk["runs"] and "not a TFLite flatbuffer" in junk["reason"]
+
+
+class LiteRTBuiltin:
+    """LiteRT with its builtin kernels, XNNPACK off: TFLite's integer arithmetic, which TFLM implements.
+
+    XNNPACK (LiteRT's default, TFLitePolicy's) requantizes int8 in float and can round an action
+    gap the other way, so on int8 policies TFLM is compared with this; on fp32 with TFLitePolicy.
+    """
+
+    def __init__(self, path: Path) -> None:
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+        interp = Interpreter(model_path=str(path),
+                             experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+        self._runner = interp.get_signature_runner("serving_default")
+
+    def actions(self, obs: np.ndarray) -> np.ndarray:
+        return self._runner(observations=np.asarray(obs, np.float32))["action"]
+
+    def act(self, obs: np.ndarray) -> int:
+        return int(self.actions(np.asarray(obs)[None])[0])
+
+
+@needs_tflm
+def test_micro_policy_plays_like_litert(policies):
+    from compress_dqn.evaluate import evaluate
+    from compress_dqn.policy import TFLitePolicy
+    from compress_dqn.recipe import EnvConfig
+
+    env = EnvConfig(id="CartPole-v1")
+    obs = np.random.default_rng(1).normal(0, 1, size=(2000, 4)).astype(np.float32)
+    for kind in ("int8", "qat", "fp32"):
+        lite, tflm = TFLitePolicy(policies[kind]), micro.MicroPolicy(policies[kind])
+        reference = lite if kind == "fp32" else LiteRTBuiltin(policies[kind])
+        assert (tflm.obs_shape, tflm.n_actions) == (lite.obs_shape, lite.n_actions) == ((4,), 2)
+        actions = reference.actions(obs)
+        assert len(set(actions.tolist())) == 2, kind  # not trivially one action
+        np.testing.assert_array_equal(tflm.actions(obs), actions, err_msg=kind)
+        assert [tflm.act(o) for o in obs[:100]] == actions[:100].tolist()
+        # Dequantized q-values: int8 kernels may round an output step apart from XNNPACK's.
+        step = 0.0 if kind == "fp32" else micro.MicroPolicy(micro.int8_io_model(policies[kind].read_bytes())).q_quantization[0]
+        np.testing.assert_allclose(tflm.q_values(obs), lite.q_values(obs), atol=2 * step + 1e-5, err_msg=kind)
+        assert evaluate(tflm.act, env, 10, 0).episodes == evaluate(reference.act, env, 10, 0).episodes, kind
+
+
+@needs_tflm
+def test_cli_evaluate_runtime_micro_matches_litert_without_tensorflow(policies):
+    from compress_dqn.evaluate import evaluate
+    from compress_dqn.recipe import EnvConfig
+
+    runs = {}
+    for kind, runtime in (("fp32", "litert"), ("fp32", "micro"), ("int8", "micro")):
+        code, out, err = _cli("evaluate", str(policies[kind]), "--env", "CartPole-v1", "--episodes", "3", "--runtime", runtime)
+        assert code == 0, err
+        runs[kind, runtime] = json.loads(out)
+        assert runs[kind, runtime]["runtime"] == runtime
+    assert runs["fp32", "micro"]["return"]["episodes"] == runs["fp32", "litert"]["return"]["episodes"]
+    builtin = evaluate(LiteRTBuiltin(policies["int8"]).act, EnvConfig(id="CartPole-v1"), 3, 0).episodes
+    assert runs["int8", "micro"]["return"]["episodes"] == builtin
+    code = (
+        "import sys, numpy as np\n"
+        "from compress_dqn.micro import MicroPolicy\n"
+        "MicroPolicy(sys.argv[1]).act(np.zeros(4, np.float32))\n"
+        "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(policies["int8"])], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@needs_tflm
+def test_int8_io_rewrites_a_qat_split_head_without_changing_actions(policies, tmp_path):
+    from compress_dqn.policy import TFLitePolicy
+
+    code, stdout, err = _cli("export", str(policies["qat"]), "--out", str(tmp_path / "q"), "--int8-io")
+    assert code == 0, err
+    report = json.loads(stdout)
+    assert report["ops"] == ["FULLY_CONNECTED", "ARG_MAX", "ADD"]  # the float ADD of the heads is int8 now
+    assert report["int8_io"]["rewritten"] and report["q_values"]["dtype"] == "int8"
+    assert report["int8_io"]["q_values_max_change"] <= report["q_values"]["scale"] / 2 + 1e-6
+    assert report["arena_bytes"] < micro.micro_summary(policies["qat"])["arena_bytes"]
+    deployed = tmp_path / "q" / f"{report['name']}.tflite"
+    obs = np.random.default_rng(4).normal(0, 1, size=(1000, 4)).astype(np.float32)
+    expected = micro.MicroPolicy(policies["qat"]).actions(obs)
+    np.testing.assert_array_equal(micro.MicroPolicy(deployed).actions(obs), expected)
+    assert TFLitePolicy(deployed).input_dtype == np.int8
+
+
+@needs_tflm
+def test_export_int8_io_writes_files_that_compile(policies, tmp_path):
+    from compress_dqn.policy import TFLitePolicy
+
+    out = tmp_path / "out"
+    code, stdout, err = _cli("export", str(policies["int8"]), "--target", "micro", "--out", str(out), "--int8-io",
+                             "--name", "cart-pole")
+    assert code == 0, err
+    report = json.loads(stdout)
+    name = report["name"]
+    assert name == "cart_pole"
+    assert sorted(p.name for p in out.iterdir()) == sorted(report["files"])
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
+    deployed = out / f"{name}.tflite"
+    assert report["flash_bytes"] == deployed.stat().st_size and report["arena_bytes"] > 0
+    assert report["ops"] == ["FULLY_CONNECTED", "ARG_MAX", "ADD"]  # QUANTIZE/DEQUANTIZE gone: no float on the device
+    assert report["input"]["dtype"] == "int8" and report["q_values"]["dtype"] == "int8"
+    assert not report["compression"]["applied"] and "255" in report["compression"]["reason"]
+    header = (out / f"{name}_model.h").read_text()
+    assert f"constexpr unsigned int model_len = {report['flash_bytes']};" in header
+    assert f"constexpr unsigned int arena_size = {report['arena_bytes_with_margin']};" in header
+    assert f"constexpr int input_zero_point = {report['input']['zero_point']};" in header
+    assert "constexpr float q_values_scale" in header
+    example = (out / f"{name}_example.cc").read_text()
+    assert "tflite::MicroMutableOpResolver<3> resolver;" in example
+    assert all(f"resolver.{m}()" in example for m in ("AddFullyConnected", "AddArgMax", "AddAdd"))
+    assert "const int8_t* observation" in example and str(report["arena_bytes"]) in (out / "README.md").read_text()
+    # The rewritten model is the same policy with int8 io, for LiteRT and TFLM alike.
+    original, rewritten = TFLitePolicy(policies["int8"]), TFLitePolicy(deployed)
+    assert rewritten.input_dtype == np.int8
+    obs = np.random.default_rng(2).normal(0, 1, size=(500, 4)).astype(np.float32)
+    np.testing.assert_array_equal(rewritten.actions(obs), original.actions(obs))
+    np.testing.assert_array_equal(micro.MicroPolicy(deployed).actions(obs), original.actions(obs))
+
+    if shutil.which("g++") is None:
+        pytest.skip("no host C++ compiler (g++) to compile the generated model files")
+    (tmp_path / "main.cc").write_text(
+        f'#include <cstdint>\n#include <cstdio>\n#include "{name}_model.h"\n'
+        "int main() {\n"
+        f"  if (reinterpret_cast<std::uintptr_t>({name}::model) % 16 != 0) return 3;\n"
+        f"  std::fwrite({name}::model, 1, {name}::model_len, stdout);\n"
+        f"  return {name}::input_size == 4 && {name}::num_actions == 2 ? 0 : 4;\n"
+        "}\n"
+    )
+    binary = tmp_path / "dump"
+    build = subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{out}", str(tmp_path / "main.cc"),
+                            str(out / f"{name}_model.cc"), "-o", str(binary)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    dumped = subprocess.run([str(binary)], capture_output=True)
+    assert dumped.returncode == 0
+    assert dumped.stdout == deployed.read_bytes()
+
+
+@needs_tflm
+def test_int8_io_refused_for_a_float_policy(policies, tmp_path):
+    code, _, err = _cli("export", str(policies["fp32"]), "--out", str(tmp_path / "o"), "--int8-io")
+    assert code == 2 and err.count("\n") == 1 and "full-integer" in err and "int8" in err
+    assert not (tmp_path / "o").exists()
+
+
+@needs_tflm
+def test_unsupported_op_and_bad_files_get_one_line(policies, tmp_path):
+    code, _, err = _cli("export", str(policies["prod"]), "--out", str(tmp_path / "o"))
+    assert code == 2 and err.count("\n") == 1 and "op REDUCE_PROD" in err
+    junk = tmp_path / "junk.tflite"
+    junk.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    truncated = tmp_path / "truncated.tflite"
+    truncated.write_bytes(policies["int8"].read_bytes()[:300])
+    for path, words in [(junk, "not a TFLite flatbuffer"), (truncated, "truncated or damaged"),
+                        (tmp_path / "missing.tflite", "no such file"), (tmp_path, "is a directory")]:
+        for args in (["export", str(path), "--out", str(tmp_path / "o")],
+                     ["evaluate", str(path), "--env", "CartPole-v1", "--runtime", "micro"]):
+            code, _, err = _cli(*args)
+            assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and words in err, (args, err)
+
+
+@needs_tflm
+def test_damaged_models_are_refused_not_crashed(policies):
+    """TFLM follows the flatbuffer's offsets unchecked; flipped bytes must give an error, not a segfault."""
+    code = (
+        "import sys, numpy as np\n"
+        "from compress_dqn import micro\n"
+        "from compress_dqn.errors import UserError\n"
+        "data = open(sys.argv[1], 'rb').read()\n"
+        "rng = np.random.default_rng(0)\n"
+        "for _ in range(40):\n"
+        "    bad = bytearray(data)\n"
+        "    for i in rng.integers(8, len(bad), size=3):\n"
+        "        bad[i] = int(rng.integers(0, 256))\n"
+        "    try:\n"
+        "        micro.MicroPolicy(bytes(bad)).act(np.zeros(4, np.float32))\n"
+        "    except UserError:\n"
+        "        pass\n"
+        "print('survived')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(policies["int8"])], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "survived" in result.stdout, result.stderr[-2000:]
+
+
+@needs_tflm
+def test_tflm_compression_kept_only_when_smaller_and_identical(policies, tmp_path):
+    int8 = micro.try_compression(policies["int8"].read_bytes())
+    assert int8.data is None and "255" in int8.reason
+    original = policies["clustered"].read_bytes()
+    packed = micro.try_compression(original)
+    assert packed.data is not None and len(packed.data) < len(original) / 2
+    assert packed.arena_bytes > micro.micro_summary(original)["arena_bytes"]  # decoded weights live in RAM
+    obs = np.random.default_rng(3).normal(0, 2, size=(300, 4)).astype(np.float32)
+    np.testing.assert_array_equal(micro.MicroPolicy(packed.data).q_values(obs), micro.MicroPolicy(original).q_values(obs))
+    code, stdout, err = _cli("export", str(policies["clustered"]), "--out", str(tmp_path / "c"), "--compress")
+    assert code == 0, err
+    report = json.loads(stdout)
+    assert report["compression"]["applied"] and report["flash_bytes"] == len(packed.data)
+    assert "TFLM_DECODE" in report["ops"]
+    assert "resolver.AddDecode()" in (tmp_path / "c" / f"{report['name']}_example.cc").read_text()
+
+
+def test_without_tflite_micro_the_command_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "tflite_micro", None)  # import fails as if not installed
+    policy = tmp_path / "policy.tflite"
+    policy.write_bytes(b"\x1c\x00\x00\x00TFL3" + bytes(64))
+    assert not micro.available()
+    for args in (["export", str(policy)], ["evaluate", str(policy), "--env", "CartPole-v1", "--runtime", "micro"]):
+        code, _, err = _cli(*args)
+        assert code == 2 and err.count("\n") == 1 and "pip install 'compress-dqn[micro]'" in err, err
+    assert micro.micro_summary(policy)["reason"].endswith("pip install 'compress-dqn[micro]'")
