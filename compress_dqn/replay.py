@@ -164,7 +164,7 @@ class ReplayBuffer:
         obs_shape: tuple[int, ...],
         obs_dtype: npt.DTypeLike,
         n_actions: int,
-        seed: int,
+        seed: int | np.random.SeedSequence,
         *,
         frame_stack: int = 1,
         memmap_path: str | os.PathLike[str] | None = None,

@@ -153,7 +153,7 @@ def make_update_fn(
     Inputs have a leading phase axis K; the call runs K gradient steps and returns the mean
     loss and mean Q. Compiled with XLA when cfg.jit_compile. A plain Dense MLP trained with a
     plain tf_keras Adam gets a hand-written fast path (same math, see `_make_mlp_adam_update_fn`);
-    anything else (pruning/QAT wrappers, double DQN, other optimizers) the generic one.
+    anything else (pruning/QAT wrappers, other optimizers) the generic one.
     """
     if _mlp_adam_supported(model, optimizer, cfg):
         return _make_mlp_adam_update_fn(model, target, optimizer, cfg)
@@ -165,7 +165,7 @@ _FAST_ACTIVATIONS = ("relu", "linear")
 
 def _mlp_adam_supported(model: Any, optimizer: Any, cfg: TrainConfig) -> bool:
     """Whether the fast path computes exactly what the generic one would."""
-    if cfg.double_dqn or cfg.loss not in ("huber", "mse"):
+    if cfg.loss not in ("huber", "mse"):
         return False
     if not isinstance(model, tf_keras.Sequential) or not model.layers:
         return False
@@ -242,14 +242,18 @@ def _make_mlp_adam_update_fn(
     clip = cfg.max_grad_norm
     n_actions = int(params[-1].shape[0])
 
-    def gradients(weights, obs, onehot, td_target):
-        hidden = [obs]  # hidden[i] is the input of layer i
-        x = obs
+    def forward(weights, x):
+        """Every layer's input, then the Q-values: [x, h1, ..., q]."""
+        hidden = [x]
         for i, act in enumerate(activations):
             x = tf.matmul(x, weights[2 * i]) + weights[2 * i + 1]
             if act == "relu":
                 x = tf.nn.relu(x)
             hidden.append(x)
+        return hidden
+
+    def gradients(weights, obs, onehot, td_target):
+        hidden = forward(weights, obs)  # hidden[i] is the input of layer i
         q_taken = tf.reduce_sum(hidden[-1] * onehot, axis=-1)
         error = td_target - q_taken
         batch = tf.cast(tf.shape(error)[0], tf.float32)
@@ -306,11 +310,17 @@ def _make_mlp_adam_update_fn(
         all_targets = rewards + discounts * tf.reduce_max(next_q, axis=-1)
         onehots = tf.one_hot(actions, n_actions, dtype=tf.float32)
         obs = tf.cast(obs, tf.float32)
+        next_obs = tf.cast(next_obs, tf.float32)
         iteration0 = optimizer.iterations.read_value()
 
         def body(k, total_loss, total_q):
             weights = [p.read_value() for p in params]
-            loss, q_mean, grads = gradients(weights, obs[k], onehots[k], all_targets[k])
+            if cfg.double_dqn:  # the online network as it is at this step picks, the target values
+                next_actions = tf.argmax(forward(weights, next_obs[k])[-1], axis=-1, output_type=tf.int32)
+                td_target = rewards[k] + discounts[k] * tf.gather(next_q[k], next_actions, batch_dims=1)
+            else:
+                td_target = all_targets[k]
+            loss, q_mean, grads = gradients(weights, obs[k], onehots[k], td_target)
             apply_adam(grads, iteration0 + tf.cast(k, iteration0.dtype))
             return k + 1, total_loss + loss, total_q + q_mean
 
@@ -441,12 +451,14 @@ class DQNTrainer:
         set_seed(self.seed)
         self.env = make_env_from(self.env_cfg)
         self.info = env_info(self.env, self.env_cfg.id)
+        # Independent streams for exploration and replay sampling (not two generators of one seed).
+        acting_seed, replay_seed = np.random.SeedSequence(self.seed).spawn(2)
         if self.initial_replay is not None:
             self.replay = self.initial_replay
         else:
             self.replay = ReplayBuffer(
                 replay_capacity(cfg, self.replay_cfg, self.info), self.info.obs_shape, self.info.obs_dtype,
-                self.info.n_actions, self.seed, frame_stack=self.info.frame_stack,
+                self.info.n_actions, replay_seed, frame_stack=self.info.frame_stack,
             )
         self.dtype_policy = mixed_precision_policy(cfg.mixed_precision, self.device)
         if cfg.mixed_precision and self.dtype_policy != "mixed_float16":
@@ -472,7 +484,7 @@ class DQNTrainer:
         self.update = make_update_fn(self.model, self.target, self.optimizer, cfg)
         self.soft_update = make_soft_update_fn(self.model, self.target)
         self.actor = make_actor(self.model)
-        self.rng = np.random.default_rng(self.seed)
+        self.rng = np.random.default_rng(acting_seed)
         self.pending_target_updates = 0
         self.recent_returns: deque[float] = deque(maxlen=20)
         self.episode_returns: list[float] = []

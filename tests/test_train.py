@@ -127,13 +127,16 @@ def _update_pair(cfg):
     return sets
 
 
-def test_fast_mlp_update_equals_generic_update():
+@pytest.mark.parametrize("double_dqn", [False, True])
+def test_fast_mlp_update_equals_generic_update(double_dqn):
     from compress_dqn.train import _make_generic_update_fn, _make_mlp_adam_update_fn, _mlp_adam_supported
 
-    cfg = tiny(**{"train.max_grad_norm": 0.5}).train  # clipping active
+    cfg = tiny(**{"train.max_grad_norm": 0.5, "train.double_dqn": str(double_dqn).lower()}).train  # clipping active
     (m1, t1, o1), (m2, t2, o2) = _update_pair(cfg)
     assert _mlp_adam_supported(m1, o1, cfg)
-    assert not _mlp_adam_supported(m1, o1, tiny(**{"train.double_dqn": "true"}).train)
+    from compress_dqn._tf import tf_keras
+
+    assert not _mlp_adam_supported(m1, tf_keras.optimizers.SGD(1e-2), cfg)  # hand-derived for Adam only
     fast, generic = _make_mlp_adam_update_fn(m1, t1, o1, cfg), _make_generic_update_fn(m2, t2, o2, cfg)
     initial = m1.get_weights()
     rng = np.random.default_rng(0)
@@ -200,3 +203,20 @@ def test_n_step_training_runs_and_differs_from_one_step():
     three = train(tiny(**{"train.n_steps": 3}))
     assert one.gradient_steps == three.gradient_steps
     assert any(not np.array_equal(a, b) for a, b in zip(one.model.get_weights(), three.model.get_weights()))
+
+
+def test_exploration_and_replay_sampling_draw_from_independent_streams():
+    recipe = tiny()
+    trainer = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=5, quiet=True)
+    trainer._build()
+    acting = trainer.rng.integers(0, 2**31, size=16)
+    sampling = trainer.replay._rng.integers(0, 2**31, size=16)
+    assert not np.array_equal(acting, sampling)
+
+
+def test_td_fine_tunes_do_not_reuse_another_training_seeds_episodes():
+    from compress_dqn.compress.build import fine_tune_seed
+
+    seeds = {fine_tune_seed(s, name) for s in range(4) for name in ("qat-int8", "prune-80")}
+    assert len(seeds) == 8 and not seeds & set(range(5))
+    assert fine_tune_seed(0, "qat-int8") == fine_tune_seed(0, "qat-int8")  # stable across processes

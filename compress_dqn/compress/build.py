@@ -12,6 +12,7 @@ The result is handed to export and evaluation like the baseline; nothing here wr
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -107,11 +108,17 @@ def fine_tune(
         "jit_compile": jit,
     })
     result = DQNTrainer(
-        cfg, recipe.env, recipe.replay, seed=recipe.seed + 1, hooks=hooks, label=label, quiet=quiet,
+        cfg, recipe.env, recipe.replay, seed=fine_tune_seed(recipe.seed, label), hooks=hooks, label=label, quiet=quiet,
         initial_model=model, initial_replay=replay, frozen_target=baseline.get_weights(), device=recipe.device,
         target_template=baseline,
     ).train()
     return {"method": "td", "env_steps": result.env_steps, "gradient_steps": result.gradient_steps}
+
+
+def fine_tune_seed(seed: int, label: str) -> int:
+    """A TD fine-tune's seed (environment, exploration, replay sampling): derived from the training
+    seed and the variant, so no fine-tune replays another training seed's episodes."""
+    return int(np.random.SeedSequence([seed, zlib.crc32(label.encode())]).generate_state(1)[0] % 2**31)
 
 
 def build_variant(
