@@ -2,7 +2,7 @@
 and a summary line per option set, from benchmarks/train_cartpole.py's per-seed runner.
 
     python benchmarks/lunarlander_options.py --seeds 0 1 2 --jobs 2
-    python benchmarks/lunarlander_options.py --only zoo-100k n3-double-200k --seeds 0 1 2
+    python benchmarks/lunarlander_options.py --only zoo-256x256-100k n3-double-64x64-200k --seeds 0 1 2
 
 Each option set is a list of recipe overrides on recipes/lunarlander.yaml (the RL Zoo's DQN
 hyperparameters). The final score is the kept weights' mean over the recipe's 100 evaluation
@@ -22,14 +22,20 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "benchmarks" / "train_cartpole.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+_64 = ["train.net_arch=[64, 64]", "train.total_timesteps=2e5"]
 OPTIONS: dict[str, list[str]] = {
-    "zoo-100k": ["train.total_timesteps=1e5", "train.n_steps=1", "train.double_dqn=false"],
-    "zoo-200k": ["train.total_timesteps=2e5", "train.n_steps=1", "train.double_dqn=false"],
-    "double-200k": ["train.total_timesteps=2e5", "train.n_steps=1", "train.double_dqn=true"],
-    "n3-200k": ["train.total_timesteps=2e5", "train.n_steps=3", "train.double_dqn=false"],
-    "n3-double-200k": ["train.total_timesteps=2e5", "train.n_steps=3", "train.double_dqn=true"],
-    "n3-double-linlr-200k": ["train.total_timesteps=2e5", "train.n_steps=3", "train.double_dqn=true",
-                             "train.learning_rate_schedule=linear"],
+    # The Zoo's DQN as published: [256, 256], 100k steps, one gradient step per env step.
+    "zoo-256x256-100k": ["train.net_arch=[256, 256]", "train.total_timesteps=1e5", "train.n_steps=1",
+                         "train.double_dqn=false"],
+    # On this 2-core CPU a [256, 256] update costs ~2.6 ms: 200 s buys ~70k of them. A [64, 64]
+    # network costs ~0.75 ms, so 200k steps fit; [128, 128] ~1.4 ms, 120k steps.
+    "64x64-200k": _64 + ["train.n_steps=1", "train.double_dqn=false"],
+    "double-64x64-200k": _64 + ["train.n_steps=1", "train.double_dqn=true"],
+    "n3-64x64-200k": _64 + ["train.n_steps=3", "train.double_dqn=false"],
+    "n3-double-64x64-200k": _64 + ["train.n_steps=3", "train.double_dqn=true"],
+    "n3-double-linlr-64x64-200k": _64 + ["train.n_steps=3", "train.double_dqn=true", "train.learning_rate_schedule=linear"],
+    "n3-double-128x128-120k": ["train.net_arch=[128, 128]", "train.total_timesteps=1.2e5", "train.n_steps=3",
+                               "train.double_dqn=true"],
 }
 
 
