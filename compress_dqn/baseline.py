@@ -141,8 +141,9 @@ def load_transitions(path: str | Path, info: Any, capacity: int, seed: int) -> t
             raise UserError(f"baseline.transitions: {path}: {key} must be booleans (or 0/1)")
     if n < 2:
         raise UserError(f"baseline.transitions: {path}: holds {n} transitions; at least 2 are needed")
-    replay = ReplayBuffer(max(2, min(capacity, 2 * n)), info.obs_shape, info.obs_dtype, info.n_actions, seed,
-                          frame_stack=info.frame_stack)
+    # Unrelated transitions take up to frame_stack + 1 rows each (a stack's history, then the next frame).
+    rows = max(2, min(capacity, (info.frame_stack + 1) * n))
+    replay = ReplayBuffer(rows, info.obs_shape, info.obs_dtype, info.n_actions, seed, frame_stack=info.frame_stack)
     for i in range(n):
         try:
             replay.add(arrays["observations"][i], int(actions[i]), float(arrays["rewards"][i]),

@@ -693,5 +693,10 @@ def load_recipe(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
         update = {"from_": str(here / Path(recipe.baseline.from_).expanduser())}
         if recipe.baseline.transitions is not None:
             update["transitions"] = str(here / Path(recipe.baseline.transitions).expanduser())
+        for key, value in update.items():  # refuse a missing file before anything is written
+            if not Path(value).exists():
+                name = "from" if key == "from_" else key
+                raise UserError(f"baseline.{name}: {value}: no such file or directory; check the path "
+                                "(relative paths are taken from the recipe's folder)")
         recipe = recipe.model_copy(update={"baseline": recipe.baseline.model_copy(update=update)})
     return recipe

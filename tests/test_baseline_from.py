@@ -1,6 +1,8 @@
 """Bring your own baseline: a saved Keras Q-network compressed from the file alone."""
 
 import json
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,3 +120,34 @@ def test_mismatched_models_and_data_are_refused(saved_model_file, tmp_path):
     assert result.exit_code == 2 and "input shape is (4,)" in result.output and not (tmp_path / "r").exists()
     result = CliRunner().invoke(main, ["compress", str(path), "--env", "CartPole-v1", "--variants", "ptq-int9"])
     assert result.exit_code == 2 and "unknown preset ptq-int9; choose from ptq-dynamic" in result.output
+
+
+def test_a_missing_baseline_file_is_refused_before_anything_is_written(tmp_path):
+    recipe = tmp_path / "byo.yaml"
+    recipe.write_text("env: {id: CartPole-v1}\nbaseline: {from: nowhere.keras}\n")
+    checked = CliRunner().invoke(main, ["validate", str(recipe)])
+    assert checked.exit_code == 2 and "baseline.from:" in checked.output and "nowhere.keras: no such file" in checked.output
+    ran = CliRunner().invoke(main, ["run", str(recipe), "--out", str(tmp_path / "run")])
+    assert ran.exit_code == 2 and not (tmp_path / "run").exists()
+    recipe.write_text(f"env: {{id: CartPole-v1}}\nbaseline: {{from: {recipe}, transitions: data.npz}}\n")
+    checked = CliRunner().invoke(main, ["validate", str(recipe)])
+    assert checked.exit_code == 2 and "baseline.transitions:" in checked.output and "data.npz" in checked.output
+
+
+def test_loaded_frame_stacked_transitions_are_all_kept():
+    """Unrelated stacked transitions take up to k + 1 rows each: none may be overwritten on load."""
+    from types import SimpleNamespace
+
+    from compress_dqn.baseline import load_transitions
+
+    k, n = 4, 12
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 255, size=(n, 5, 5, k + 1)).astype(np.uint8)  # each transition its own history
+    info = SimpleNamespace(obs_shape=(5, 5, k), obs_dtype=np.uint8, n_actions=3, frame_stack=k, env_id="Stacked")
+    path = Path(tempfile.mkdtemp()) / "stacked.npz"
+    np.savez(path, observations=frames[..., :k], next_observations=frames[..., 1:], actions=np.zeros(n, np.int64),
+             rewards=np.ones(n, np.float32), terminated=np.zeros(n, bool), truncated=np.ones(n, bool))
+    replay, summary = load_transitions(path, info, capacity=10_000, seed=0)
+    assert summary["transitions"] == n and replay.num_transitions == n
+    batch = replay.gather(np.flatnonzero(replay._flags[: replay.size] & 1))
+    assert sorted(map(bytes, batch.observations)) == sorted(map(bytes, frames[..., :k]))
