@@ -587,6 +587,7 @@ class DQNTrainer:
         seeds = range(self.cfg.eval_seed, self.cfg.eval_seed + self.cfg.eval_episodes)
         returns = run_episodes(self.actor.act, self.env_cfg, seeds)
         mean = float(np.mean(returns))
+        self.recent_eval = mean
         self._scalar("eval/mean_return", mean)
         if self.best_return is None or mean >= self.best_return:
             self.best_return, self.best_step = mean, self.step

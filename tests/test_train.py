@@ -103,10 +103,24 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, variant):
 
 
 def test_best_weights_are_kept_when_periodic_eval_is_on():
-    recipe = tiny(**{"train.eval_interval": 100, "train.eval_episodes": 2, "train.eval_seed": 1000})
-    result = train(recipe)
-    assert result.selected_step is not None and result.selected_return is not None
-    assert 0 < result.selected_step <= recipe.train.total_timesteps
+    recipe = tiny(**{"train.eval_interval": 50, "train.eval_episodes": 3, "train.eval_seed": 1000,
+                     "train.total_timesteps": 800, "train.learning_rate": 3e-3})
+    trainer = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=0, quiet=True)
+    seen = []  # (mean return, step, weights) at every periodic evaluation
+    evaluate = trainer._periodic_eval
+
+    def spy():
+        evaluate()
+        seen.append((trainer.recent_eval, trainer.step, trainer.model.get_weights()))
+
+    trainer._periodic_eval = spy
+    result = trainer.train()
+    assert len(seen) >= 4 and len({mean for mean, _, _ in seen}) > 1  # a real choice was made
+    best = max(mean for mean, _, _ in seen)
+    mean, step, weights = next(entry for entry in reversed(seen) if entry[0] == best)  # ties: the later one
+    assert (result.selected_return, result.selected_step) == (mean, step)
+    for kept, expected in zip(result.model.get_weights(), weights):
+        np.testing.assert_array_equal(kept, expected)
 
 
 def _update_pair(cfg):
