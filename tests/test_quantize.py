@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from compress_dqn.compress.build import build_variant
-from compress_dqn.export import convert_tflite, export_saved_model, write_bytes_atomic
+from compress_dqn.compress.build import dense_kernels
+from compress_dqn.pipeline import _export
 from compress_dqn.policy import TFLitePolicy
 
 from conftest import variant
@@ -13,9 +14,8 @@ from conftest import variant
 def tflite_for(trained_tiny, tmp_path, **fields):
     recipe, result = trained_tiny
     built = build_variant(variant(recipe, **fields), result.model, result.replay, recipe, result.info, quiet=True)
-    export_saved_model(built.export_model, (4,), np.float32, tmp_path / "sm")
-    write_bytes_atomic(tmp_path / "p.tflite", convert_tflite(tmp_path / "sm", built.converter()))
-    return tmp_path / "p.tflite", built
+    _export(built.export_model, result.info, tmp_path, built)  # as the pipeline does
+    return tmp_path / "policy.tflite", built
 
 
 def weight_dtypes(path):
@@ -33,8 +33,9 @@ def agreement(path, trained_tiny):
 
 
 def test_int8_has_int8_weights_and_keeps_actions(trained_tiny, tmp_path):
-    path, _ = tflite_for(trained_tiny, tmp_path, quantize={"mode": "int8", "calibration_samples": 200})
+    path, built = tflite_for(trained_tiny, tmp_path, quantize={"mode": "int8", "calibration_samples": 200})
     assert "int8" in weight_dtypes(path)
+    assert built.input_normalization is not None and TFLitePolicy(path).input_normalization is not None
     assert agreement(path, trained_tiny) > 0.9
 
 
@@ -78,6 +79,9 @@ def test_plain_qat_does_not_keep_sparsity(trained_tiny, tmp_path):
                           quantize={"mode": "qat", "preserve": False}, fine_tune={"steps": 150})
     assert built.details["qat"]["preserve"] is None
     assert "sparsity_after_qat" not in built.details
+    kernel = dense_kernels(built.export_model)["hidden_1"]
+    assert abs(built.details["sparsity"]["hidden_1"] - 0.9) <= 0.01  # pruned before QAT ...
+    assert 1.0 - np.count_nonzero(kernel) / kernel.size < 0.5  # ... and refilled by plain QAT
 
 
 @pytest.mark.parametrize("mode", ["dynamic", "int16x8"])
