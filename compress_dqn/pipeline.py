@@ -332,6 +332,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         on_gpu = measure_gpu(folder / "saved_model", heldout)
         stages.finish(key, {"latency_us": {"cpu": latency, "gpu": on_gpu and {"saved_model": on_gpu["latency_us"]}},
                             "memory_bytes": {"cpu_rss": memory, "gpu_peak": on_gpu and on_gpu["peak_bytes"]},
+                            "micro": micro_figures(folder / "policy.tflite"),
                             "gpu_note": gpu_note()})
         log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
             f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {memory['saved_model']['peak_rss'] / 2**20:.0f} MiB")
@@ -474,6 +475,7 @@ def _variant_entry(name: str, exported: dict[str, Any], evaluated: dict[str, Any
         "size": exported["size"],
         "latency_us": measured["latency_us"],
         "memory_bytes": measured["memory_bytes"],
+        "micro": measured.get("micro"),
     }
     if "compression" in exported:
         entry["compression"] = exported["compression"]
@@ -488,6 +490,16 @@ def _add_paired_comparisons(variants: list[dict[str, Any]], random: list[float],
     baseline = variants[0]["return"]["episodes"]
     for entry in variants[1:]:
         entry["return_vs_baseline"] = paired_difference(entry["return"]["episodes"], baseline, tolerance, random, confidence)
+
+
+def micro_figures(tflite: Path) -> dict[str, Any]:
+    """What the policy costs on a microcontroller (TFLite Micro: flash, measured arena, whether it
+    runs), or why that was not measured."""
+    from compress_dqn import micro
+
+    if not micro.available():
+        return {"runs": None, "reason": micro.INSTALL_HINT, "flash_bytes": tflite.stat().st_size}
+    return micro.micro_summary(tflite)
 
 
 def heldout_states(tflite: Path, recipe: Recipe, limit: int = 5000) -> Any:

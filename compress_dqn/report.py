@@ -68,6 +68,8 @@ def rows(results: dict) -> list[dict[str, Any]]:
             "saved_model_p50_us": _get(v, "latency_us", "cpu", "saved_model", "p50"),
             "tflite_peak_rss": _get(v, "memory_bytes", "cpu_rss", "tflite", "peak_rss"),
             "saved_model_peak_rss": _get(v, "memory_bytes", "cpu_rss", "saved_model", "peak_rss"),
+            "micro_flash_bytes": _get(v, "micro", "flash_bytes") if _get(v, "micro", "runs") else None,
+            "micro_arena_bytes": _get(v, "micro", "arena_bytes_with_margin"),
         })
     return out
 
@@ -106,6 +108,17 @@ def headline(results: dict) -> list[str]:
     undecided = [r["name"] for r in table[1:] if r["verdict"] == "inconclusive"]
     if undecided:
         lines.append(f"Not decided within {results['eval']['max_episodes']} episodes: {', '.join(undecided)}.")
+    on_micro = [r for r in keepers if r["micro_arena_bytes"] is not None]
+    for budget in (32 * 1024, 256 * 1024):
+        fits = [r for r in on_micro if r["micro_arena_bytes"] + r["micro_flash_bytes"] <= budget]
+        if fits:
+            best = min(fits, key=lambda r: r["micro_arena_bytes"] + r["micro_flash_bytes"])
+            lines.append(
+                f"Fits a microcontroller with {budget // 1024} KB for model and arena together: {len(fits)} policies that keep "
+                f"the return, smallest {best['name']} ({best['micro_flash_bytes']:,} B flash + "
+                f"{best['micro_arena_bytes']:,} B arena, TFLite Micro)."
+            )
+            break
     if base["tflite_peak_rss"] and base["saved_model_peak_rss"]:
         lines.append(
             f"Serving memory: a TFLite policy process peaks at {base['tflite_peak_rss'] / 2**20:.0f} MiB; "
@@ -237,6 +250,7 @@ _COLUMNS = [
     ("nonzero / params", None, None), ("TFLite bytes", "tflite_bytes", "{:,}"), ("gzipped", "tflite_gzip_bytes", "{:,}"),
     ("TFLite p50 us", "tflite_p50_us", "{:.1f}"), ("TF p50 us", "saved_model_p50_us", "{:.0f}"),
     ("TFLite RSS MiB", "tflite_peak_rss", "mib"), ("TF RSS MiB", "saved_model_peak_rss", "mib"),
+    ("MCU arena B", "micro_arena_bytes", "{:,}"),
 ]
 
 
@@ -279,6 +293,9 @@ def _notes(results: dict) -> list[str]:
         "its return with low agreement where actions are near-tied.",
         "Gzip is where sparsity shows: a pruned TFLite file is about as large as a dense one until compressed; "
         "size ratios compare gzip to gzip.",
+        "MCU arena: the tensor arena TensorFlow Lite Micro needs for the policy, measured with its interpreter, "
+        "plus a 25% margin (at least 1 KiB); flash is the .tflite's size. '-' where it does not run there "
+        "(results.json's micro.reason says why).",
     ]
     if results.get("gpu") and results["gpu"] != "visible":
         notes.append(f"GPU figures: {results['gpu']}.")

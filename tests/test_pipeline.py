@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import compress_dqn.evaluate as evaluate_module
+from compress_dqn import micro
 from compress_dqn.envs import make_env_from
 from compress_dqn.evaluate import random_returns
 from compress_dqn.policy import TFLitePolicy
@@ -60,7 +61,15 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
     assert student["size"]["tflite_bytes"] < base["size"]["tflite_bytes"]
     assert student["compression"]["student"] == {"net_arch": [8], "activation": "relu", "conv": []}
     for v in results["variants"]:
-        assert (tmp_path / "run" / v["artifacts"]["tflite"]).is_file()
+        tflite = tmp_path / "run" / v["artifacts"]["tflite"]
+        assert tflite.is_file()
+        assert v["micro"]["flash_bytes"] == tflite.stat().st_size
+        if not micro.available():
+            assert v["micro"]["runs"] is None and "pip install" in v["micro"]["reason"]
+    if micro.available():
+        assert base["micro"]["runs"] and student["micro"]["runs"]
+        assert 0 < student["micro"]["arena_bytes"] < student["micro"]["arena_bytes_with_margin"]
+        assert not fp16["micro"]["runs"] and "float16 models do not run on TFLM" in fp16["micro"]["reason"]
 
     # The int8 student takes normalized observations; its file says so and the loader applies it.
     policy = TFLitePolicy(tmp_path / "run" / student["artifacts"]["tflite"])
