@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNNER = ROOT / "benchmarks" / "train_cartpole.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 _64 = ["train.net_arch=[64, 64]", "train.total_timesteps=2e5"]
@@ -40,7 +37,7 @@ OPTIONS: dict[str, list[str]] = {
 
 
 def main() -> None:
-    from train_cartpole import summary
+    from train_cartpole import run_seeds, summary
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default=str(ROOT / "recipes" / "lunarlander.yaml"))
@@ -52,20 +49,8 @@ def main() -> None:
     args = parser.parse_args()
     for name in args.only or list(OPTIONS):
         overrides = OPTIONS[name] + args.overrides
-
-        def child(seed: int, overrides: list[str] = overrides) -> dict:
-            extra = [x for o in overrides for x in ("--set", o)]
-            done = subprocess.run([sys.executable, str(RUNNER), "--recipe", args.recipe, "--one", str(seed), *extra],
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                return {"seed": seed, "error": done.stderr.strip().splitlines()[-1:]}
-            return json.loads(done.stdout.strip().splitlines()[-1])
-
-        rows = []
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            for row in pool.map(child, args.seeds):
-                print(json.dumps({"option": name, **row}), flush=True)
-                rows.append(row)
+        rows = run_seeds(args.recipe, args.seeds, overrides, args.jobs,
+                         lambda row, name=name: print(json.dumps({"option": name, **row}), flush=True))
         print(json.dumps({"option": name, **summary(rows, 200.0), "overrides": overrides}), flush=True)
 
 

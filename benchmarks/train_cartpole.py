@@ -98,6 +98,27 @@ def summary(rows: list[dict], solved_at: float) -> dict:
     }
 
 
+def run_seeds(recipe: str, seeds: list[int], overrides: list[str], jobs: int, report=lambda row: None) -> list[dict]:
+    """Train each seed in a fresh process (`jobs` at once); one result row per seed, in seed order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    extra = [x for o in overrides for x in ("--set", o)]
+
+    def child(seed: int) -> dict:
+        done = subprocess.run([sys.executable, __file__, "--recipe", recipe, "--one", str(seed), *extra],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            return {"seed": seed, "error": done.stderr.strip().splitlines()[-1:]}
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    rows = []
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for row in pool.map(child, seeds):
+            report(row)
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default=str(ROOT / "recipes" / "cartpole.yaml"))
@@ -110,22 +131,7 @@ def main() -> None:
     if args.one is not None:
         print(json.dumps(one(args.recipe, args.one, args.overrides)), flush=True)
         return
-    from concurrent.futures import ThreadPoolExecutor
-
-    extra = [x for o in args.overrides for x in ("--set", o)]
-
-    def child(seed: int) -> dict:
-        done = subprocess.run([sys.executable, __file__, "--recipe", args.recipe, "--one", str(seed), *extra],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            return {"seed": seed, "error": done.stderr.strip().splitlines()[-1:]}
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
-    rows = []
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        for row in pool.map(child, args.seeds):
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    rows = run_seeds(args.recipe, args.seeds, args.overrides, args.jobs, lambda row: print(json.dumps(row), flush=True))
     print(json.dumps({**summary(rows, args.solved), "recipe": args.recipe, "overrides": args.overrides}), flush=True)
 
 

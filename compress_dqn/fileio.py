@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from compress_dqn.errors import UserError
+
 
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".tmp-{path.name}-{os.getpid()}")
@@ -87,3 +89,19 @@ def remove_stale_temporaries(root: Path) -> int:
             path.unlink(missing_ok=True)
         removed += 1
     return removed
+
+
+def read_user_file(path: str | Path, expected: str) -> bytes:
+    """The bytes of a file the user named, every way of not having it worded as one UserError line.
+
+    expected: what to pass instead of a directory, e.g. "a recipe .yaml file".
+    """
+    path = Path(path)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file; check the path") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory; pass {expected}") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.errors import UserError
+from compress_dqn.policy import read_tflite
 from compress_dqn.tflite_metadata import input_normalization
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 
@@ -38,7 +39,6 @@ RAM_BUDGETS = {"32KB": 32 * 1024, "256KB": 256 * 1024}
 ARENA_MARGIN = 0.25
 """Margin on the measured arena: 25%, at least 1 KiB (kernel scratch buffers differ per port)."""
 ARENA_MARGIN_MIN = 1024
-_TFLITE_MAGIC = b"TFL3"
 
 # Builtin op (schema name) -> the tflite::MicroMutableOpResolver method that registers it, from
 # tensorflow/lite/micro/micro_mutable_op_resolver.h. An op missing here is one TFLM lacks.
@@ -98,28 +98,6 @@ def available() -> bool:
     except UserError:
         return False
     return True
-
-
-def read_model(source: str | Path | bytes) -> tuple[bytes, str]:
-    """The flatbuffer bytes and a label for messages; refuses what is plainly not a TFLite file."""
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        data, label = bytes(source), "<bytes>"
-    else:
-        path = Path(source)
-        label = str(path)
-        if path.is_dir():
-            raise UserError(f"{path}: is a directory; TFLite Micro runs a .tflite file, export one with compress-dqn")
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise UserError(f"{path}: no such file; check the path") from None
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read ({exc.strerror})") from None
-    if len(data) < 8:
-        raise UserError(f"{label}: empty or truncated TFLite data ({len(data)} bytes); re-export the policy")
-    if data[4:8] != _TFLITE_MAGIC:
-        raise UserError(f"{label}: not a TFLite flatbuffer (no TFL3 identifier); pass a .tflite file written by compress-dqn")
-    return data, label
 
 
 @dataclass
@@ -409,7 +387,7 @@ def micro_summary(tflite_path_or_bytes: str | Path | bytes) -> dict[str, Any]:
                               "flash_bytes": 0, "ops": [], "reason": None,
                               "fits": {budget: False for budget in RAM_BUDGETS}}
     try:
-        data, label = read_model(tflite_path_or_bytes)
+        data, label = read_tflite(tflite_path_or_bytes)
         result["flash_bytes"] = len(data)
         info = inspect_model(data, label)
         result["ops"] = info.ops
@@ -438,7 +416,7 @@ class MicroPolicy:
     """
 
     def __init__(self, path: str | Path | bytes, arena_bytes: int | None = None) -> None:
-        data, label = read_model(path)
+        data, label = read_tflite(path)
         info = inspect_model(data, label)
         _refuse_missing(info, label)
         if info.n_inputs != 1 or not {"q_values", "action"} <= set(info.outputs):
@@ -952,7 +930,7 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
     (it is always tried, and its outcome reported).
     """
     policy = Path(policy)
-    data, label = read_model(policy)
+    data, label = read_tflite(policy)
     _tflm()
     info = inspect_model(data, label)
     _refuse_missing(info, label)

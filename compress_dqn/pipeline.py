@@ -195,8 +195,6 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
 
     Resumes: training continues from its checkpoint, finished stages are skipped.
     """
-    import numpy as np
-
     from compress_dqn.envs import probe_env
     from compress_dqn.evaluate import evaluate, looks, random_returns, summarize
     from compress_dqn.measure import measure_size

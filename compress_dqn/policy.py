@@ -7,13 +7,13 @@ imports TensorFlow lazily. A SavedModel is code: load one only from a source you
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from compress_dqn.errors import UserError
+from compress_dqn.fileio import read_user_file
 
 SIGNATURE = "serving_default"
 _TFLITE_MAGIC = b"TFL3"
@@ -35,13 +35,7 @@ class TFLitePolicy:
 
     def __init__(self, path: str | Path | bytes, num_threads: int = 1) -> None:
         """path: a .tflite file, or the flatbuffer bytes themselves (checked before writing one)."""
-        content = path if isinstance(path, bytes) else None
-        path = Path("<bytes>") if content is not None else Path(path)
-        head = content[:8] if content is not None else _read_head(path)
-        if len(head) < 8:
-            raise UserError(f"{path}: empty or truncated TFLite data ({len(head)} bytes)")
-        if head[4:8] != _TFLITE_MAGIC:
-            raise UserError(f"{path}: not a TFLite flatbuffer (no TFL3 identifier); pass a .tflite file written by compress-dqn")
+        content, label = read_tflite(path)
         from ai_edge_litert.interpreter import Interpreter
 
         from compress_dqn._quiet import quiet_stderr
@@ -49,12 +43,10 @@ class TFLitePolicy:
 
         try:
             with quiet_stderr():
-                if content is not None:
-                    self._interp = Interpreter(model_content=content, num_threads=num_threads)
-                else:
-                    self._interp = Interpreter(model_path=str(path), num_threads=num_threads)
+                self._interp = Interpreter(model_content=content, num_threads=num_threads)
         except (ValueError, RuntimeError) as exc:
-            raise UserError(f"{path}: the TFLite runtime cannot load it ({str(exc).splitlines()[0]}); is it truncated?") from None
+            raise UserError(f"{label}: the TFLite runtime cannot load it ({str(exc).splitlines()[0]}); is it truncated?") from None
+        path = label
         signatures = self._interp.get_signature_list()
         if SIGNATURE not in signatures:
             raise UserError(f"{path}: no {SIGNATURE!r} signature (has {sorted(signatures)}); export it with compress-dqn")
@@ -73,7 +65,7 @@ class TFLitePolicy:
         self.n_actions = int(self._q["shape_signature"][-1])
         self.input_dtype = np.dtype(self._in["dtype"])
         self._quantized_input = bool(self._in["quantization"][0]) and self.input_dtype.kind in "iu"
-        self.input_normalization = input_normalization(content if content is not None else path.read_bytes(), str(path))
+        self.input_normalization = input_normalization(content, label)
         self._needs_prepare = self._quantized_input or self.input_normalization is not None
         if self.input_normalization is not None and self.input_normalization[0].size != int(np.prod(self.obs_shape)):
             raise UserError(f"{path}: its input normalization has {self.input_normalization[0].size} features but "
@@ -176,19 +168,19 @@ class SavedModelPolicy:
         return int(self._call(np.asarray(obs)[None])["action"].numpy()[0])
 
 
-def _read_head(path: Path) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file; check the path") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory without saved_model.pb; pass a .tflite file or a SavedModel dir") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
-    if len(head) < 8:
-        raise UserError(f"{path}: file is empty or truncated ({os.path.getsize(path)} bytes); re-export the policy")
-    return head
+def read_tflite(source: str | Path | bytes) -> tuple[bytes, str]:
+    """A .tflite file's bytes (or the bytes given), checked to be a TFLite flatbuffer, and a label
+    (the path) for messages."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data, label = bytes(source), "<bytes>"
+    else:
+        label = str(source)
+        data = read_user_file(source, "a .tflite file (or a SavedModel dir where one is accepted)")
+    if len(data) < 8:
+        raise UserError(f"{label}: empty or truncated TFLite data ({len(data)} bytes); re-export the policy")
+    if data[4:8] != _TFLITE_MAGIC:
+        raise UserError(f"{label}: not a TFLite flatbuffer (no TFL3 identifier); pass a .tflite file written by compress-dqn")
+    return data, label
 
 
 def load_policy(path: str | Path, num_threads: int = 1) -> TFLitePolicy | SavedModelPolicy:

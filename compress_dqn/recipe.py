@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from compress_dqn.errors import UserError
+from compress_dqn.fileio import read_user_file
 
 # ---------------------------------------------------------------------------------------------
 # Value types: counts written as 1e6, byte sizes written as "512MiB", closed intervals.
@@ -636,14 +637,7 @@ def _check_expansion(root: yaml.Node | None, path: Path) -> None:
 def read_yaml(path: str | Path) -> Any:
     """Read YAML data safely, turning every way a file can be bad into one-line UserErrors."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file; check the path") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory; pass a recipe .yaml file") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    raw = read_user_file(path, "a recipe .yaml file")
     if len(raw) > _MAX_RECIPE_BYTES:
         raise UserError(f"{path}: {len(raw)} bytes is too large for a recipe (at most {_MAX_RECIPE_BYTES}); is it the right file?")
     try:

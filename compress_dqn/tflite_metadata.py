@@ -50,7 +50,10 @@ def add_metadata(data: bytes, name: str, payload: bytes) -> bytes:
 
 def input_normalization(data: bytes, label: str = "<bytes>") -> tuple[np.ndarray, np.ndarray] | None:
     """(mean, std) per input feature, if the model expects normalized observations."""
-    raw = read_metadata(data, INPUT_NORMALIZATION)
+    try:
+        raw = read_metadata(data, INPUT_NORMALIZATION)
+    except Exception:  # a damaged flatbuffer raises whatever its parser hits (struct, index, unicode)
+        raise UserError(f"{label}: its metadata is unreadable; is the file truncated? Re-export the policy") from None
     if raw is None:
         return None
     try:
