@@ -177,7 +177,19 @@ def _export(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any 
     return {"sparse_format": sparse_format}
 
 
-def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any) -> dict[str, Any]:
+def decisive_states(q_values: Any) -> Any:
+    """Held-out states where the baseline prefers its action clearly: its gap between the best and
+    second-best Q-value is at least the median gap. Where actions are near-tied (a balanced pole, a
+    landed lander) any rounding flips the argmax at no cost in return, so agreement there says
+    little; agreement on these states says whether the variant keeps the baseline's decisions."""
+    import numpy as np
+
+    top_two = np.sort(q_values, axis=1)[:, -2:]
+    gap = top_two[:, 1] - top_two[:, 0]
+    return gap >= np.median(gap)
+
+
+def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any, decisive: Any) -> dict[str, Any]:
     """Return statistics on the shared episode seeds, and agreement with the baseline's actions."""
     import numpy as np
 
@@ -187,7 +199,9 @@ def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any)
     policy = TFLitePolicy(tflite)
     stats = evaluate(policy.act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
     actions = policy.actions(heldout)
-    return {"return": stats.to_dict(), "action_agreement": float(np.mean(actions == baseline_actions))}
+    same = actions == baseline_actions
+    return {"return": stats.to_dict(), "action_agreement": float(np.mean(same)),
+            "action_agreement_decisive": float(np.mean(same[decisive]))}
 
 
 def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
@@ -280,7 +294,8 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         save_arrays(heldout_path, {"observations": heldout_states(base / "policy.tflite", recipe)})
         stages.finish("heldout", {"episodes": recipe.eval.heldout_episodes, "seed": recipe.eval.heldout_seed})
     heldout = load_dict(heldout_path)["observations"]
-    baseline_actions = TFLitePolicy(base / "policy.tflite").actions(heldout)
+    baseline_policy = TFLitePolicy(base / "policy.tflite")
+    baseline_actions, decisive = baseline_policy.actions(heldout), decisive_states(baseline_policy.q_values(heldout))
 
     # 4. Variants: build from the baseline, export, evaluate on the same seeds.
     from compress_dqn.compress.build import build_variant
@@ -296,7 +311,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         built = build_variant(variant, model, _load_replay(base / "replay.npz", info), recipe, info, quiet=quiet)
         exported = _export(built.export_model, info, out, built, heldout[:500])
         size = measure_size(built.params, built.nonzero_params, out / "policy.tflite", out / "saved_model")
-        evaluated = _evaluate(out / "policy.tflite", recipe, heldout, baseline_actions)
+        evaluated = _evaluate(out / "policy.tflite", recipe, heldout, baseline_actions, decisive)
         stages.finish(key, {
             "artifacts": {"saved_model": f"variants/{variant.name}/saved_model",
                           "tflite": f"variants/{variant.name}/policy.tflite"},
@@ -470,6 +485,7 @@ def _variant_entry(name: str, exported: dict[str, Any], evaluated: dict[str, Any
         "artifacts": exported["artifacts"],
         "return": evaluated["return"],
         "action_agreement": evaluated["action_agreement"],
+        "action_agreement_decisive": 1.0 if name == "baseline" else evaluated.get("action_agreement_decisive"),
         "size": exported["size"],
         "latency_us": measured["latency_us"],
         "memory_bytes": measured["memory_bytes"],

@@ -58,6 +58,7 @@ def rows(results: dict) -> list[dict[str, Any]]:
             "episodes": len(v["return"]["episodes"]),
             "verdict": _get(v, "return_vs_baseline", "verdict") or ("reference" if v["name"] == "baseline" else None),
             "action_agreement": v.get("action_agreement"),
+            "action_agreement_decisive": v.get("action_agreement_decisive"),
             "params": v["size"]["params"],
             "nonzero_params": v["size"]["nonzero_params"],
             "tflite_bytes": v["size"]["tflite_bytes"],
@@ -114,8 +115,8 @@ def headline(results: dict) -> list[str]:
         if fits:
             best = min(fits, key=lambda r: r["micro_arena_bytes"] + r["micro_flash_bytes"])
             lines.append(
-                f"Fits a microcontroller with {budget // 1024} KB for model and arena together: {len(fits)} policies that keep "
-                f"the return, smallest {best['name']} ({best['micro_flash_bytes']:,} B flash + "
+                f"Fits a microcontroller with {budget // 1024} KB for model and arena together: {len(fits)} "
+                f"{'policy' if len(fits) == 1 else 'policies'} that keep the return, smallest {best['name']} ({best['micro_flash_bytes']:,} B flash + "
                 f"{best['micro_arena_bytes']:,} B arena, TFLite Micro)."
             )
             break
@@ -247,6 +248,7 @@ _COLUMNS = [
     ("variant", "name", "{}"), ("return", "return_mean", "{:.1f}"), ("vs baseline", "diff_mean", "{:+.1f}"),
     ("CI of difference", None, None), ("verdict", "verdict", "{}"), ("episodes", "episodes", "{}"),
     ("normalized", "normalized_score", "{:.1%}"), ("agreement", "action_agreement", "{:.3f}"),
+    ("decisive", "action_agreement_decisive", "{:.3f}"),
     ("nonzero / params", None, None), ("TFLite bytes", "tflite_bytes", "{:,}"), ("gzipped", "tflite_gzip_bytes", "{:,}"),
     ("TFLite p50 us", "tflite_p50_us", "{:.1f}"), ("TF p50 us", "saved_model_p50_us", "{:.0f}"),
     ("TFLite RSS MiB", "tflite_peak_rss", "mib"), ("TF RSS MiB", "saved_model_peak_rss", "mib"),
@@ -290,7 +292,8 @@ def _notes(results: dict) -> list[str]:
         "Normalized score: (return - random) / (baseline - random) on the variant's episodes; 100% is the baseline.",
         f"Agreement is the share of greedy actions equal to the baseline's on {ev['heldout_episodes']} held-out episodes "
         f"(seeds {ev['heldout_seed']}..), which no calibration, fine-tune or return evaluation used; a policy can keep "
-        "its return with low agreement where actions are near-tied.",
+        "its return with low agreement where actions are near-tied. 'Decisive' is the same share on the half of "
+        "those states where the baseline's gap between its best and second-best Q-value is largest.",
         "Gzip is where sparsity shows: a pruned TFLite file is about as large as a dense one until compressed; "
         "size ratios compare gzip to gzip.",
         "MCU arena: the tensor arena TensorFlow Lite Micro needs for the policy, measured with its interpreter, "
@@ -368,7 +371,8 @@ def render_aggregate_markdown(results: dict) -> str:
         f"# compress-dqn report: {results['env_id']}, {len(seeds)} training seeds",
         "",
         f"Each seed's full report is in seed-N/report.html. Returns are the interquartile mean (IQM) over "
-        f"seeds {seeds} of each seed's mean return over {results['eval']['episodes']} episodes, with 95% "
+        f"seeds {seeds} of each seed's mean return (over {results['eval']['episodes']} episodes, or more where a "
+        "verdict needed them: the number is next to each verdict), with 95% "
         "stratified-bootstrap CIs (Agarwal et al., 2021); the difference is taken per seed against that "
         "seed's own baseline.",
         "",

@@ -14,8 +14,10 @@ def test_run_writes_results_and_rerun_resumes(tmp_path):
     first = cli("run", str(TINY), "--out", str(out), "--quiet")
     assert first.returncode == 0, first.stderr
     results = json.loads((out / "results.json").read_text())
-    assert results["schema_version"] == 1 and results["env_id"] == "CartPole-v1"
-    assert results["eval"] == {"episodes": 5, "seed": 0}
+    assert results["schema_version"] == 2 and results["env_id"] == "CartPole-v1"
+    assert results["eval"] == {"episodes": 5, "seed": 0, "max_episodes": 5, "looks": [5], "confidence": 0.95,
+                               "tolerance": 0.01, "heldout_seed": 1_000_000, "heldout_episodes": 10}
+    assert len(results["random"]["return"]["episodes"]) == 5
     (baseline,) = results["variants"]
     assert baseline["name"] == "baseline"
     assert (out / baseline["artifacts"]["tflite"]).is_file()

@@ -55,8 +55,8 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
         compared = v["return_vs_baseline"]
         assert compared == real_paired(v["return"]["episodes"], base["return"]["episodes"], 0.01,
                                        results["random"]["return"]["episodes"], 1 - 0.05 / 3)
-    assert base["action_agreement"] == 1.0
-    assert 0.0 <= student["action_agreement"] <= 1.0
+    assert base["action_agreement"] == base["action_agreement_decisive"] == 1.0
+    assert 0.0 <= student["action_agreement"] <= 1.0 and 0.0 <= student["action_agreement_decisive"] <= 1.0
     assert student["size"]["params"] < base["size"]["params"]
     assert student["size"]["tflite_bytes"] < base["size"]["tflite_bytes"]
     assert student["compression"]["student"] == {"net_arch": [8], "activation": "relu", "conv": []}
@@ -128,3 +128,10 @@ def test_seeds_run_each_seed_and_aggregate_with_iqm(tmp_path):
     assert lo <= baseline["iqm_return"] <= hi
     assert "IQM" in (tmp_path / "run" / "report.md").read_text()
     assert outcome.results["runs"] == ["seed-0/results.json", "seed-1/results.json"]
+
+
+def test_decisive_states_are_the_half_with_the_larger_action_gaps():
+    from compress_dqn.pipeline import decisive_states
+
+    q = np.array([[1.0, 1.01, 0.0], [5.0, 1.0, 0.0], [2.0, 2.0, 9.0], [0.0, 0.3, 0.2]])  # gaps 0.01, 4, 7, 0.1
+    assert decisive_states(q).tolist() == [False, True, True, False]
