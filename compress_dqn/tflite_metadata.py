@@ -50,6 +50,8 @@ def add_metadata(data: bytes, name: str, payload: bytes) -> bytes:
 
 def input_normalization(data: bytes, label: str = "<bytes>") -> tuple[np.ndarray, np.ndarray] | None:
     """(mean, std) per input feature, if the model expects normalized observations."""
+    if INPUT_NORMALIZATION.encode() not in data:  # the entry's name is stored verbatim: no need to parse
+        return None
     try:
         raw = read_metadata(data, INPUT_NORMALIZATION)
     except Exception:  # a damaged flatbuffer raises whatever its parser hits (struct, index, unicode)
