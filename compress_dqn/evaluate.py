@@ -64,6 +64,13 @@ def looks(first: int, cap: int) -> list[int]:
     return counts
 
 
+def sequential_plan(episodes: int, max_episodes: int | None) -> tuple[list[int], float]:
+    """The looks of a sequential evaluation and each look's CI level: 1 - 0.05/looks (Bonferroni),
+    so looking repeatedly keeps a 5% error rate overall."""
+    plan = looks(episodes, max_episodes or episodes)
+    return plan, 1.0 - 0.05 / len(plan)
+
+
 def keeps_return(verdict: str | None) -> bool:
     """Whether a verdict says the variant keeps the baseline's return (within tolerance or better)."""
     return verdict is not None and (verdict == "better" or verdict.startswith("within"))

@@ -210,7 +210,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     Resumes: training continues from its checkpoint, finished stages are skipped.
     """
     from compress_dqn.envs import probe_env
-    from compress_dqn.evaluate import evaluate, looks, random_returns, summarize
+    from compress_dqn.evaluate import evaluate, random_returns, sequential_plan, summarize
     from compress_dqn.measure import measure_size
     from compress_dqn.policy import TFLitePolicy
 
@@ -324,7 +324,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
             f"({size.tflite_gzip_bytes} gzipped), agreement {evaluated['action_agreement']:.3f}")
 
     # 5. Sequential evaluation: more episodes for the variants whose verdict is still open.
-    episodes = decide(recipe, run_dir, stages, log)
+    episodes = decide(recipe, run_dir, stages, info.n_actions, log)
 
     # 6. Measure every artifact: batch-1 latency and throughput, inference memory per runtime.
     from compress_dqn.measure import gpu_note, measure_gpu, measure_latency, measure_memory
@@ -350,8 +350,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
         log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
             f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {memory['saved_model']['peak_rss'] / 2**20:.0f} MiB")
 
-    plan = looks(recipe.eval.episodes, recipe.eval.max_episodes or recipe.eval.episodes)
-    confidence = 1.0 - 0.05 / len(plan)  # Bonferroni over the looks
+    plan, confidence = sequential_plan(recipe.eval.episodes, recipe.eval.max_episodes)
     results = {
         "schema_version": SCHEMA_VERSION,
         "env_id": recipe.env.id,
@@ -537,12 +536,13 @@ def heldout_states(tflite: Path, recipe: Recipe, limit: int = 5000) -> Any:
     return np.stack([visited[i] for i in sorted(pick)])
 
 
-def decide(recipe: Recipe, run_dir: Path, stages: Stages, log: Callable[[str], None]) -> dict[str, list[float]]:
+def decide(recipe: Recipe, run_dir: Path, stages: Stages, n_actions: int,
+           log: Callable[[str], None]) -> dict[str, list[float]]:
     """Sequential evaluation: at each look (episodes, doubling, up to eval.max_episodes), the
     variants whose verdict is still inconclusive play the next episodes, and so do the baseline
     and the random policy they are paired with. Each look is a stage (resumable). Returns every
     policy's episode returns by name ("baseline", "random", variant names)."""
-    from compress_dqn.evaluate import evaluate, looks, paired_difference, random_returns
+    from compress_dqn.evaluate import evaluate, paired_difference, random_returns, sequential_plan
     from compress_dqn.policy import TFLitePolicy
 
     cfg = recipe.eval
@@ -550,9 +550,7 @@ def decide(recipe: Recipe, run_dir: Path, stages: Stages, log: Callable[[str], N
                 "random": list(stages.done["random"]["return"]["episodes"])}
     for variant in recipe.variants:
         episodes[variant.name] = list(stages.done[f"variant:{variant.name}"]["return"]["episodes"])
-    plan = looks(cfg.episodes, cfg.max_episodes or cfg.episodes)
-    confidence = 1.0 - 0.05 / len(plan)
-    n_actions = TFLitePolicy(run_dir / "baseline" / "policy.tflite").n_actions
+    plan, confidence = sequential_plan(cfg.episodes, cfg.max_episodes)
     for before, after in zip(plan, plan[1:]):
         key = f"look:{after}"
         if key not in stages.done:
