@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from compress_dqn.envs import make_env_from
 from compress_dqn.recipe import EnvConfig
 
 Act = Callable[[np.ndarray], int]
@@ -159,6 +158,8 @@ def stratified_bootstrap_ci(
 
 def run_episodes(act: Act, env: EnvConfig, seeds: Iterable[int]) -> list[float]:
     """Play one greedy episode per seed and return the undiscounted returns."""
+    from compress_dqn.envs import make_env_from  # gymnasium: not needed by the statistics (or the report)
+
     instance = make_env_from(env)
     returns = []
     try:
