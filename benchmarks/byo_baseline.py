@@ -49,7 +49,7 @@ def main() -> None:
     data["name"] = f"{recipe.name}-from-keras"
     data["baseline"] = {"from": str(keras_file), "rollout": {"steps": args.rollout_steps, "epsilon": args.epsilon}}
     byo = recipe_from_data(data, "byo")
-    results = run_pipeline(byo, out / "run", quiet=True, log=lambda m: None).results
+    results = run_pipeline(byo, out / "run", quiet=True, log=lambda m: None).results.to_dict()
     full = json.loads((run / "results.json").read_text())
 
     before = {v["name"]: v["return"]["mean"] for v in full["variants"]}

@@ -83,10 +83,10 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
     log = lambda m: click.echo(m, err=True)  # noqa: E731
     if loaded.seeds:
         outcome = run_seeds(loaded, run_dir, quiet=quiet, log=log)
-        baseline_return = outcome.results["aggregate"][0]["iqm_return"]
+        baseline_return = outcome.results.aggregate[0].iqm_return
     else:
         outcome = run_pipeline(loaded, run_dir, quiet=quiet, log=log)
-        baseline_return = outcome.results["variants"][0]["return"]["mean"]
+        baseline_return = outcome.results.baseline.returns["mean"]
     click.echo(json.dumps({"run_dir": str(outcome.run_dir), "baseline_return": baseline_return,
                            "report": str(outcome.run_dir / "report.md"),
                            "results": str(outcome.run_dir / "results.json")}))
@@ -141,7 +141,7 @@ def compress(model: Path, env_id: str, variants: str, out: Path | None, transiti
     recipe = recipe_from_data(data, "compress")
     outcome = run_pipeline(recipe, out or Path("runs") / name, quiet=quiet, log=lambda m: click.echo(m, err=True))
     click.echo(json.dumps({"run_dir": str(outcome.run_dir),
-                           "baseline_return": outcome.results["variants"][0]["return"]["mean"],
+                           "baseline_return": outcome.results.baseline.returns["mean"],
                            "report": str(outcome.run_dir / "report.md"),
                            "results": str(outcome.run_dir / "results.json")}))
 

@@ -24,6 +24,7 @@ import json
 import shutil
 import zlib
 from dataclasses import dataclass
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,8 +38,7 @@ from compress_dqn.fileio import (
 from compress_dqn.manifest import MANIFEST, verify, write_manifest
 from compress_dqn.recipe import Recipe, recipe_from_data
 from compress_dqn.report import write_report
-
-SCHEMA_VERSION = 2
+from compress_dqn.results import RunResults, SeedAggregate, SeedsResults, VariantResult, save_results
 
 
 @dataclass
@@ -46,7 +46,7 @@ class RunOutcome:
     """Where the run lives and what it produced."""
 
     run_dir: Path
-    results: dict[str, Any]
+    results: RunResults | SeedsResults
     resumed: bool
 
 
@@ -204,201 +204,295 @@ def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any,
             "action_agreement_decisive": float(np.mean(same[decisive]))}
 
 
-def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
-    """Train, export and evaluate the baseline and every variant of one recipe in run_dir.
+@dataclass
+class RunContext:
+    """What every stage of one seed's run reads: the recipe, the probed environment, the run
+    directory and its finished stages. Heavy objects (the baseline network, held-out states) are
+    loaded from the run directory on first use, so any stage can run alone in a fresh process."""
 
-    Resumes: training continues from its checkpoint, finished stages are skipped.
-    """
-    from compress_dqn.envs import probe_env
-    from compress_dqn.evaluate import evaluate, random_returns, sequential_plan, summarize
+    recipe: Recipe
+    run_dir: Path
+    info: Any
+    stages: Stages
+    log: Callable[[str], None] = print
+    quiet: bool = False
+    device: str = "cpu"
+
+    @property
+    def base(self) -> Path:
+        return self.run_dir / "baseline"
+
+    def folder(self, name: str) -> Path:
+        """Where a policy's artifacts live: baseline/ or variants/NAME/."""
+        return self.base if name == "baseline" else self.run_dir / "variants" / name
+
+    @cached_property
+    def model(self) -> Any:
+        """The baseline Q-network (tf_keras), with its trained weights."""
+        if self.recipe.baseline is not None:
+            from compress_dqn.baseline import load_model
+
+            model = load_model(self.base / "model.keras", self.info)
+        else:
+            from compress_dqn.networks import network_for
+
+            model = network_for(self.info, self.recipe.train)
+        model.set_weights(load_arrays(self.base / "weights.npz"))
+        return model
+
+    @cached_property
+    def heldout(self) -> Any:
+        """States from the held-out episodes (action agreement and latency are measured on them)."""
+        return load_dict(self.base / "heldout_obs.npz")["observations"]
+
+    @cached_property
+    def reference(self) -> tuple[Any, Any]:
+        """The baseline TFLite policy's actions on the held-out states, and which states are decisive."""
+        from compress_dqn.policy import TFLitePolicy
+
+        policy = TFLitePolicy(self.base / "policy.tflite")
+        return policy.actions(self.heldout), decisive_states(policy.q_values(self.heldout))
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A named step of a run: a function of the run's context returning what stages.json keeps."""
+
+    name: str
+    run: Callable[[RunContext], dict[str, Any]]
+
+
+def run_stages(ctx: RunContext, stages: list[Stage]) -> None:
+    """Run each stage not finished yet, recording its outputs as soon as it ends (the resume point)."""
+    for stage in stages:
+        if stage.name not in ctx.stages.done:
+            ctx.stages.finish(stage.name, stage.run(ctx))
+
+
+def _train_stage(ctx: RunContext) -> dict[str, Any]:
+    """Train the baseline (resuming from baseline/checkpoints), or load the user's network."""
+    if ctx.recipe.baseline is not None:
+        return _load_baseline(ctx.recipe, ctx.info, ctx.base, ctx.log)
+    from compress_dqn.train import DQNTrainer
+
+    recipe = ctx.recipe
+    trainer = DQNTrainer(
+        recipe.train, recipe.env, recipe.replay, seed=recipe.seed,
+        ckpt_dir=ctx.base / "checkpoints", tb_dir=ctx.run_dir / "tensorboard" / "baseline",
+        label="baseline", quiet=ctx.quiet, device=recipe.device,
+    )
+    result = trainer.train()
+    ctx.base.mkdir(parents=True, exist_ok=True)
+    save_arrays(ctx.base / "weights.npz", result.model.get_weights())
+    save_arrays(ctx.base / "replay.npz", result.replay.state_dict())
+    ctx.log(f"[baseline] trained {result.env_steps} steps in {result.wall_seconds:.1f} s "
+            f"({result.env_steps_per_second:.0f} steps/s)")
+    return {
+        "env_steps": result.env_steps,
+        "gradient_steps": result.gradient_steps,
+        "episodes": result.episodes,
+        "wall_seconds": round(result.wall_seconds, 3),
+        "env_steps_per_second": round(result.env_steps_per_second, 1),
+        "resumed_from_step": result.resumed_from,
+        "selected_step": result.selected_step,
+        "selected_eval_return": result.selected_return,
+        "replay_capacity": result.replay.capacity,
+        "replay_nbytes": result.replay.nbytes,
+        "device": ctx.device,
+        "dtype_policy": trainer.dtype_policy,
+    }
+
+
+def _export_stage(ctx: RunContext) -> dict[str, Any]:
+    """A slim SavedModel and an fp32 TFLite file of the baseline."""
     from compress_dqn.measure import measure_size
+    from compress_dqn.networks import count_params
+
+    _export(ctx.model, ctx.info, ctx.base)
+    params, nonzero = count_params(ctx.model)
+    size = measure_size(params, nonzero, ctx.base / "policy.tflite", ctx.base / "saved_model")
+    ctx.log(f"[baseline] exported: TFLite {size.tflite_bytes} bytes ({size.tflite_gzip_bytes} gzipped)")
+    return {"artifacts": {"saved_model": "baseline/saved_model", "tflite": "baseline/policy.tflite"},
+            "size": size.to_dict()}
+
+
+def _evaluate_stage(ctx: RunContext) -> dict[str, Any]:
+    """The deployed artifact (TFLite) on the fixed episode seeds."""
+    from compress_dqn.evaluate import evaluate
     from compress_dqn.policy import TFLitePolicy
 
+    cfg = ctx.recipe.eval
+    stats = evaluate(TFLitePolicy(ctx.base / "policy.tflite").act, ctx.recipe.env, cfg.episodes, cfg.seed)
+    ctx.log(f"[baseline] return {stats.mean:.1f} ± {stats.std:.1f} over {cfg.episodes} episodes "
+            f"(95% CI {stats.ci95[0]:.1f}..{stats.ci95[1]:.1f})")
+    return {"return": stats.to_dict(), "action_agreement": 1.0}
+
+
+def _random_stage(ctx: RunContext) -> dict[str, Any]:
+    """A uniform-random policy on the same episode seeds: the floor of normalized scores."""
+    from compress_dqn.evaluate import random_returns, summarize
+
+    cfg = ctx.recipe.eval
+    stats = summarize(random_returns(ctx.recipe.env, range(cfg.seed, cfg.seed + cfg.episodes), ctx.info.n_actions))
+    ctx.log(f"[random] return {stats.mean:.1f} ± {stats.std:.1f} (uniform-random actions, same episodes)")
+    return {"return": stats.to_dict()}
+
+
+def _heldout_stage(ctx: RunContext) -> dict[str, Any]:
+    """States from episodes (heldout_seed..) that no calibration, fine-tune or evaluation plays."""
+    save_arrays(ctx.base / "heldout_obs.npz", {"observations": heldout_states(ctx.base / "policy.tflite", ctx.recipe)})
+    return {"episodes": ctx.recipe.eval.heldout_episodes, "seed": ctx.recipe.eval.heldout_seed}
+
+
+BASELINE_STAGES = [Stage("train", _train_stage), Stage("export", _export_stage), Stage("evaluate", _evaluate_stage),
+                   Stage("random", _random_stage), Stage("heldout", _heldout_stage)]
+
+
+def _variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
+    """Build one variant from the baseline, export it, evaluate it on the shared seeds."""
+    from compress_dqn._tf import set_seed
+    from compress_dqn.compress.build import build_variant
+    from compress_dqn.measure import measure_size
+
+    out = ctx.folder(variant.name)
+    # Seed from the recipe and the variant's name alone: a variant rebuilt after a crash, or
+    # alone, initialises exactly as it would have in one uninterrupted run.
+    set_seed(variant_seed(ctx.recipe.seed, variant.name))
+    built = build_variant(variant, ctx.model, _load_replay(ctx.base / "replay.npz", ctx.info), ctx.recipe, ctx.info,
+                          quiet=ctx.quiet)
+    exported = _export(built.export_model, ctx.info, out, built, ctx.heldout[:500])
+    size = measure_size(built.params, built.nonzero_params, out / "policy.tflite", out / "saved_model")
+    evaluated = _evaluate(out / "policy.tflite", ctx.recipe, ctx.heldout, *ctx.reference)
+    ctx.log(f"[{variant.name}] return {evaluated['return']['mean']:.1f}, TFLite {size.tflite_bytes} bytes "
+            f"({size.tflite_gzip_bytes} gzipped), agreement {evaluated['action_agreement']:.3f}")
+    return {
+        "artifacts": {"saved_model": f"variants/{variant.name}/saved_model",
+                      "tflite": f"variants/{variant.name}/policy.tflite"},
+        "size": size.to_dict(),
+        **evaluated,
+        "compression": {**variant.model_dump(mode="json", exclude_none=True, exclude={"name"}),
+                        **built.details, "tflite_sparse_format": exported["sparse_format"]},
+    }
+
+
+def variant_stages(recipe: Recipe) -> list[Stage]:
+    """One stage per variant; each reads only the baseline's files, so it can run alone."""
+    return [Stage(f"variant:{v.name}", partial(_variant_stage, v)) for v in recipe.variants]
+
+
+def _measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
+    """Batch-1 latency, inference memory per runtime, GPU figures and microcontroller cost of one policy."""
+    from compress_dqn.measure import gpu_note, measure_gpu, measure_latency, measure_memory
+    from compress_dqn.policy import SavedModelPolicy, TFLitePolicy
+
+    folder = ctx.folder(name)
+    latency = {
+        "tflite": measure_latency(TFLitePolicy(folder / "policy.tflite"), ctx.heldout).to_dict(),
+        "saved_model": measure_latency(SavedModelPolicy(folder / "saved_model"), ctx.heldout).to_dict(),
+    }
+    memory = {runtime: measure_memory(folder / path, runtime)
+              for runtime, path in (("tflite", "policy.tflite"), ("saved_model", "saved_model"))}
+    on_gpu = measure_gpu(folder / "saved_model", ctx.heldout)
+    ctx.log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
+            f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {memory['saved_model']['peak_rss'] / 2**20:.0f} MiB")
+    return {"latency_us": {"cpu": latency, "gpu": on_gpu and {"saved_model": on_gpu["latency_us"]}},
+            "memory_bytes": {"cpu_rss": memory, "gpu_peak": on_gpu and on_gpu["peak_bytes"]},
+            "micro": micro_figures(folder / "policy.tflite"),
+            "gpu_note": gpu_note()}
+
+
+def measure_stages(recipe: Recipe) -> list[Stage]:
+    return [Stage(f"measure:{name}", partial(_measure_stage, name))
+            for name in ["baseline"] + [v.name for v in recipe.variants]]
+
+
+def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> tuple[RunContext, bool]:
+    """Check the environment and the resources, then create or reopen run_dir. Returns (context, resumed).
+
+    The environment is probed before anything is written: a bad id leaves no run directory behind.
+    """
+    from compress_dqn._tf import configure_device
+    from compress_dqn.envs import probe_env
+
     run_dir = Path(run_dir)
-    # Check the environment before creating anything: a bad id leaves no run directory behind.
     info = probe_env(recipe.env)
     stages = Stages(run_dir)
     if "train" not in stages.done:
         resources.check(resources.plan(recipe, info), run_dir)
     resumed = prepare_run_dir(recipe, run_dir)
-    base = run_dir / "baseline"
-
-    from compress_dqn._tf import configure_device, set_seed
-    from compress_dqn.networks import count_params, network_for
-    from compress_dqn.train import DQNTrainer
-
     device = configure_device(recipe.device)
-
-    # 1. Train (resumes from baseline/checkpoints when interrupted), or load the user's network.
-    if recipe.baseline is not None and "train" not in stages.done:
-        stages.finish("train", _load_baseline(recipe, info, base, log))
-    elif "train" not in stages.done:
-        trainer = DQNTrainer(
-            recipe.train, recipe.env, recipe.replay, seed=recipe.seed,
-            ckpt_dir=base / "checkpoints", tb_dir=run_dir / "tensorboard" / "baseline",
-            label="baseline", quiet=quiet, device=recipe.device,
-        )
-        result = trainer.train()
-        base.mkdir(parents=True, exist_ok=True)
-        save_arrays(base / "weights.npz", result.model.get_weights())
-        save_arrays(base / "replay.npz", result.replay.state_dict())
-        stages.finish("train", {
-            "env_steps": result.env_steps,
-            "gradient_steps": result.gradient_steps,
-            "episodes": result.episodes,
-            "wall_seconds": round(result.wall_seconds, 3),
-            "env_steps_per_second": round(result.env_steps_per_second, 1),
-            "resumed_from_step": result.resumed_from,
-            "selected_step": result.selected_step,
-            "selected_eval_return": result.selected_return,
-            "replay_capacity": result.replay.capacity,
-            "replay_nbytes": result.replay.nbytes,
-            "device": device,
-            "dtype_policy": trainer.dtype_policy,
-        })
-        log(f"[baseline] trained {result.env_steps} steps in {result.wall_seconds:.1f} s "
-            f"({result.env_steps_per_second:.0f} steps/s)")
-    shutil.rmtree(base / "checkpoints", ignore_errors=True)
-    if recipe.baseline is not None:
-        from compress_dqn.baseline import load_model
-
-        model = load_model(base / "model.keras", info)
-    else:
-        model = network_for(info, recipe.train)
-    model.set_weights(load_arrays(base / "weights.npz"))
-
-    # 2. Export a slim SavedModel and an fp32 TFLite file.
-    if "export" not in stages.done:
-        _export(model, info, base)
-        params, nonzero = count_params(model)
-        size = measure_size(params, nonzero, base / "policy.tflite", base / "saved_model")
-        stages.finish("export", {"artifacts": {"saved_model": "baseline/saved_model", "tflite": "baseline/policy.tflite"},
-                                 "size": size.to_dict()})
-        log(f"[baseline] exported: TFLite {size.tflite_bytes} bytes ({size.tflite_gzip_bytes} gzipped)")
-
-    # 3. Evaluate the deployed artifact (TFLite) on the fixed seeds, and a uniform-random policy on
-    #    the same seeds (the floor of normalized scores). Action agreement is measured on states
-    #    from other episodes (heldout_seed..) that no calibration, fine-tune or evaluation plays.
-    if "evaluate" not in stages.done:
-        stats = evaluate(TFLitePolicy(base / "policy.tflite").act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
-        stages.finish("evaluate", {"return": stats.to_dict(), "action_agreement": 1.0})
-        log(f"[baseline] return {stats.mean:.1f} ± {stats.std:.1f} over {recipe.eval.episodes} episodes "
-            f"(95% CI {stats.ci95[0]:.1f}..{stats.ci95[1]:.1f})")
-    if "random" not in stages.done:
-        seeds = range(recipe.eval.seed, recipe.eval.seed + recipe.eval.episodes)
-        stats = summarize(random_returns(recipe.env, seeds, info.n_actions))
-        stages.finish("random", {"return": stats.to_dict()})
-        log(f"[random] return {stats.mean:.1f} ± {stats.std:.1f} (uniform-random actions, same episodes)")
-    heldout_path = base / "heldout_obs.npz"
-    if "heldout" not in stages.done:
-        save_arrays(heldout_path, {"observations": heldout_states(base / "policy.tflite", recipe)})
-        stages.finish("heldout", {"episodes": recipe.eval.heldout_episodes, "seed": recipe.eval.heldout_seed})
-    heldout = load_dict(heldout_path)["observations"]
-    baseline_policy = TFLitePolicy(base / "policy.tflite")
-    baseline_actions, decisive = baseline_policy.actions(heldout), decisive_states(baseline_policy.q_values(heldout))
-
-    # 4. Variants: build from the baseline, export, evaluate on the same seeds.
-    from compress_dqn.compress.build import build_variant
-
-    for variant in recipe.variants:
-        key = f"variant:{variant.name}"
-        if key in stages.done:
-            continue
-        out = run_dir / "variants" / variant.name
-        # Seed from the recipe and the variant's name alone: a variant rebuilt after a crash, or
-        # alone, initialises exactly as it would have in one uninterrupted run.
-        set_seed(variant_seed(recipe.seed, variant.name))
-        built = build_variant(variant, model, _load_replay(base / "replay.npz", info), recipe, info, quiet=quiet)
-        exported = _export(built.export_model, info, out, built, heldout[:500])
-        size = measure_size(built.params, built.nonzero_params, out / "policy.tflite", out / "saved_model")
-        evaluated = _evaluate(out / "policy.tflite", recipe, heldout, baseline_actions, decisive)
-        stages.finish(key, {
-            "artifacts": {"saved_model": f"variants/{variant.name}/saved_model",
-                          "tflite": f"variants/{variant.name}/policy.tflite"},
-            "size": size.to_dict(),
-            **evaluated,
-            "compression": {**variant.model_dump(mode="json", exclude_none=True, exclude={"name"}),
-                            **built.details, "tflite_sparse_format": exported["sparse_format"]},
-        })
-        log(f"[{variant.name}] return {evaluated['return']['mean']:.1f}, TFLite {size.tflite_bytes} bytes "
-            f"({size.tflite_gzip_bytes} gzipped), agreement {evaluated['action_agreement']:.3f}")
-
-    # 5. Sequential evaluation: more episodes for the variants whose verdict is still open.
-    episodes = decide(recipe, run_dir, stages, info.n_actions, log)
-
-    # 6. Measure every artifact: batch-1 latency and throughput, inference memory per runtime.
-    from compress_dqn.measure import gpu_note, measure_gpu, measure_latency, measure_memory
-    from compress_dqn.policy import SavedModelPolicy
-
-    for name, folder in [("baseline", base)] + [(v.name, run_dir / "variants" / v.name) for v in recipe.variants]:
-        key = f"measure:{name}"
-        if key in stages.done:
-            continue
-        latency = {
-            "tflite": measure_latency(TFLitePolicy(folder / "policy.tflite"), heldout).to_dict(),
-            "saved_model": measure_latency(SavedModelPolicy(folder / "saved_model"), heldout).to_dict(),
-        }
-        memory = {
-            "tflite": measure_memory(folder / "policy.tflite", "tflite"),
-            "saved_model": measure_memory(folder / "saved_model", "saved_model"),
-        }
-        on_gpu = measure_gpu(folder / "saved_model", heldout)
-        stages.finish(key, {"latency_us": {"cpu": latency, "gpu": on_gpu and {"saved_model": on_gpu["latency_us"]}},
-                            "memory_bytes": {"cpu_rss": memory, "gpu_peak": on_gpu and on_gpu["peak_bytes"]},
-                            "micro": micro_figures(folder / "policy.tflite"),
-                            "gpu_note": gpu_note()})
-        log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
-            f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {memory['saved_model']['peak_rss'] / 2**20:.0f} MiB")
-
-    plan, confidence = sequential_plan(recipe.eval.episodes, recipe.eval.max_episodes)
-    results = {
-        "schema_version": SCHEMA_VERSION,
-        "env_id": recipe.env.id,
-        "eval": {"episodes": recipe.eval.episodes, "seed": recipe.eval.seed, "max_episodes": plan[-1],
-                 "looks": plan, "confidence": confidence, "tolerance": recipe.eval.tolerance,
-                 "heldout_seed": recipe.eval.heldout_seed, "heldout_episodes": recipe.eval.heldout_episodes},
-        "random": {"return": summarize(episodes["random"]).to_dict()},
-        "train": stages.done["train"],
-        "gpu": stages.done["measure:baseline"]["gpu_note"] or "visible",
-        "variants": [_variant_entry("baseline", stages.done["export"], stages.done["evaluate"],
-                                    stages.done["measure:baseline"])]
-        + [_variant_entry(v.name, stages.done[f"variant:{v.name}"], stages.done[f"variant:{v.name}"],
-                          stages.done[f"measure:{v.name}"])
-           for v in recipe.variants],
-    }
-    for entry in results["variants"]:
-        entry["return"] = summarize(episodes[entry["name"]]).to_dict()
-    _add_paired_comparisons(results["variants"], episodes["random"], recipe.eval.tolerance, confidence)
-    write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2))
-    write_report(run_dir)
-    write_manifest(run_dir)  # last: its presence means the run finished
-    return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
+    return RunContext(recipe, run_dir, info, stages, log, quiet, device), resumed
 
 
-def aggregate_seeds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
+    """Train, export and evaluate the baseline and every variant of one recipe in run_dir.
+
+    Resumes: training continues from its checkpoint, finished stages are skipped.
+    """
+    ctx, resumed = open_run(recipe, run_dir, quiet, log)
+    run_stages(ctx, BASELINE_STAGES)
+    shutil.rmtree(ctx.base / "checkpoints", ignore_errors=True)
+    run_stages(ctx, variant_stages(recipe))
+    episodes = decide(ctx)  # more episodes where a verdict is still open
+    run_stages(ctx, measure_stages(recipe))
+    results = collect_results(ctx, episodes)
+    save_results(results, ctx.run_dir / "results.json")
+    write_report(ctx.run_dir)
+    write_manifest(ctx.run_dir)  # last: its presence means the run finished
+    return RunOutcome(run_dir=ctx.run_dir, results=results, resumed=resumed)
+
+
+def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunResults:
+    """results.json from the finished stages and every policy's episode returns."""
+    from compress_dqn.evaluate import paired_difference, sequential_plan, summarize
+
+    cfg, done = ctx.recipe.eval, ctx.stages.done
+    plan, confidence = sequential_plan(cfg.episodes, cfg.max_episodes)
+    variants = [_variant_result("baseline", done["export"], done["evaluate"], done["measure:baseline"])] + [
+        _variant_result(v.name, done[f"variant:{v.name}"], done[f"variant:{v.name}"], done[f"measure:{v.name}"])
+        for v in ctx.recipe.variants
+    ]
+    for entry in variants:
+        entry.returns = summarize(episodes[entry.name]).to_dict()
+    for entry in variants[1:]:  # each variant against the baseline, episode by episode (non-inferiority)
+        entry.return_vs_baseline = paired_difference(entry.returns["episodes"], variants[0].returns["episodes"],
+                                                     cfg.tolerance, episodes["random"], confidence)
+    return RunResults(
+        env_id=ctx.recipe.env.id,
+        eval={"episodes": cfg.episodes, "seed": cfg.seed, "max_episodes": plan[-1], "looks": plan,
+              "confidence": confidence, "tolerance": cfg.tolerance, "heldout_seed": cfg.heldout_seed,
+              "heldout_episodes": cfg.heldout_episodes},
+        random={"return": summarize(episodes["random"]).to_dict()},
+        train=done["train"],
+        gpu=done["measure:baseline"]["gpu_note"] or "visible",
+        variants=variants,
+    )
+
+
+def aggregate_seeds(runs: list[RunResults]) -> list[SeedAggregate]:
     """Per variant, over training seeds: IQM of the per-seed mean returns with a stratified
     bootstrap CI, and the same for the per-seed difference to that seed's baseline."""
     import numpy as np
 
     from compress_dqn.evaluate import iqm, stratified_bootstrap_ci
 
-    by_name = [{v["name"]: v for v in run["variants"]} for run in runs]
-    baseline = np.array([run["baseline"]["return"]["mean"] for run in by_name])
+    baseline = np.array([run.baseline.returns["mean"] for run in runs])
     out = []
-    for name in by_name[0]:
-        means = np.array([run[name]["return"]["mean"] for run in by_name])
+    for name in [v.name for v in runs[0].variants]:
+        entries = [run.variant(name) for run in runs]
+        means = np.array([v.returns["mean"] for v in entries])
         diffs = means - baseline
-        out.append({
-            "name": name,
-            "per_seed_mean_return": means.tolist(),
-            "iqm_return": iqm(means),
-            "iqm_return_ci95": list(stratified_bootstrap_ci(means)),
-            "iqm_difference_vs_baseline": iqm(diffs),
-            "difference_ci95": list(stratified_bootstrap_ci(diffs)),
-            "per_seed_verdict": [run[name].get("return_vs_baseline", {}).get("verdict", "reference") for run in by_name],
-            "per_seed_episodes": [len(run[name]["return"]["episodes"]) for run in by_name],
-            "tflite_gzip_bytes": int(np.median([run[name]["size"]["tflite_gzip_bytes"] for run in by_name])),
-        })
+        out.append(SeedAggregate(
+            name=name,
+            per_seed_mean_return=means.tolist(),
+            iqm_return=iqm(means),
+            iqm_return_ci95=list(stratified_bootstrap_ci(means)),
+            iqm_difference_vs_baseline=iqm(diffs),
+            difference_ci95=list(stratified_bootstrap_ci(diffs)),
+            per_seed_verdict=[v.verdict for v in entries],
+            per_seed_episodes=[v.episodes for v in entries],
+            tflite_gzip_bytes=int(np.median([v.size["tflite_gzip_bytes"] for v in entries])),
+        ))
     return out
 
 
@@ -431,7 +525,8 @@ def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], N
 
 def run_seed_unit(recipe_data: dict[str, Any], seed_dir: str, quiet: bool) -> dict[str, Any]:
     """One seed's whole pipeline, as an executor unit: plain data in, plain data out."""
-    return run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print).results
+    outcome = run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
+    return outcome.results.to_dict()
 
 
 def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
@@ -458,51 +553,38 @@ def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[
         units.append((single.to_dict(), str(run_dir / f"seed-{seed}"), quiet or parallel))
     where = f"{recipe.executor}, {workers} at a time, {threads} TensorFlow thread(s) each"
     log(f"[seeds] {', '.join(map(str, seeds))} on {where}")
-    runs = map_units(run_seed_unit, units, recipe.executor, workers, recipe.address)
-    for seed, results in zip(seeds, runs):
-        baseline = results["variants"][0]["return"]
+    runs = [RunResults.from_dict(data) for data in map_units(run_seed_unit, units, recipe.executor, workers, recipe.address)]
+    for seed, seed_results in zip(seeds, runs):
+        baseline = seed_results.baseline.returns
         log(f"[seed {seed}] baseline {baseline['mean']:.1f} +/- {baseline['std']:.1f}")
-    results = {
-        "schema_version": SCHEMA_VERSION,
-        "env_id": recipe.env.id,
-        "eval": {"episodes": recipe.eval.episodes, "seed": recipe.eval.seed},
-        "seeds": seeds,
-        "executor": {"kind": recipe.executor, "workers": workers, "intra_op_threads": threads},
-        "runs": [f"seed-{seed}/results.json" for seed in seeds],
-        "aggregate": aggregate_seeds(runs),
-    }
-    write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2))
+    results = SeedsResults(
+        env_id=recipe.env.id,
+        eval={"episodes": recipe.eval.episodes, "seed": recipe.eval.seed},
+        seeds=seeds,
+        executor={"kind": recipe.executor, "workers": workers, "intra_op_threads": threads},
+        runs=[f"seed-{seed}/results.json" for seed in seeds],
+        aggregate=aggregate_seeds(runs),
+    )
+    save_results(results, run_dir / "results.json")
     write_report(run_dir)
     write_manifest(run_dir)  # last: its presence means the run finished
     return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
 
 
-def _variant_entry(name: str, exported: dict[str, Any], evaluated: dict[str, Any],
-                   measured: dict[str, Any]) -> dict[str, Any]:
-    entry = {
-        "name": name,
-        "artifacts": exported["artifacts"],
-        "return": evaluated["return"],
-        "action_agreement": evaluated["action_agreement"],
-        "action_agreement_decisive": 1.0 if name == "baseline" else evaluated.get("action_agreement_decisive"),
-        "size": exported["size"],
-        "latency_us": measured["latency_us"],
-        "memory_bytes": measured["memory_bytes"],
-        "micro": measured.get("micro"),
-    }
-    if "compression" in exported:
-        entry["compression"] = exported["compression"]
-    return entry
-
-
-def _add_paired_comparisons(variants: list[dict[str, Any]], random: list[float], tolerance: float,
-                            confidence: float) -> None:
-    """Each variant's return against the baseline's, episode by episode (non-inferiority)."""
-    from compress_dqn.evaluate import paired_difference
-
-    baseline = variants[0]["return"]["episodes"]
-    for entry in variants[1:]:
-        entry["return_vs_baseline"] = paired_difference(entry["return"]["episodes"], baseline, tolerance, random, confidence)
+def _variant_result(name: str, exported: dict[str, Any], evaluated: dict[str, Any],
+                    measured: dict[str, Any]) -> VariantResult:
+    return VariantResult(
+        name=name,
+        artifacts=exported["artifacts"],
+        returns=evaluated["return"],
+        size=exported["size"],
+        action_agreement=evaluated["action_agreement"],
+        action_agreement_decisive=1.0 if name == "baseline" else evaluated.get("action_agreement_decisive"),
+        latency_us=measured["latency_us"],
+        memory_bytes=measured["memory_bytes"],
+        micro=measured.get("micro"),
+        compression=exported.get("compression"),
+    )
 
 
 def micro_figures(tflite: Path) -> dict[str, Any]:
@@ -536,43 +618,48 @@ def heldout_states(tflite: Path, recipe: Recipe, limit: int = 5000) -> Any:
     return np.stack([visited[i] for i in sorted(pick)])
 
 
-def decide(recipe: Recipe, run_dir: Path, stages: Stages, n_actions: int,
-           log: Callable[[str], None]) -> dict[str, list[float]]:
+def _play_look(ctx: RunContext, undecided: list[str], before: int, after: int) -> dict[str, Any]:
+    """Episodes before..after for the baseline, the random policy and the undecided variants."""
+    from compress_dqn.evaluate import evaluate, random_returns
+    from compress_dqn.policy import TFLitePolicy
+
+    env, seed = ctx.recipe.env, ctx.recipe.eval.seed
+
+    def play(name: str) -> list[float]:
+        return evaluate(TFLitePolicy(ctx.folder(name) / "policy.tflite").act, env, after - before, seed + before).episodes
+
+    return {"baseline": play("baseline"),
+            "random": random_returns(env, range(seed + before, seed + after), ctx.info.n_actions),
+            "variants": {name: play(name) for name in undecided}}
+
+
+def decide(ctx: RunContext) -> dict[str, list[float]]:
     """Sequential evaluation: at each look (episodes, doubling, up to eval.max_episodes), the
     variants whose verdict is still inconclusive play the next episodes, and so do the baseline
     and the random policy they are paired with. Each look is a stage (resumable). Returns every
     policy's episode returns by name ("baseline", "random", variant names)."""
-    from compress_dqn.evaluate import evaluate, paired_difference, random_returns, sequential_plan
-    from compress_dqn.policy import TFLitePolicy
+    from compress_dqn.evaluate import paired_difference, sequential_plan
 
-    cfg = recipe.eval
-    episodes = {"baseline": list(stages.done["evaluate"]["return"]["episodes"]),
-                "random": list(stages.done["random"]["return"]["episodes"])}
-    for variant in recipe.variants:
-        episodes[variant.name] = list(stages.done[f"variant:{variant.name}"]["return"]["episodes"])
+    cfg, done = ctx.recipe.eval, ctx.stages.done
+    episodes = {"baseline": list(done["evaluate"]["return"]["episodes"]),
+                "random": list(done["random"]["return"]["episodes"])}
+    for variant in ctx.recipe.variants:
+        episodes[variant.name] = list(done[f"variant:{variant.name}"]["return"]["episodes"])
     plan, confidence = sequential_plan(cfg.episodes, cfg.max_episodes)
     for before, after in zip(plan, plan[1:]):
         key = f"look:{after}"
-        if key not in stages.done:
+        if key not in done:
             undecided = [
-                v.name for v in recipe.variants
+                v.name for v in ctx.recipe.variants
                 if len(episodes[v.name]) == before and paired_difference(
                     episodes[v.name], episodes["baseline"], cfg.tolerance, episodes["random"], confidence
                 )["verdict"] == "inconclusive"
             ]
             if not undecided:
                 break
-            log(f"[evaluate] {len(undecided)} undecided ({', '.join(undecided)}): episodes {before} -> {after}")
-
-            def play(tflite: Path) -> list[float]:
-                return evaluate(TFLitePolicy(tflite).act, recipe.env, after - before, cfg.seed + before).episodes
-
-            stages.finish(key, {
-                "baseline": play(run_dir / "baseline" / "policy.tflite"),
-                "random": random_returns(recipe.env, range(cfg.seed + before, cfg.seed + after), n_actions),
-                "variants": {name: play(run_dir / "variants" / name / "policy.tflite") for name in undecided},
-            })
-        played = stages.done[key]
+            ctx.log(f"[evaluate] {len(undecided)} undecided ({', '.join(undecided)}): episodes {before} -> {after}")
+            ctx.stages.finish(key, _play_look(ctx, undecided, before, after))
+        played = done[key]
         episodes["baseline"] += played["baseline"]
         episodes["random"] += played["random"]
         for name, more in played["variants"].items():

@@ -18,6 +18,7 @@ from typing import Any
 from compress_dqn.errors import UserError
 from compress_dqn.evaluate import keeps_return
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
+from compress_dqn.results import RunResults, SeedsResults, load_results
 
 
 
@@ -33,7 +34,7 @@ def pareto_front(costs: Sequence[float], returns: Sequence[float]) -> list[int]:
     return sorted(front, key=lambda i: costs[i])
 
 
-def _get(entry: dict, *path: str) -> Any:
+def _get(entry: dict | None, *path: str) -> Any:
     for key in path:
         if not isinstance(entry, dict) or entry.get(key) is None:
             return None
@@ -41,48 +42,49 @@ def _get(entry: dict, *path: str) -> Any:
     return entry
 
 
-def rows(results: dict) -> list[dict[str, Any]]:
+def rows(results: RunResults) -> list[dict[str, Any]]:
     """One flat row per variant (the CSV, and the tables)."""
     out = []
-    for v in results["variants"]:
+    for v in results.variants:
+        versus = v.return_vs_baseline
         out.append({
-            "name": v["name"],
-            "return_mean": v["return"]["mean"],
-            "return_std": v["return"]["std"],
-            "return_ci_low": v["return"]["ci95"][0],
-            "return_ci_high": v["return"]["ci95"][1],
-            "diff_mean": _get(v, "return_vs_baseline", "mean") if v["name"] != "baseline" else 0.0,
-            "diff_ci_low": (_get(v, "return_vs_baseline", "ci") or [0.0, 0.0])[0],
-            "diff_ci_high": (_get(v, "return_vs_baseline", "ci") or [0.0, 0.0])[1],
-            "normalized_score": _get(v, "return_vs_baseline", "normalized_score") if v["name"] != "baseline" else 1.0,
-            "episodes": len(v["return"]["episodes"]),
-            "verdict": _get(v, "return_vs_baseline", "verdict") or ("reference" if v["name"] == "baseline" else None),
-            "action_agreement": v.get("action_agreement"),
-            "action_agreement_decisive": v.get("action_agreement_decisive"),
-            "params": v["size"]["params"],
-            "nonzero_params": v["size"]["nonzero_params"],
-            "tflite_bytes": v["size"]["tflite_bytes"],
-            "tflite_gzip_bytes": v["size"]["tflite_gzip_bytes"],
-            "saved_model_bytes": v["size"]["saved_model_bytes"],
-            "tflite_p50_us": _get(v, "latency_us", "cpu", "tflite", "p50"),
-            "tflite_p99_us": _get(v, "latency_us", "cpu", "tflite", "p99"),
-            "saved_model_p50_us": _get(v, "latency_us", "cpu", "saved_model", "p50"),
-            "tflite_peak_rss": _get(v, "memory_bytes", "cpu_rss", "tflite", "peak_rss"),
-            "saved_model_peak_rss": _get(v, "memory_bytes", "cpu_rss", "saved_model", "peak_rss"),
-            "micro_flash_bytes": _get(v, "micro", "flash_bytes") if _get(v, "micro", "runs") else None,
-            "micro_arena_bytes": _get(v, "micro", "arena_bytes_with_margin"),
+            "name": v.name,
+            "return_mean": v.returns["mean"],
+            "return_std": v.returns["std"],
+            "return_ci_low": v.returns["ci95"][0],
+            "return_ci_high": v.returns["ci95"][1],
+            "diff_mean": _get(versus, "mean") if versus else 0.0,
+            "diff_ci_low": (_get(versus, "ci") or [0.0, 0.0])[0],
+            "diff_ci_high": (_get(versus, "ci") or [0.0, 0.0])[1],
+            "normalized_score": _get(versus, "normalized_score") if versus else 1.0,
+            "episodes": v.episodes,
+            "verdict": v.verdict,
+            "action_agreement": v.action_agreement,
+            "action_agreement_decisive": v.action_agreement_decisive,
+            "params": v.size["params"],
+            "nonzero_params": v.size["nonzero_params"],
+            "tflite_bytes": v.size["tflite_bytes"],
+            "tflite_gzip_bytes": v.size["tflite_gzip_bytes"],
+            "saved_model_bytes": v.size["saved_model_bytes"],
+            "tflite_p50_us": _get(v.latency_us, "cpu", "tflite", "p50"),
+            "tflite_p99_us": _get(v.latency_us, "cpu", "tflite", "p99"),
+            "saved_model_p50_us": _get(v.latency_us, "cpu", "saved_model", "p50"),
+            "tflite_peak_rss": _get(v.memory_bytes, "cpu_rss", "tflite", "peak_rss"),
+            "saved_model_peak_rss": _get(v.memory_bytes, "cpu_rss", "saved_model", "peak_rss"),
+            "micro_flash_bytes": _get(v.micro, "flash_bytes") if _get(v.micro, "runs") else None,
+            "micro_arena_bytes": _get(v.micro, "arena_bytes_with_margin"),
         })
     return out
 
 
-def headline(results: dict) -> list[str]:
+def headline(results: RunResults) -> list[str]:
     """The findings a reader should see first, as sentences."""
     table = rows(results)
     base = table[0]
     keepers = [r for r in table[1:] if keeps_return(r["verdict"])]
     lines = [
         f"Baseline return {base['return_mean']:.1f} over {base['episodes']} episodes; a uniform-random policy gets "
-        f"{results['random']['return']['mean']:.1f} on the same episodes (the 0% of normalized scores)."
+        f"{results.random['return']['mean']:.1f} on the same episodes (the 0% of normalized scores)."
     ]
     if keepers:
         small = min(keepers, key=lambda r: r["tflite_gzip_bytes"])
@@ -108,7 +110,7 @@ def headline(results: dict) -> list[str]:
         lines.append(f"Worse than the tolerance: {', '.join(losses)}.")
     undecided = [r["name"] for r in table[1:] if r["verdict"] == "inconclusive"]
     if undecided:
-        lines.append(f"Not decided within {results['eval']['max_episodes']} episodes: {', '.join(undecided)}.")
+        lines.append(f"Not decided within {results.eval['max_episodes']} episodes: {', '.join(undecided)}.")
     on_micro = [r for r in keepers if r["micro_arena_bytes"] is not None]
     for budget in (32 * 1024, 256 * 1024):
         fits = [r for r in on_micro if r["micro_arena_bytes"] + r["micro_flash_bytes"] <= budget]
@@ -147,7 +149,7 @@ def _figure_bytes(fig: Any) -> bytes:
     return buffer.getvalue()
 
 
-def plot_return_vs(results: dict, cost_key: str, xlabel: str, title: str) -> bytes | None:
+def plot_return_vs(results: RunResults, cost_key: str, xlabel: str, title: str) -> bytes | None:
     """Return (with 95% CI) against a cost on a log axis; Pareto front highlighted; points labelled."""
     import matplotlib
 
@@ -182,7 +184,7 @@ def plot_return_vs(results: dict, cost_key: str, xlabel: str, title: str) -> byt
             ax.plot([], [], "o", color=_color(verdict), label=verdict)
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"mean return over {results['eval']['episodes']}+ episodes (95% CI)")
+    ax.set_ylabel(f"mean return over {results.eval['episodes']}+ episodes (95% CI)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="best")
@@ -191,7 +193,7 @@ def plot_return_vs(results: dict, cost_key: str, xlabel: str, title: str) -> byt
     return data
 
 
-def plot_bars(results: dict, keys: Sequence[tuple[str, str]], xlabel: str, title: str, scale: float = 1.0) -> bytes | None:
+def plot_bars(results: RunResults, keys: Sequence[tuple[str, str]], xlabel: str, title: str, scale: float = 1.0) -> bytes | None:
     """Horizontal bars per variant for one or two runtimes (log axis)."""
     import matplotlib
 
@@ -223,15 +225,15 @@ def plot_bars(results: dict, keys: Sequence[tuple[str, str]], xlabel: str, title
     return data
 
 
-def make_plots(results: dict) -> dict[str, bytes]:
+def make_plots(results: RunResults) -> dict[str, bytes]:
     """PNG bytes by file name."""
     plots = {
         "return_vs_size.png": plot_return_vs(results, "tflite_gzip_bytes", "TFLite file size, gzipped (bytes, log)",
-                                             f"{results['env_id']}: return vs policy size"),
+                                             f"{results.env_id}: return vs policy size"),
         "return_vs_latency.png": plot_return_vs(results, "tflite_p50_us", "TFLite action latency p50 (us, log)",
-                                                f"{results['env_id']}: return vs latency"),
+                                                f"{results.env_id}: return vs latency"),
         "return_vs_memory.png": plot_return_vs(results, "tflite_peak_rss", "TFLite process peak RSS (bytes, log)",
-                                               f"{results['env_id']}: return vs inference memory"),
+                                               f"{results.env_id}: return vs inference memory"),
         "latency.png": plot_bars(results, [("tflite_p50_us", "TFLite (LiteRT)"), ("saved_model_p50_us", "SavedModel (TensorFlow)")],
                                  "batch-1 action latency p50 (us, log)", "Latency per variant"),
         "memory.png": plot_bars(results, [("tflite_peak_rss", "TFLite process"), ("saved_model_peak_rss", "TensorFlow process")],
@@ -273,10 +275,10 @@ def _cells(r: dict) -> list[str]:
     return cells
 
 
-def _notes(results: dict) -> list[str]:
-    ev = results["eval"]
-    random = results["random"]["return"]["mean"]
-    base = results["variants"][0]["return"]["mean"]
+def _notes(results: RunResults) -> list[str]:
+    ev = results.eval
+    random = results.random["return"]["mean"]
+    base = results.baseline.returns["mean"]
     looks = ev["looks"]
     sequential = (
         f" While a verdict was inconclusive, that variant (with the baseline and the random policy) played more "
@@ -300,9 +302,9 @@ def _notes(results: dict) -> list[str]:
         "plus a 25% margin (at least 1 KiB); flash is the .tflite's size. '-' where it does not run there "
         "(results.json's micro.reason says why).",
     ]
-    if results.get("gpu") and results["gpu"] != "visible":
-        notes.append(f"GPU figures: {results['gpu']}.")
-    source = (results.get("train") or {}).get("source")
+    if results.gpu and results.gpu != "visible":
+        notes.append(f"GPU figures: {results.gpu}.")
+    source = (results.train or {}).get("source")
     if source:
         data = source.get("data", {})
         how = (f"a {data.get('steps')}-step epsilon={data.get('epsilon')} rollout of it" if data.get("kind") == "rollout"
@@ -312,9 +314,9 @@ def _notes(results: dict) -> list[str]:
     return notes
 
 
-def render_markdown(results: dict, plots: Sequence[str]) -> str:
+def render_markdown(results: RunResults, plots: Sequence[str]) -> str:
     table = rows(results)
-    lines = [f"# compress-dqn report: {results['env_id']}", ""]
+    lines = [f"# compress-dqn report: {results.env_id}", ""]
     lines += [f"- **{line}**" for line in headline(results)] + [""]
     lines.append("| " + " | ".join(c[0] for c in _COLUMNS) + " |")
     lines.append("|" + "---|" * len(_COLUMNS))
@@ -325,7 +327,7 @@ def render_markdown(results: dict, plots: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_html(results: dict, plots: dict[str, bytes]) -> str:
+def render_html(results: RunResults, plots: dict[str, bytes]) -> str:
     """One self-contained page: headline, table, plots embedded as data URIs."""
     esc = html.escape
     head = "".join(f"<li>{esc(line)}</li>" for line in headline(results))
@@ -345,7 +347,7 @@ def render_html(results: dict, plots: dict[str, bytes]) -> str:
     )
     notes = "".join(f"<li>{esc(n)}</li>" for n in _notes(results))
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>compress-dqn: {esc(results['env_id'])}</title>
+<html lang="en"><head><meta charset="utf-8"><title>compress-dqn: {esc(results.env_id)}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }}
 .headline {{ background: #f3f7fb; border-left: 4px solid #4575b4; padding: 0.6rem 1.2rem; font-size: 1.05rem; }}
@@ -355,7 +357,7 @@ th:first-child, td:first-child {{ text-align: left; }}
 th {{ background: #fafafa; }}
 figure {{ display: inline-block; margin: 0.5rem; }} img {{ max-width: 560px; }}
 </style></head><body>
-<h1>compress-dqn report: {esc(results['env_id'])}</h1>
+<h1>compress-dqn report: {esc(results.env_id)}</h1>
 <ul class="headline">{head}</ul>
 <table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>
 {images}
@@ -364,14 +366,14 @@ figure {{ display: inline-block; margin: 0.5rem; }} img {{ max-width: 560px; }}
 """
 
 
-def render_aggregate_markdown(results: dict) -> str:
+def render_aggregate_markdown(results: SeedsResults) -> str:
     """The report of a multi-seed run: IQM over seeds with stratified-bootstrap CIs."""
-    seeds = results["seeds"]
+    seeds = results.seeds
     lines = [
-        f"# compress-dqn report: {results['env_id']}, {len(seeds)} training seeds",
+        f"# compress-dqn report: {results.env_id}, {len(seeds)} training seeds",
         "",
         f"Each seed's full report is in seed-N/report.html. Returns are the interquartile mean (IQM) over "
-        f"seeds {seeds} of each seed's mean return (over {results['eval']['episodes']} episodes, or more where a "
+        f"seeds {seeds} of each seed's mean return (over {results.eval['episodes']} episodes, or more where a "
         "verdict needed them: the number is next to each verdict), with 95% "
         "stratified-bootstrap CIs (Agarwal et al., 2021); the difference is taken per seed against that "
         "seed's own baseline.",
@@ -380,14 +382,14 @@ def render_aggregate_markdown(results: dict) -> str:
         "per-seed verdicts (episodes) | gzipped bytes |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for a in results["aggregate"]:
-        verdicts = ", ".join(f"{v} ({n})" for v, n in zip(a["per_seed_verdict"], a["per_seed_episodes"]))
+    for a in results.aggregate:
+        verdicts = ", ".join(f"{v} ({n})" for v, n in zip(a.per_seed_verdict, a.per_seed_episodes))
         lines.append(
-            f"| {a['name']} | {a['iqm_return']:.1f} | [{a['iqm_return_ci95'][0]:.1f}, {a['iqm_return_ci95'][1]:.1f}] | "
-            f"{a['iqm_difference_vs_baseline']:+.1f} | [{a['difference_ci95'][0]:.1f}, {a['difference_ci95'][1]:.1f}] | "
-            f"{', '.join(f'{x:.1f}' for x in a['per_seed_mean_return'])} | {verdicts} | {a['tflite_gzip_bytes']:,} |"
+            f"| {a.name} | {a.iqm_return:.1f} | [{a.iqm_return_ci95[0]:.1f}, {a.iqm_return_ci95[1]:.1f}] | "
+            f"{a.iqm_difference_vs_baseline:+.1f} | [{a.difference_ci95[0]:.1f}, {a.difference_ci95[1]:.1f}] | "
+            f"{', '.join(f'{x:.1f}' for x in a.per_seed_mean_return)} | {verdicts} | {a.tflite_gzip_bytes:,} |"
         )
-    kept = [a["name"] for a in results["aggregate"][1:] if all(keeps_return(v) for v in a["per_seed_verdict"])]
+    kept = [a.name for a in results.aggregate[1:] if all(keeps_return(v) for v in a.per_seed_verdict)]
     lines += ["", f"Within tolerance on every seed: {', '.join(kept) if kept else 'none'}."]
     return "\n".join(lines) + "\n"
 
@@ -399,13 +401,13 @@ def write_report(run_dir: Path) -> list[Path]:
     if not source.is_file():
         raise UserError(f"{run_dir}: no results.json; pass a run directory written by compress-dqn run")
     try:
-        results = json.loads(source.read_text())
-        if "aggregate" in results:  # a multi-seed run: the per-seed reports live in seed-N/
+        results = load_results(source)
+        if isinstance(results, SeedsResults):  # a multi-seed run: the per-seed reports live in seed-N/
             markdown = render_aggregate_markdown(results)
             write_text_atomic(run_dir / "report.md", markdown)
             return [run_dir / "report.md"]
         table = rows(results)
-    except (json.JSONDecodeError, KeyError, TypeError, IndexError) as exc:
+    except (json.JSONDecodeError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise UserError(f"{source}: not a compress-dqn results file ({type(exc).__name__}: {exc})") from None
     written = []
     buffer = io.StringIO()

@@ -34,7 +34,7 @@ def test_recipe_from_a_keras_file_runs_the_whole_pipeline(saved_model_file, tmp_
     recipe = load_recipe(TINY, [f"baseline={{from: '{path}', rollout: {{steps: 600, epsilon: 0.1}}}}",
                                 "eval.episodes=3", SMALL_VARIANTS])
     outcome = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
-    results = outcome.results
+    results = outcome.results.to_dict()
     source = results["train"]["source"]
     assert source["from"] == str(path) and source["data"]["kind"] == "rollout" and source["data"]["steps"] == 600
     assert len(source["sha256"]) == 64

@@ -96,7 +96,7 @@ def test_minatar_cnn_pipeline_end_to_end(tmp_path):
         assert "verdict" in entry["return_vs_baseline"]
     sparsity = results["variants"][2]["compression"]["sparsity"]
     assert sparsity["conv_0"] > 0.85 and sparsity["hidden_0"] > 0.85
-    assert outcome.results == results
+    assert outcome.results.to_dict() == results
 
 
 def test_xla_by_default_except_convolutions_on_a_cpu():

@@ -41,7 +41,7 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
     assert calls == [("CartPole-v1", 5, 0)] * 3 + [("CartPole-v1", 5, 5)] * 3 + [("CartPole-v1", 10, 10)] * 3
 
     results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert results == outcome.results
+    assert results == outcome.results.to_dict()
     assert results["eval"]["looks"] == [5, 10, 20] and results["eval"]["confidence"] == pytest.approx(1 - 0.05 / 3)
     names = [v["name"] for v in results["variants"]]
     assert names == ["baseline", "ptq-float16", "student-8-int8"]
@@ -89,7 +89,7 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
     # Rerun: every stage is done, nothing is rebuilt.
     calls.clear()
     again = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
-    assert calls == [] and again.results == results
+    assert calls == [] and again.results.to_dict() == results
 
 
 def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path):
@@ -120,14 +120,14 @@ def test_seeds_run_each_seed_and_aggregate_with_iqm(tmp_path):
     outcome = run_seeds(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
     per_seed = [json.loads((tmp_path / "run" / f"seed-{s}" / "results.json").read_text()) for s in (0, 1)]
     assert [load_recipe(tmp_path / "run" / f"seed-{s}" / "recipe.yaml").seed for s in (0, 1)] == [0, 1]
-    (baseline,) = outcome.results["aggregate"]
+    (baseline,) = outcome.results.to_dict()["aggregate"]
     means = [r["variants"][0]["return"]["mean"] for r in per_seed]
     assert baseline["per_seed_mean_return"] == means
     assert baseline["iqm_return"] == iqm(means)
     lo, hi = baseline["iqm_return_ci95"]
     assert lo <= baseline["iqm_return"] <= hi
     assert "IQM" in (tmp_path / "run" / "report.md").read_text()
-    assert outcome.results["runs"] == ["seed-0/results.json", "seed-1/results.json"]
+    assert outcome.results.runs == ["seed-0/results.json", "seed-1/results.json"]
 
 
 def test_decisive_states_are_the_half_with_the_larger_action_gaps():

@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 from compress_dqn.report import headline, pareto_front, rows, write_report
+from compress_dqn.results import RunResults
 
 from conftest import cli
 
@@ -18,7 +19,7 @@ def test_pareto_front():
 
 
 def test_rows_and_headline_from_fixed_results():
-    results = json.loads(FIXED.read_text())
+    results = RunResults.from_dict(json.loads(FIXED.read_text()))
     table = rows(results)
     assert [r["name"] for r in table] == ["baseline", "ptq-int8", "prune-80", "student-32x32-qat-int8"]
     assert table[0]["verdict"] == "reference"
