@@ -618,50 +618,63 @@ def heldout_states(tflite: Path, recipe: Recipe, limit: int = 5000) -> Any:
     return np.stack([visited[i] for i in sorted(pick)])
 
 
-def _play_look(ctx: RunContext, undecided: list[str], before: int, after: int) -> dict[str, Any]:
-    """Episodes before..after for the baseline, the random policy and the undecided variants."""
-    from compress_dqn.evaluate import evaluate, random_returns
+def _play(ctx: RunContext, name: str, before: int, after: int) -> list[float]:
+    """One policy's returns on episode seeds eval.seed + before .. eval.seed + after - 1."""
+    from compress_dqn.evaluate import evaluate
     from compress_dqn.policy import TFLitePolicy
 
-    env, seed = ctx.recipe.env, ctx.recipe.eval.seed
-
-    def play(name: str) -> list[float]:
-        return evaluate(TFLitePolicy(ctx.folder(name) / "policy.tflite").act, env, after - before, seed + before).episodes
-
-    return {"baseline": play("baseline"),
-            "random": random_returns(env, range(seed + before, seed + after), ctx.info.n_actions),
-            "variants": {name: play(name) for name in undecided}}
+    policy = TFLitePolicy(ctx.folder(name) / "policy.tflite")
+    return evaluate(policy.act, ctx.recipe.env, after - before, ctx.recipe.eval.seed + before).episodes
 
 
-def decide(ctx: RunContext) -> dict[str, list[float]]:
-    """Sequential evaluation: at each look (episodes, doubling, up to eval.max_episodes), the
-    variants whose verdict is still inconclusive play the next episodes, and so do the baseline
-    and the random policy they are paired with. Each look is a stage (resumable). Returns every
-    policy's episode returns by name ("baseline", "random", variant names)."""
-    from compress_dqn.evaluate import paired_difference, sequential_plan
+def reference_episodes(ctx: RunContext, upto: int) -> dict[str, list[float]]:
+    """The baseline's and the random policy's first `upto` episode returns (a look count), played
+    once per look (stage "reference:N") and shared by every variant paired with them."""
+    from compress_dqn.evaluate import random_returns, sequential_plan
 
     cfg, done = ctx.recipe.eval, ctx.stages.done
     episodes = {"baseline": list(done["evaluate"]["return"]["episodes"]),
                 "random": list(done["random"]["return"]["episodes"])}
-    for variant in ctx.recipe.variants:
-        episodes[variant.name] = list(done[f"variant:{variant.name}"]["return"]["episodes"])
+    plan, _ = sequential_plan(cfg.episodes, cfg.max_episodes)
+    for before, after in zip(plan, plan[1:]):
+        if after > upto:
+            break
+        key = f"reference:{after}"
+        if key not in done:
+            seeds = range(cfg.seed + before, cfg.seed + after)
+            ctx.stages.finish(key, {"baseline": _play(ctx, "baseline", before, after),
+                                    "random": random_returns(ctx.recipe.env, seeds, ctx.info.n_actions)})
+        episodes["baseline"] += done[key]["baseline"]
+        episodes["random"] += done[key]["random"]
+    return episodes
+
+
+def decide_variant(ctx: RunContext, name: str) -> list[float]:
+    """Sequential evaluation of one variant: at each look (episodes, doubling, up to
+    eval.max_episodes) it plays the next episodes while its verdict is inconclusive, paired with
+    the baseline's and the random policy's same episodes. Each look is a stage ("look:N:NAME")."""
+    from compress_dqn.evaluate import paired_difference, sequential_plan
+
+    cfg, done = ctx.recipe.eval, ctx.stages.done
+    episodes = list(done[f"variant:{name}"]["return"]["episodes"])
     plan, confidence = sequential_plan(cfg.episodes, cfg.max_episodes)
     for before, after in zip(plan, plan[1:]):
-        key = f"look:{after}"
+        reference = reference_episodes(ctx, before)
+        verdict = paired_difference(episodes, reference["baseline"], cfg.tolerance, reference["random"], confidence)
+        if verdict["verdict"] != "inconclusive":
+            break
+        key = f"look:{after}:{name}"
         if key not in done:
-            undecided = [
-                v.name for v in ctx.recipe.variants
-                if len(episodes[v.name]) == before and paired_difference(
-                    episodes[v.name], episodes["baseline"], cfg.tolerance, episodes["random"], confidence
-                )["verdict"] == "inconclusive"
-            ]
-            if not undecided:
-                break
-            ctx.log(f"[evaluate] {len(undecided)} undecided ({', '.join(undecided)}): episodes {before} -> {after}")
-            ctx.stages.finish(key, _play_look(ctx, undecided, before, after))
-        played = done[key]
-        episodes["baseline"] += played["baseline"]
-        episodes["random"] += played["random"]
-        for name, more in played["variants"].items():
-            episodes[name] += more
+            ctx.log(f"[{name}] inconclusive after {before} episodes: playing to {after}")
+            reference_episodes(ctx, after)
+            ctx.stages.finish(key, {"episodes": _play(ctx, name, before, after)})
+        episodes += done[key]["episodes"]
     return episodes
+
+
+def decide(ctx: RunContext) -> dict[str, list[float]]:
+    """Every variant's episode returns after its sequential evaluation, and the baseline's and the
+    random policy's over as many episodes as the longest of them ("baseline", "random", names)."""
+    played = {v.name: decide_variant(ctx, v.name) for v in ctx.recipe.variants}
+    longest = max([len(e) for e in played.values()], default=ctx.recipe.eval.episodes)
+    return {**reference_episodes(ctx, longest), **played}
