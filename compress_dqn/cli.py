@@ -81,7 +81,12 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
     from compress_dqn.pipeline import run as run_pipeline, run_seeds
 
     log = lambda m: click.echo(m, err=True)  # noqa: E731
-    if loaded.seeds:
+    if loaded.search:
+        from compress_dqn.search import run_search
+
+        outcome = run_search(loaded, run_dir, quiet=quiet, log=log)
+        baseline_return = outcome.results.aggregate[0].iqm_return
+    elif loaded.seeds:
         outcome = run_seeds(loaded, run_dir, quiet=quiet, log=log)
         baseline_return = outcome.results.aggregate[0].iqm_return
     else:

@@ -424,22 +424,43 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
     return RunContext(recipe, run_dir, info, stages, log, quiet, device), resumed
 
 
+def reopen_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunContext:
+    """The context of a run directory that open_run prepared (for a unit that runs one of its stages)."""
+    from compress_dqn._tf import configure_device
+    from compress_dqn.envs import probe_env
+
+    run_dir = Path(run_dir)
+    return RunContext(recipe, run_dir, probe_env(recipe.env), Stages(run_dir), log, quiet, configure_device(recipe.device))
+
+
+def train_baseline(ctx: RunContext) -> None:
+    """The baseline stages: train (or load), export, evaluate, random policy, held-out states."""
+    run_stages(ctx, BASELINE_STAGES)
+    shutil.rmtree(ctx.base / "checkpoints", ignore_errors=True)
+
+
+def finish_run(ctx: RunContext, search: dict[str, Any] | None = None) -> RunResults:
+    """Build what is left of ctx.recipe's variants, decide their verdicts, measure every policy,
+    then write results.json, the report and the manifest (last: its presence means finished)."""
+    run_stages(ctx, variant_stages(ctx.recipe))
+    episodes = decide(ctx)  # more episodes where a verdict is still open
+    run_stages(ctx, measure_stages(ctx.recipe))
+    results = collect_results(ctx, episodes)
+    results.search = search
+    save_results(results, ctx.run_dir / "results.json")
+    write_report(ctx.run_dir)
+    write_manifest(ctx.run_dir)
+    return results
+
+
 def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
     """Train, export and evaluate the baseline and every variant of one recipe in run_dir.
 
     Resumes: training continues from its checkpoint, finished stages are skipped.
     """
     ctx, resumed = open_run(recipe, run_dir, quiet, log)
-    run_stages(ctx, BASELINE_STAGES)
-    shutil.rmtree(ctx.base / "checkpoints", ignore_errors=True)
-    run_stages(ctx, variant_stages(recipe))
-    episodes = decide(ctx)  # more episodes where a verdict is still open
-    run_stages(ctx, measure_stages(recipe))
-    results = collect_results(ctx, episodes)
-    save_results(results, ctx.run_dir / "results.json")
-    write_report(ctx.run_dir)
-    write_manifest(ctx.run_dir)  # last: its presence means the run finished
-    return RunOutcome(run_dir=ctx.run_dir, results=results, resumed=resumed)
+    train_baseline(ctx)
+    return RunOutcome(run_dir=ctx.run_dir, results=finish_run(ctx), resumed=resumed)
 
 
 def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunResults:
@@ -478,7 +499,8 @@ def aggregate_seeds(runs: list[RunResults]) -> list[SeedAggregate]:
 
     baseline = np.array([run.baseline.returns["mean"] for run in runs])
     out = []
-    for name in [v.name for v in runs[0].variants]:
+    # A search drops a candidate at its first losing seed: aggregate what every seed played.
+    for name in [v.name for v in runs[0].variants if all(v.name in {w.name for w in run.variants} for run in runs)]:
         entries = [run.variant(name) for run in runs]
         means = np.array([v.returns["mean"] for v in entries])
         diffs = means - baseline
@@ -529,6 +551,39 @@ def run_seed_unit(recipe_data: dict[str, Any], seed_dir: str, quiet: bool) -> di
     return outcome.results.to_dict()
 
 
+def baseline_unit(recipe_data: dict[str, Any], seed_dir: str, quiet: bool) -> float:
+    """One seed's baseline stages, as an executor unit. Returns the baseline's mean return."""
+    ctx, _ = open_run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
+    train_baseline(ctx)
+    return float(ctx.stages.done["evaluate"]["return"]["mean"])
+
+
+def finish_unit(recipe_data: dict[str, Any], seed_dir: str, quiet: bool, search: dict[str, Any] | None) -> dict[str, Any]:
+    """One seed's remaining stages and its results.json, as an executor unit."""
+    ctx = reopen_run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
+    return finish_run(ctx, search).to_dict()
+
+
+def seed_plan(recipe: Recipe) -> tuple[list[int], int, int]:
+    """The training seeds, how many run at once, and TensorFlow threads per unit (the same on
+    either engine, so per-seed results do not depend on the engine)."""
+    from compress_dqn.executors import threads_per_worker, worker_count
+
+    seeds = list(recipe.seeds or [recipe.seed])
+    workers = worker_count(len(seeds), recipe.workers)
+    return seeds, workers, recipe.train.intra_op_threads or threads_per_worker(workers)
+
+
+def seed_recipes(recipe: Recipe, run_dir: Path, threads: int) -> list[tuple[int, dict[str, Any], str]]:
+    """(seed, that seed's single-seed recipe as data, its directory RUN_DIR/seed-N) per seed."""
+    out = []
+    for seed in recipe.seeds or [recipe.seed]:
+        train = recipe.train.model_copy(update={"intra_op_threads": threads})
+        single = recipe.model_copy(update={"seed": seed, "seeds": None, "train": train})
+        out.append((seed, single.to_dict(), str(Path(run_dir) / f"seed-{seed}")))
+    return out
+
+
 def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
     """Run the whole pipeline once per seed in RUN_DIR/seed-N (each resumable), then aggregate.
 
@@ -536,21 +591,15 @@ def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[
     TensorFlow thread count on either engine, so per-seed results do not depend on the engine.
     """
     from compress_dqn.envs import probe_env
-    from compress_dqn.executors import map_units, threads_per_worker, worker_count
+    from compress_dqn.executors import map_units
 
     run_dir = Path(run_dir)
-    seeds = list(recipe.seeds or [recipe.seed])
-    workers = worker_count(len(seeds), recipe.workers)
+    seeds, workers, threads = seed_plan(recipe)
     info = probe_env(recipe.env)
     resources.check(resources.plan(recipe, info), run_dir, at_once=workers, in_total=len(seeds))
     resumed = prepare_run_dir(recipe, run_dir)
-    threads = recipe.train.intra_op_threads or threads_per_worker(workers)
     parallel = workers > 1 or recipe.executor == "ray"
-    units = []
-    for seed in seeds:
-        train = recipe.train.model_copy(update={"intra_op_threads": threads})
-        single = recipe.model_copy(update={"seed": seed, "seeds": None, "train": train})
-        units.append((single.to_dict(), str(run_dir / f"seed-{seed}"), quiet or parallel))
+    units = [(data, seed_dir, quiet or parallel) for _, data, seed_dir in seed_recipes(recipe, run_dir, threads)]
     where = f"{recipe.executor}, {workers} at a time, {threads} TensorFlow thread(s) each"
     log(f"[seeds] {', '.join(map(str, seeds))} on {where}")
     runs = [RunResults.from_dict(data) for data in map_units(run_seed_unit, units, recipe.executor, workers, recipe.address)]

@@ -474,6 +474,49 @@ class VariantConfig(StrictModel):
         return self
 
 
+def _tuning(steps: int, learning_rate: float) -> Any:
+    return Field(default_factory=lambda: FineTuneConfig(steps=steps, learning_rate=learning_rate))
+
+
+class SearchConfig(StrictModel):
+    """Find the smallest policy that keeps the baseline's return on every training seed.
+
+    Each family is a ladder of candidates ordered by size; the search bisects each ladder for its
+    smallest rung within eval.tolerance (assuming a smaller rung never keeps more return), and
+    skips a rung that cannot beat the best policy found so far."""
+
+    objective: Literal["gzip_bytes", "params", "latency"] = "gzip_bytes"
+    """What "smallest" means: the gzipped .tflite bytes, the nonzero parameters, or the TFLite
+    batch-1 p50 latency on this machine."""
+    students: list[list[Annotated[int, BeforeValidator(_parse_count), AfterValidator(_interval(1, None))]]] = Field(
+        default_factory=lambda: [[64, 64], [32, 32], [16, 16], [8, 8]])
+    """Student hidden widths to try (distilled from the baseline); [] leaves students out."""
+    student_quantize: Literal["qat", "int8", "float16", "none"] = "qat"
+    """How each student is quantized: qat (int8 after a quantization-aware fine-tune), int8, float16, none."""
+    student_fine_tune: FineTuneConfig = _tuning(20_000, 1e-3)
+    """Distillation of each student."""
+    sparsities: list[_real(0.0, 1.0, lo_open=True, hi_open=True)] = Field(default_factory=list)
+    """Magnitude-pruning targets to try on the baseline (each then post-training int8); [] leaves pruning out."""
+    prune_exclude: list[str] = Field(default_factory=lambda: ["hidden_0", "q_values"])
+    """Layers the pruning family keeps dense."""
+    prune_fine_tune: FineTuneConfig = _tuning(6_000, 3e-4)
+    """Recovery fine-tune of each pruned candidate."""
+    qat_steps: PositiveCount = 5_000
+    """Gradient steps of each QAT fine-tune."""
+    max_candidates: _count(1) | None = None
+    """Budget: candidates evaluated at most (each on every seed); null: no limit."""
+    max_seconds: _real(0.0, None, lo_open=True) | None = None
+    """Budget: no new candidate starts after this many seconds of search; null: no limit."""
+
+    @model_validator(mode="after")
+    def _something_to_try(self) -> SearchConfig:
+        if not self.students and not self.sparsities:
+            raise ValueError("search: give students, sparsities or both; nothing to try")
+        if any(not widths for widths in self.students):
+            raise ValueError("search.students: each entry is a list of hidden widths, e.g. [32, 32]")
+        return self
+
+
 class Recipe(StrictModel):
     """One experiment: environment, training, replay, evaluation."""
 
@@ -493,6 +536,8 @@ class Recipe(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     variants: list[VariantConfig] = Field(default_factory=list)
     """Compressed policies to build from the baseline, each exported and evaluated."""
+    search: SearchConfig | None = None
+    """Search for the smallest policy that keeps the return (besides the listed variants)."""
     device: Literal["auto", "cpu", "gpu"] = "auto"
     """Where TensorFlow trains: auto (a GPU when one is visible), cpu, or gpu (fails without one)."""
     executor: Literal["local", "ray"] = "local"

@@ -122,6 +122,9 @@ def headline(results: RunResults) -> list[str]:
                 f"{best['micro_arena_bytes']:,} B arena, TFLite Micro)."
             )
             break
+    if results.search and results.search.get("winner"):
+        lines.append(f"Search winner (smallest by {results.search['objective']} within tolerance on every training "
+                     f"seed): {results.search['winner']}.")
     if base["tflite_peak_rss"] and base["saved_model_peak_rss"]:
         lines.append(
             f"Serving memory: a TFLite policy process peaks at {base['tflite_peak_rss'] / 2**20:.0f} MiB; "
@@ -391,7 +394,35 @@ def render_aggregate_markdown(results: SeedsResults) -> str:
         )
     kept = [a.name for a in results.aggregate[1:] if all(keeps_return(v) for v in a.per_seed_verdict)]
     lines += ["", f"Within tolerance on every seed: {', '.join(kept) if kept else 'none'}."]
+    if results.search:
+        lines += [""] + render_search_markdown(results.search)
     return "\n".join(lines) + "\n"
+
+
+def render_search_markdown(search: dict[str, Any]) -> list[str]:
+    """The search section: winner, front, every candidate with why it was kept or dropped, cost."""
+    unit = {"gzip_bytes": "gzipped bytes", "params": "nonzero parameters", "latency": "TFLite p50 us"}[search["objective"]]
+    cost = search["cost"]
+    winner = (f"**{search['winner']}** ({search['winner_objective']:,.0f} {unit}, median over seeds)"
+              if search["winner"] else "**none** kept the return on every seed")
+    lines = [
+        "## Search: the smallest policy within tolerance on every seed",
+        "",
+        f"- Winner: {winner}.",
+        f"- Front (objective vs mean normalized score, candidates played on every seed): {', '.join(search['front']) or 'none'}.",
+        f"- Cost: {cost['wall_seconds']:,.0f} s wall, {cost['candidates_played']} candidates played, "
+        f"{cost['units']} (seed, candidate) units.",
+        "",
+        "| candidate | family | estimated weight bytes | outcome | objective (median) | per-seed verdicts (episodes) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in search["tried"]:
+        verdicts = ", ".join(f"{seed}: {o['verdict']} ({o['episodes']})" for seed, o in t["per_seed"].items()) or "-"
+        objective = f"{t['objective']:,.0f}" if t["objective"] is not None else "-"
+        lines.append(f"| {t['name']} | {t['family']} | {t['estimated_bytes']:,.0f} | {t['outcome']} | {objective} | {verdicts} |")
+    lines += ["", "Each ladder is bisected for its smallest rung that keeps the return (a candidate is dropped at its "
+              "first losing seed; a rung whose weights alone outweigh the best kept policy is skipped unplayed)."]
+    return lines
 
 
 def write_report(run_dir: Path) -> list[Path]:

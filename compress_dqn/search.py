@@ -1,0 +1,298 @@
+"""Search for the smallest policy that keeps the baseline's return on every training seed.
+
+The recipe's `search:` block names families of candidates (distilled students of decreasing
+width, the baseline pruned to increasing sparsity). Each family is a ladder ordered by size, and
+return is assumed not to grow as a rung shrinks, so the search bisects each ladder for its
+smallest rung that keeps the return: a kept rung sends it to the smaller half, a lost one to the
+larger half. A candidate is dropped as soon as one seed's paired verdict rules it out (later seeds
+are not played), and a rung whose estimated size cannot beat the best policy found so far is
+skipped unplayed. Every (seed, candidate) evaluation is a unit an executor runs on its own, so the
+local pool and Ray give the same results; search.json records finished candidates, and each
+seed's stages.json finished builds, so a killed search resumes without redoing them.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from compress_dqn.recipe import Recipe, SearchConfig, VariantConfig, recipe_from_data
+
+_BYTES_PER_WEIGHT = {"qat": 1, "int8": 1, "dynamic": 1, "int16x8": 1, "float16": 2, None: 4}
+
+
+@dataclass
+class Candidate:
+    """One rung of a family's ladder."""
+
+    family: str
+    variant: VariantConfig
+    estimated_bytes: float
+    """Weight bytes after compression (nonzero weights x bytes per weight): a lower bound of the
+    gzipped file used to skip rungs that cannot win, never to decide a winner."""
+
+
+@dataclass
+class Tried:
+    """What the search learned about one candidate."""
+
+    name: str
+    family: str
+    estimated_bytes: float
+    outcome: str
+    """kept (within tolerance on every seed), lost (a seed ruled it out), or skipped: why."""
+    per_seed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    objective: float | None = None
+    """Median over the seeds played of the measured objective."""
+
+
+def _layer_weights(widths: list[int], n_inputs: int, n_actions: int) -> list[int]:
+    sizes = [n_inputs, *widths, n_actions]
+    return [a * b for a, b in zip(sizes, sizes[1:])]
+
+
+def _estimate(variant: VariantConfig, baseline_widths: list[int], n_inputs: int, n_actions: int) -> float:
+    widths = variant.student.net_arch if variant.student else baseline_widths
+    weights = _layer_weights(widths, n_inputs, n_actions)
+    if variant.prune:
+        names = [f"hidden_{i}" for i in range(len(widths))] + ["q_values"]
+        weights = [w if name in variant.prune.exclude else w * (1 - variant.prune.sparsity)
+                   for name, w in zip(names, weights)]
+    mode = variant.quantize.mode if variant.quantize else None
+    return float(sum(weights) * _BYTES_PER_WEIGHT[mode])
+
+
+def _student(widths: list[int], search: SearchConfig) -> VariantConfig:
+    name = "student-" + "x".join(map(str, widths))
+    data: dict[str, Any] = {"student": {"net_arch": widths}, "fine_tune": search.student_fine_tune.model_dump()}
+    if search.student_quantize == "qat":
+        name += "-qat-int8"
+        data["quantize"] = {"mode": "qat", "qat_steps": search.qat_steps}
+    elif search.student_quantize != "none":
+        name += f"-{search.student_quantize}"
+        data["quantize"] = {"mode": search.student_quantize}
+    return VariantConfig(name=name, **data)
+
+
+def _pruned(sparsity: float, search: SearchConfig) -> VariantConfig:
+    return VariantConfig(name=f"prune-{100 * sparsity:g}-int8", prune={"sparsity": sparsity, "exclude": search.prune_exclude},
+                         quantize={"mode": "int8"}, fine_tune=search.prune_fine_tune.model_dump())
+
+
+def ladders(recipe: Recipe, n_inputs: int, n_actions: int) -> dict[str, list[Candidate]]:
+    """Each family's candidates, largest first (by estimated weight bytes)."""
+    search, widths = recipe.search, list(recipe.train.net_arch)
+    families = {"student": [_student(list(w), search) for w in search.students],
+                "prune": [_pruned(s, search) for s in search.sparsities]}
+    out = {}
+    for family, variants in families.items():
+        rungs = [Candidate(family, v, _estimate(v, widths, n_inputs, n_actions)) for v in variants]
+        if rungs:
+            out[family] = sorted(rungs, key=lambda c: -c.estimated_bytes)
+    return out
+
+
+def objective_value(stage: dict[str, Any], measured: dict[str, Any] | None, objective: str) -> float:
+    """The search objective from a variant's stage outputs (and its measure stage for latency)."""
+    if objective == "gzip_bytes":
+        return float(stage["size"]["tflite_gzip_bytes"])
+    if objective == "params":
+        return float(stage["size"]["nonzero_params"])
+    return float(measured["latency_us"]["cpu"]["tflite"]["p50"])
+
+
+def candidate_unit(recipe_data: dict[str, Any], seed_dir: str, variant_data: dict[str, Any],
+                   quiet: bool) -> dict[str, Any]:
+    """One (seed, candidate) unit: build the candidate from that seed's baseline, evaluate it
+    sequentially until its verdict is decided, and return its verdict and objective. Plain data
+    in and out, so any executor can run it; finished steps are stages of the seed's run."""
+    from compress_dqn.evaluate import paired_difference, sequential_plan
+    from compress_dqn.pipeline import Stage, _measure_stage, _variant_stage, decide_variant, reopen_run, reference_episodes, run_stages
+
+    variant = VariantConfig(**variant_data)
+    ctx = reopen_run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet,
+                     log=(lambda _: None) if quiet else print)
+    stages = [Stage(f"variant:{variant.name}", lambda c: _variant_stage(variant, c))]
+    if ctx.recipe.search.objective == "latency":
+        stages.append(Stage(f"measure:{variant.name}", lambda c: _measure_stage(variant.name, c)))
+    run_stages(ctx, stages)
+    episodes = decide_variant(ctx, variant.name)
+    reference = reference_episodes(ctx, len(episodes))
+    _, confidence = sequential_plan(ctx.recipe.eval.episodes, ctx.recipe.eval.max_episodes)
+    versus = paired_difference(episodes, reference["baseline"], ctx.recipe.eval.tolerance, reference["random"], confidence)
+    done = ctx.stages.done
+    return {"verdict": versus["verdict"], "episodes": len(episodes), "difference": versus["mean"],
+            "normalized_score": versus["normalized_score"],
+            "objective": objective_value(done[f"variant:{variant.name}"], done.get(f"measure:{variant.name}"),
+                                         ctx.recipe.search.objective)}
+
+
+class SearchLog:
+    """search.json: each finished candidate's outcome, written atomically after each one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tried: dict[str, dict[str, Any]] = json.loads(path.read_text())["tried"] if path.exists() else {}
+
+    def record(self, tried: Tried) -> Tried:
+        from compress_dqn.fileio import write_text_atomic
+
+        self.tried[tried.name] = asdict(tried)
+        write_text_atomic(self.path, json.dumps({"tried": self.tried}, indent=2))
+        return tried
+
+
+@dataclass
+class _Plan:
+    """What the search runs on: each seed's recipe data and directory, and the executor."""
+
+    seeds: list[tuple[int, dict[str, Any], str]]
+    recipe: Recipe
+    workers: int
+    quiet: bool
+    log: Callable[[str], None]
+
+
+def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
+    """Evaluate a candidate seed by seed (workers seeds at a time), stopping at the first seed
+    whose verdict rules it out."""
+    from compress_dqn.evaluate import keeps_return
+    from compress_dqn.executors import map_units
+
+    variant = candidate.variant.model_dump(mode="json", exclude_none=True)
+    per_seed: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(plan.seeds), plan.workers):
+        chunk = plan.seeds[start:start + plan.workers]
+        units = [(data, seed_dir, variant, plan.quiet) for _, data, seed_dir in chunk]
+        outcomes = map_units(candidate_unit, units, plan.recipe.executor, plan.workers, plan.recipe.address)
+        per_seed.update({str(seed): outcome for (seed, _, _), outcome in zip(chunk, outcomes)})
+        if not all(keeps_return(o["verdict"]) for o in outcomes):
+            break
+    kept = len(per_seed) == len(plan.seeds) and all(keeps_return(o["verdict"]) for o in per_seed.values())
+    verdicts = ", ".join(f"seed {s}: {o['verdict']} ({o['episodes']} ep)" for s, o in per_seed.items())
+    plan.log(f"[search] {candidate.variant.name}: {'kept' if kept else 'lost'} ({verdicts})")
+    return Tried(candidate.variant.name, candidate.family, candidate.estimated_bytes, "kept" if kept else "lost",
+                 per_seed, statistics.median(o["objective"] for o in per_seed.values()))
+
+
+def _best(tried: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    kept = [t for t in tried.values() if t["outcome"] == "kept"]
+    return min(kept, key=lambda t: t["objective"]) if kept else None
+
+
+def bisect_family(rungs: list[Candidate], plan: _Plan, log: SearchLog, budget: Callable[[], str | None]) -> None:
+    """Smallest kept rung of one ladder (largest first), by bisection."""
+    lo, hi = 0, len(rungs) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        candidate = rungs[mid]
+        tried = log.tried.get(candidate.variant.name)
+        if tried is None:
+            best = _best(log.tried)
+            # Only the bytes objective has a lower bound to skip on: a rung whose weights alone
+            # outweigh the best kept policy cannot win, and the smaller half is where to look.
+            if best is not None and plan.recipe.search.objective == "gzip_bytes" and candidate.estimated_bytes >= best["objective"]:
+                tried = asdict(log.record(Tried(candidate.variant.name, candidate.family, candidate.estimated_bytes,
+                                                f"skipped: its weights alone ({candidate.estimated_bytes:,.0f} B) "
+                                                f"outweigh {best['name']} ({best['objective']:,.0f} B)")))
+            else:
+                stop = budget()
+                if stop:
+                    plan.log(f"[search] budget spent ({stop}): {candidate.variant.name} not played")
+                    return
+                tried = asdict(log.record(play_candidate(candidate, plan)))
+        if tried["outcome"] == "lost":
+            hi = mid - 1
+        else:
+            lo = mid + 1
+
+
+def pareto_names(tried: dict[str, dict[str, Any]], seeds: int) -> list[str]:
+    """Candidates played on every seed that no other beats on both objective and mean normalized score."""
+    from compress_dqn.report import pareto_front
+
+    full = [t for t in tried.values() if len(t["per_seed"]) == seeds]
+    scores = [statistics.fmean((o["normalized_score"] or 0.0) for o in t["per_seed"].values()) for t in full]
+    return [full[i]["name"] for i in pareto_front([t["objective"] for t in full], scores)]
+
+
+def _budget(search: SearchConfig, log: SearchLog, started: float) -> Callable[[], str | None]:
+    def spent() -> str | None:
+        played = sum(1 for t in log.tried.values() if t["per_seed"])
+        if search.max_candidates is not None and played >= search.max_candidates:
+            return f"{search.max_candidates} candidates played"
+        if search.max_seconds is not None and time.monotonic() - started > search.max_seconds:
+            return f"{search.max_seconds:g} s"
+        return None
+    return spent
+
+
+def summary(recipe: Recipe, log: SearchLog, seconds: float) -> dict[str, Any]:
+    """results.json's search object: the winner, the front, every candidate and why it was dropped."""
+    best = _best(log.tried)
+    played = [t for t in log.tried.values() if t["per_seed"]]
+    return {
+        "objective": recipe.search.objective,
+        "tolerance": recipe.eval.tolerance,
+        "winner": best and best["name"],
+        "winner_objective": best and best["objective"],
+        "front": pareto_names(log.tried, len(recipe.seeds or [recipe.seed])),
+        "tried": list(log.tried.values()),
+        "cost": {"wall_seconds": round(seconds, 1), "candidates_played": len(played),
+                 "units": sum(len(t["per_seed"]) for t in played)},
+    }
+
+
+def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> Any:
+    """Train each seed's baseline, search the recipe's families for the smallest policy that keeps
+    the return on every seed, then finish each seed's run (its listed variants and every candidate
+    it played) and aggregate. Returns the pipeline's RunOutcome."""
+    import numpy as np
+
+    from compress_dqn import resources
+    from compress_dqn.envs import probe_env
+    from compress_dqn.executors import map_units
+    from compress_dqn.pipeline import (
+        RunOutcome, aggregate_seeds, baseline_unit, finish_unit, prepare_run_dir, seed_plan, seed_recipes,
+    )
+    from compress_dqn.report import write_report
+    from compress_dqn.manifest import write_manifest
+    from compress_dqn.results import RunResults, SeedsResults, save_results
+
+    started, run_dir = time.monotonic(), Path(run_dir)
+    seeds, workers, threads = seed_plan(recipe)
+    info = probe_env(recipe.env)
+    resources.check(resources.plan(recipe, info), run_dir, at_once=workers, in_total=len(seeds))
+    resumed = prepare_run_dir(recipe, run_dir)
+    plan = _Plan(seed_recipes(recipe, run_dir, threads), recipe, workers, quiet or workers > 1 or recipe.executor == "ray", log)
+    log(f"[search] training {len(seeds)} baseline(s) on {recipe.executor}, {workers} at a time")
+    map_units(baseline_unit, [(data, d, plan.quiet) for _, data, d in plan.seeds], recipe.executor, workers, recipe.address)
+
+    search_log = SearchLog(run_dir / "search.json")
+    rungs = ladders(recipe, int(np.prod(info.obs_shape)), info.n_actions)
+    for family in rungs.values():
+        bisect_family(family, plan, search_log, _budget(recipe.search, search_log, started))
+    found = summary(recipe, search_log, time.monotonic() - started)
+    log(f"[search] winner: {found['winner'] or 'none within tolerance on every seed'}")
+
+    by_name = {c.variant.name: c.variant for family in rungs.values() for c in family}
+    units = []
+    for seed, data, seed_dir in plan.seeds:
+        played = [by_name[t["name"]] for t in search_log.tried.values() if str(seed) in t["per_seed"]]
+        data = {**data, "variants": data["variants"] + [v.model_dump(mode="json", exclude_none=True) for v in played]}
+        units.append((data, seed_dir, plan.quiet, {"winner": found["winner"], "objective": recipe.search.objective}))
+    runs = [RunResults.from_dict(r) for r in map_units(finish_unit, units, recipe.executor, workers, recipe.address)]
+    results = SeedsResults(
+        env_id=recipe.env.id, eval={"episodes": recipe.eval.episodes, "seed": recipe.eval.seed}, seeds=seeds,
+        executor={"kind": recipe.executor, "workers": workers, "intra_op_threads": threads},
+        runs=[f"seed-{seed}/results.json" for seed in seeds], aggregate=aggregate_seeds(runs),
+        search={**found, "cost": {**found["cost"], "wall_seconds": round(time.monotonic() - started, 1)}},
+    )
+    save_results(results, run_dir / "results.json")
+    write_report(run_dir)
+    write_manifest(run_dir)
+    return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)

@@ -1,0 +1,117 @@
+"""The compression search: bisection along each ladder, skipping, budget, and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from compress_dqn import search as search_module
+from compress_dqn.recipe import load_recipe
+from compress_dqn.search import SearchLog, Tried, bisect_family, ladders
+
+from conftest import TINY
+
+STUDENTS = "search.students=[[64, 64], [32, 32], [16, 16], [8, 8], [4, 4]]"
+
+
+def _fake_player(smallest_kept: int, played: list[str], sizes: dict[str, float]):
+    """Candidates of width >= smallest_kept keep the return; the objective is a made-up size."""
+    def play(candidate, plan):
+        played.append(candidate.variant.name)
+        width = candidate.variant.student.net_arch[0]
+        kept = width >= smallest_kept
+        return Tried(candidate.variant.name, candidate.family, candidate.estimated_bytes, "kept" if kept else "lost",
+                     {"0": {"verdict": "within 1%" if kept else "worse", "episodes": 5, "normalized_score": 1.0,
+                            "objective": sizes[candidate.variant.name], "difference": 0.0}},
+                     sizes[candidate.variant.name])
+    return play
+
+
+class _Plan:
+    def __init__(self, recipe):
+        self.recipe, self.log = recipe, lambda m: None
+
+
+@pytest.mark.parametrize("smallest_kept, expected_played", [
+    (16, ["student-16x16-qat-int8", "student-8x8-qat-int8"]),
+    (64, ["student-16x16-qat-int8", "student-64x64-qat-int8", "student-32x32-qat-int8"]),
+    (4, ["student-16x16-qat-int8", "student-8x8-qat-int8", "student-4x4-qat-int8"]),
+])
+def test_bisection_finds_the_smallest_kept_rung_in_log_steps(tmp_path, monkeypatch, smallest_kept, expected_played):
+    recipe = load_recipe(TINY, [STUDENTS, "search.objective=params"])
+    (rungs,) = ladders(recipe, 4, 2).values()
+    assert [c.variant.name for c in rungs][0] == "student-64x64-qat-int8"  # largest first
+    played: list[str] = []
+    sizes = {c.variant.name: c.estimated_bytes for c in rungs}
+    monkeypatch.setattr(search_module, "play_candidate", _fake_player(smallest_kept, played, sizes))
+    log = SearchLog(tmp_path / "search.json")
+    bisect_family(rungs, _Plan(recipe), log, lambda: None)
+    assert played == expected_played
+    assert search_module._best(log.tried)["name"] == f"student-{smallest_kept}x{smallest_kept}-qat-int8"
+    # Resume: a second search over the same log plays nothing again.
+    again: list[str] = []
+    monkeypatch.setattr(search_module, "play_candidate", _fake_player(smallest_kept, again, sizes))
+    bisect_family(rungs, _Plan(recipe), SearchLog(tmp_path / "search.json"), lambda: None)
+    assert again == []
+
+
+def test_a_rung_that_cannot_beat_the_best_is_skipped_unplayed_and_the_budget_stops_the_search(tmp_path, monkeypatch):
+    recipe = load_recipe(TINY, [STUDENTS, "search.sparsities=[0.5, 0.9]"])
+    families = ladders(recipe, 4, 2)
+    played: list[str] = []
+    sizes = {c.variant.name: c.estimated_bytes for c in families["student"]}
+    monkeypatch.setattr(search_module, "play_candidate", _fake_player(8, played, sizes))
+    log = SearchLog(tmp_path / "search.json")
+    bisect_family(families["student"], _Plan(recipe), log, lambda: None)
+    best = search_module._best(log.tried)
+    assert best["name"] == "student-8x8-qat-int8"
+    # The baseline is [16, 16]: even 90% pruned, its int8 weights outweigh an 8x8 int8 student.
+    bisect_family(families["prune"], _Plan(recipe), log, lambda: None)
+    skipped = [t for t in log.tried.values() if t["family"] == "prune"]
+    assert skipped and all(t["outcome"].startswith("skipped: its weights alone") for t in skipped)
+    assert not any(name.startswith("prune") for name in played)
+
+    budget_log = SearchLog(tmp_path / "budget.json")
+    bisect_family(families["student"], _Plan(recipe), budget_log, lambda: "1 candidates played")
+    assert budget_log.tried == {}
+
+
+def test_search_recipe_errors_are_one_line():
+    from compress_dqn.errors import UserError
+
+    with pytest.raises(UserError, match="search: give students, sparsities or both"):
+        load_recipe(TINY, ["search.students=[]"])
+    with pytest.raises(UserError, match=r"search.sparsities.0: 1.5 is not in \(0, 1\)"):
+        load_recipe(TINY, ["search.sparsities=[1.5]"])
+
+
+def test_tiny_search_end_to_end_names_a_winner_among_the_variants_and_resumes(tmp_path, monkeypatch):
+    from compress_dqn.search import run_search
+
+    recipe = load_recipe(TINY, [
+        "search.students=[[8], [2]]", "search.student_quantize=float16", "search.student_fine_tune.steps=300",
+        "eval.tolerance=1.0",  # a tiny baseline: keep the test about the mechanics, not the tolerance
+    ])
+    outcome = run_search(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
+    found = outcome.results.search
+    played = [t["name"] for t in found["tried"] if t["per_seed"]]
+    assert played and found["cost"]["units"] == len(played)
+    seed_results = json.loads((tmp_path / "run" / "seed-0" / "results.json").read_text())
+    names = [v["name"] for v in seed_results["variants"]]
+    assert names == ["baseline", *played]
+    if found["winner"] is not None:
+        assert found["winner"] in names and seed_results["search"]["winner"] == found["winner"]
+        assert all(o["verdict"] != "worse" for o in next(t for t in found["tried"] if t["name"] == found["winner"])["per_seed"].values())
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "## Search: the smallest policy within tolerance on every seed" in report
+
+    # A rerun finds every unit finished: no candidate is built or played again.
+    import compress_dqn.pipeline as pipeline
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a finished candidate was rebuilt")
+
+    monkeypatch.setattr(pipeline, "_variant_stage", refuse)
+    again = run_search(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
+    assert again.results.search["winner"] == found["winner"] and again.resumed
