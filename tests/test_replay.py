@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from compress_dqn import replay
+from compress_dqn import replay, replay_budget, replay_index
 from compress_dqn.errors import UserError
 from compress_dqn.replay import Batch, ReplayBuffer
 
@@ -297,7 +297,7 @@ def test_capacity_for_budget():
 
 def test_memory_check_raises_before_allocating(monkeypatch):
     available = 10 * 1024**2  # 10 MiB
-    monkeypatch.setattr(replay.psutil, "virtual_memory", lambda: SimpleNamespace(available=available))
+    monkeypatch.setattr(replay_budget.psutil, "virtual_memory", lambda: SimpleNamespace(available=available))
     # 1000 rows x 28230 bytes = 26.92 MiB > 90% of 10 MiB
     with pytest.raises(UserError) as err:
         ReplayBuffer(1000, (84, 84, 4), np.uint8, 6, seed=0)
@@ -362,7 +362,7 @@ def test_sampling_is_uniform_over_valid_rows():
 
 
 def test_fallback_sampling_path(monkeypatch):
-    monkeypatch.setattr(replay, "_MIN_VALID_FRACTION", 1.1)  # always enumerate
+    monkeypatch.setattr(replay_index, "MIN_VALID_FRACTION", 1.1)  # always enumerate
     stream = make_stream([4, 3], ["term", "trunc"])
     buf = ReplayBuffer(32, (2,), np.float32, N_ACTIONS, seed=12)
     feed(buf, stream)

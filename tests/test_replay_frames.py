@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from compress_dqn import replay
+from compress_dqn import replay, replay_budget
 from compress_dqn.errors import UserError
 from compress_dqn.replay import ReplayBuffer
 
@@ -332,14 +332,14 @@ def test_memmap_backing(tmp_path, monkeypatch):
         np.testing.assert_array_equal(x, y)
 
     # Only the arrays kept in RAM count against available memory.
-    monkeypatch.setattr(replay.psutil, "virtual_memory", lambda: SimpleNamespace(available=1024**2))
+    monkeypatch.setattr(replay_budget.psutil, "virtual_memory", lambda: SimpleNamespace(available=1024**2))
     with pytest.raises(UserError):
         ReplayBuffer(2000, (84, 84, 4), np.uint8, 6, seed=0, frame_stack=4)  # 13.5 MiB of frames
     ReplayBuffer(2000, (84, 84, 4), np.uint8, 6, seed=0, frame_stack=4, memmap_path=tmp_path / "big.bin")
 
 
 def test_memmap_refuses_file_that_does_not_fit(tmp_path, monkeypatch):
-    monkeypatch.setattr(replay.shutil, "disk_usage", lambda _: SimpleNamespace(total=10**6, used=10**6 - 5000, free=5000))
+    monkeypatch.setattr(replay_budget.shutil, "disk_usage", lambda _: SimpleNamespace(total=10**6, used=10**6 - 5000, free=5000))
     path = tmp_path / "frames.bin"
     with pytest.raises(UserError) as err:
         ReplayBuffer(1000, (84, 84, 4), np.uint8, 6, seed=0, frame_stack=4, memmap_path=path)
