@@ -121,6 +121,61 @@ def fine_tune_seed(seed: int, label: str) -> int:
     return int(np.random.SeedSequence([seed, zlib.crc32(label.encode())]).generate_state(1)[0] % 2**31)
 
 
+def _compress_and_recover(variant: VariantConfig, model: tf_keras.Model, recipe: Recipe, baseline: tf_keras.Model,
+                          replay: ReplayBuffer, details: dict[str, Any], quiet: bool) -> tf_keras.Model:
+    """Wrap (prune/cluster), recover with the fine-tune, strip; or distill a student."""
+    ft, label = variant.fine_tune, variant.name
+    if variant.prune:
+        wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
+        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.PruningHook(wrapped),),
+                                         wrapped=True, label=label, quiet=quiet)
+        return prune.strip(wrapped)
+    if variant.cluster:
+        wrapped = cluster.cluster_model(model, variant.cluster)
+        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, wrapped=True, label=label, quiet=quiet)
+        return cluster.strip(wrapped)
+    if variant.student:
+        details["fine_tune"] = fine_tune(model, ft, recipe, baseline, replay, label=label, quiet=quiet)
+    return model
+
+
+def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: Recipe, baseline: tf_keras.Model,
+                        replay: ReplayBuffer, details: dict[str, Any], quiet: bool) -> tf_keras.Model:
+    """QAT (PQAT/CQAT where the model is pruned/clustered): the fake-quantized model to export."""
+    q = variant.quantize
+    preserve = None
+    if q.preserve and variant.prune:
+        preserve = "sparsity"
+    elif q.preserve and variant.cluster:
+        preserve = "clusters"
+    qat = quantize.qat_model(model, preserve)
+    quantize.calibrate_ranges(qat, model, replay.sample_observations(q.calibration_samples))
+    qat_ft = variant.fine_tune.model_copy(update={"steps": q.qat_steps or variant.fine_tune.steps})
+    details["qat"] = fine_tune(qat, qat_ft, recipe, baseline, replay, wrapped=True, label=f"{variant.name}/qat", quiet=quiet)
+    details["qat"]["preserve"] = preserve
+    if preserve == "sparsity":
+        details["sparsity_after_qat"] = {
+            name: float(1.0 - np.count_nonzero(k) / k.size)
+            for name, k in dense_kernels(qat).items()
+            if name in details["sparsity"]
+        }
+    return qat
+
+
+def _calibration(q: QuantizeConfig | None, replay: ReplayBuffer, info: EnvInfo, details: dict[str, Any]
+                 ) -> tuple[np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
+    """Post-training integer quantization's representative observations, normalized per feature
+    where the recipe asks for it (flat float observations only)."""
+    if q is None or q.mode not in ("int8", "int16x8"):
+        return None, None
+    calibration = replay.sample_observations(q.calibration_samples)
+    if not (q.normalize_input and len(info.obs_shape) == 1 and info.input_scale is None):
+        return calibration, None
+    normalization = input_statistics(calibration)
+    details["input_normalization"] = {"mean": normalization[0].tolist(), "std": normalization[1].tolist()}
+    return ((calibration - normalization[0]) / normalization[1]).astype(np.float32), normalization
+
+
 def build_variant(
     variant: VariantConfig,
     baseline: tf_keras.Model,
@@ -130,63 +185,24 @@ def build_variant(
     quiet: bool = False,
 ) -> BuiltVariant:
     """Apply the variant's techniques to (a copy of) the baseline."""
-    label = variant.name
     details: dict[str, Any] = {}
-    ft = variant.fine_tune
     model = build_student(info, variant.student) if variant.student else independent_copy(baseline)
-
-    # Wrap, fine-tune, strip.
+    model = _compress_and_recover(variant, model, recipe, baseline, replay, details, quiet)
+    # Exact reparameterisation of the output layer into advantage + value heads: quantized
+    # variants keep the action gaps (see networks.split_value_advantage). What is measured below
+    # is what is exported: the split heads, not the layer they replace.
+    model = split_value_advantage(model)
     if variant.prune:
-        wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
-        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.PruningHook(wrapped),),
-                                         wrapped=True, label=label, quiet=quiet)
-        model = prune.strip(wrapped)
         details["sparsity"] = prune.kernel_sparsity(model)
     elif variant.cluster:
-        wrapped = cluster.cluster_model(model, variant.cluster)
-        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, wrapped=True, label=label, quiet=quiet)
-        model = cluster.strip(wrapped)
         details["unique_kernel_values"] = cluster.unique_kernel_values(model)
-    elif variant.student:
-        details["fine_tune"] = fine_tune(model, ft, recipe, baseline, replay, label=label, quiet=quiet)
-
-    # Exact reparameterisation of the output layer into advantage + value heads: quantized
-    # variants keep the action gaps (see networks.split_value_advantage).
-    model = split_value_advantage(model)
     params, _ = count_params(model)
-    export_model = model
     q = variant.quantize
-    if q is not None and q.mode == "qat":
-        preserve = None
-        if q.preserve and variant.prune:
-            preserve = "sparsity"
-        elif q.preserve and variant.cluster:
-            preserve = "clusters"
-        export_model = quantize.qat_model(model, preserve)
-        quantize.calibrate_ranges(
-            export_model, model, replay.sample_observations(q.calibration_samples)
-        )
-        qat_ft = ft.model_copy(update={"steps": q.qat_steps or ft.steps})
-        details["qat"] = fine_tune(export_model, qat_ft, recipe, baseline, replay, wrapped=True,
-                                   label=f"{label}/qat", quiet=quiet)
-        details["qat"]["preserve"] = preserve
-        if preserve == "sparsity":
-            details["sparsity_after_qat"] = {
-                name: float(1.0 - np.count_nonzero(k) / k.size)
-                for name, k in dense_kernels(export_model).items()
-                if name in details["sparsity"]
-            }
-
+    export_model = _quantization_aware(variant, model, recipe, baseline, replay, details, quiet) if (
+        q is not None and q.mode == "qat") else model
     kernels = dense_kernels(export_model)
-    biases_and_rest = params - sum(k.size for k in kernels.values())
-    nonzero = int(sum(np.count_nonzero(k) for k in kernels.values())) + biases_and_rest
-    calibration = normalization = None
-    if q is not None and q.mode in ("int8", "int16x8"):
-        calibration = replay.sample_observations(q.calibration_samples)
-        if q.normalize_input and len(info.obs_shape) == 1 and info.input_scale is None:
-            normalization = input_statistics(calibration)
-            calibration = ((calibration - normalization[0]) / normalization[1]).astype(np.float32)
-            details["input_normalization"] = {"mean": normalization[0].tolist(), "std": normalization[1].tolist()}
+    nonzero = int(sum(np.count_nonzero(k) for k in kernels.values())) + params - sum(k.size for k in kernels.values())
+    calibration, normalization = _calibration(q, replay, info, details)
     return BuiltVariant(
         export_model=export_model,
         params=params,
