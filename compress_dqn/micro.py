@@ -515,6 +515,106 @@ def _aligned(model_bytes: bytes) -> bytes:
         return dst.read_bytes()
 
 
+_INT8_IO_HINT = ("--int8-io needs a full-integer policy: export it with quantize: {mode: int8} or {mode: qat} "
+                 "(int8_io: true there writes int8 io directly)")
+
+
+class _Int8IO:
+    """One int8-io rewrite of a policy graph: the float tensors to replace and the ops to drop."""
+
+    def __init__(self, editor: Any, schema: Any, model: Any, label: str) -> None:
+        self.editor, self.schema, self.model, self.label = editor, schema, model, label
+        self.types, self.ops = schema.TensorType, schema.BuiltinOperator
+        if len(model.subgraphs) != 1:
+            raise UserError(f"{label}: {len(model.subgraphs)} subgraphs; --int8-io rewrites single-graph policies only")
+        self.graph = model.subgraphs[0]
+        self.sig = next((s for s in (model._fb.signatureDefs or []) if s.signatureKey.decode() == SIGNATURE), None)
+        if self.sig is None or len(self.graph.inputs) != 1:
+            raise UserError(f"{label}: no {SIGNATURE!r} signature with one input; export it with compress-dqn")
+        outputs = {o.name.decode(): o for o in self.sig.outputs or []}
+        self.by_index = {t.index: t for t in self.graph.tensors}  # original indices, as the signature uses them
+        self.q = self.by_index.get(outputs["q_values"].tensorIndex) if "q_values" in outputs else None
+        if self.q is None:
+            raise UserError(f"{label}: signature {SIGNATURE!r} has no q_values output; export it with compress-dqn")
+        self.replace: dict[int, Any] = {}  # id(float tensor) -> the int8 tensor taking its place
+        self.dropped: list[Any] = []  # ops whose work the rewrite removes
+
+    def producer(self, tensor: Any) -> Any:
+        return next((op for op in self.graph.operators if any(t is tensor for t in op.outputs)), None)
+
+    def dequantized_int8(self, tensor: Any) -> Any:
+        """The DEQUANTIZE op making `tensor` from a per-tensor int8 one, or None."""
+        op = self.producer(tensor)
+        ok = op is not None and op.opcode == self.ops.DEQUANTIZE and op.inputs[0].dtype == self.types.INT8
+        return op if ok and op.inputs[0].quantization is not None and len(op.inputs[0].quantization.scales) == 1 else None
+
+    def input(self) -> None:
+        """Drop the QUANTIZE after a float observation input."""
+        obs = self.graph.inputs[0]
+        if obs.dtype == self.types.FLOAT32:
+            users = self.graph.consumers_of(obs)
+            if len(users) != 1 or users[0].opcode != self.ops.QUANTIZE or users[0].outputs[0].dtype != self.types.INT8:
+                raise UserError(f"{self.label}: its float input is not quantized to int8 first (a float model?); {_INT8_IO_HINT}")
+            self.replace[id(obs)] = users[0].outputs[0]
+            self.dropped.append(users[0])
+        elif obs.dtype != self.types.INT8:
+            raise UserError(f"{self.label}: its input is {_type_name(self.schema, obs.dtype)}, not float32 or int8; "
+                            "--int8-io cannot rewrite it")
+
+    def output(self) -> None:
+        """Drop the DEQUANTIZE before float q_values, or make a split head's float ADD an int8 one."""
+        q = self.q
+        if q.dtype == self.types.INT8:
+            return
+        if q.dtype != self.types.FLOAT32:
+            raise UserError(f"{self.label}: its q_values are {_type_name(self.schema, q.dtype)}; --int8-io cannot rewrite them")
+        last = self.producer(q)
+        if (deq := self.dequantized_int8(q)) is not None:
+            self.replace[id(q)] = deq.inputs[0]
+            self.dropped.append(deq)
+        elif last is not None and last.opcode == self.ops.ADD and len(last.inputs) == 2 \
+                and all(self.dequantized_int8(t) is not None for t in last.inputs):
+            self._int8_add(last)
+        else:
+            raise UserError(f"{self.label}: its q_values are not computed from int8 (a float model?); {_INT8_IO_HINT}")
+
+    def _int8_add(self, add: Any) -> None:
+        """q = DEQUANTIZE(advantage) + DEQUANTIZE(value) -> an int8 ADD whose range is the sum of the heads'."""
+        q, graph = self.q, self.graph
+        heads = [self.dequantized_int8(t) for t in add.inputs]
+        ranges = [((-128 - h.inputs[0].quantization.zero_points[0]) * h.inputs[0].quantization.scales[0],
+                   (127 - h.inputs[0].quantization.zero_points[0]) * h.inputs[0].quantization.scales[0]) for h in heads]
+        low, high = sum(r[0] for r in ranges), sum(r[1] for r in ranges)
+        scale = (high - low) / 255.0
+        zero_point = int(np.clip(round(-128 - low / scale), -128, 127))
+        q8 = self.editor.Tensor(shape=q.shape, dtype=self.types.INT8, name=f"{q.name}_int8",
+                                quantization=self.editor.Quantization(scales=[float(scale)], zero_points=[zero_point]))
+        q8._fb.shapeSignature = q._fb.shapeSignature
+        graph.tensors.append(q8)
+        self.dropped += [h for h in heads if len(graph.consumers_of(h.outputs[0])) == 1  # the ADD alone
+                         and not any(h.outputs[0] is t for t in graph.outputs)]
+        add.inputs = [h.inputs[0] for h in heads]
+        add.outputs = [q8]
+        self.replace[id(q)] = q8
+        for code in self.model.operator_codes:  # int8 ADD is version 2 of the op
+            if code.builtin_code == self.ops.ADD and code.version < 2:
+                code.version = 2
+
+    def apply(self) -> None:
+        """Remove the dropped ops and orphaned tensors, rewire io and the signature's tensor indices."""
+        graph, replace = self.graph, self.replace
+        graph.operators = [op for op in graph.operators if not any(op is gone for gone in self.dropped)]
+        used = {id(t) for op in graph.operators for t in [*op.inputs, *op.outputs] if t is not None}
+        orphans = {id(t) for op in self.dropped for t in op.outputs} | set(replace)
+        graph.tensors = [t for t in graph.tensors if id(t) in used or id(t) not in orphans]
+        graph.inputs = [replace.get(id(t), t) for t in graph.inputs]
+        graph.outputs = [replace.get(id(t), t) for t in graph.outputs]
+        position = {id(t): i for i, t in enumerate(graph.tensors)}
+        for entry in [*(self.sig.inputs or []), *(self.sig.outputs or [])]:  # indices shift when tensors before them go
+            tensor = self.by_index[entry.tensorIndex]
+            entry.tensorIndex = position[id(replace.get(id(tensor), tensor))]
+
+
 def int8_io_model(data: bytes, label: str = "<bytes>") -> bytes:
     """The same full-integer policy with int8 observation input and int8 q_values output.
 
@@ -528,82 +628,13 @@ def int8_io_model(data: bytes, label: str = "<bytes>") -> bytes:
     editor = _editor()
     from tflite_micro.tensorflow.lite.micro.python import schema_py_generated as schema
 
-    types, ops = schema.TensorType, schema.BuiltinOperator
-    hint = ("--int8-io needs a full-integer policy: export it with quantize: {mode: int8} or {mode: qat} "
-            "(int8_io: true there writes int8 io directly)")
     model = editor.read(data)
-    if len(model.subgraphs) != 1:
-        raise UserError(f"{label}: {len(model.subgraphs)} subgraphs; --int8-io rewrites single-graph policies only")
-    graph = model.subgraphs[0]
-    sig = next((s for s in (model._fb.signatureDefs or []) if s.signatureKey.decode() == SIGNATURE), None)
-    if sig is None or len(graph.inputs) != 1:
-        raise UserError(f"{label}: no {SIGNATURE!r} signature with one input; export it with compress-dqn")
-    outputs = {o.name.decode(): o for o in sig.outputs or []}
-    by_index = {t.index: t for t in graph.tensors}  # original tensor indices, as the signature uses them
-    q = by_index.get(outputs["q_values"].tensorIndex) if "q_values" in outputs else None
-    if q is None:
-        raise UserError(f"{label}: signature {SIGNATURE!r} has no q_values output; export it with compress-dqn")
-
-    def producer(tensor: Any) -> Any:
-        return next((op for op in graph.operators if any(t is tensor for t in op.outputs)), None)
-
-    def dequantized_int8(tensor: Any) -> Any:
-        op = producer(tensor)
-        ok = op is not None and op.opcode == ops.DEQUANTIZE and op.inputs[0].dtype == types.INT8
-        return op if ok and op.inputs[0].quantization is not None and len(op.inputs[0].quantization.scales) == 1 else None
-
-    replace: dict[int, Any] = {}  # id(float tensor) -> the int8 tensor taking its place
-    dropped: list[Any] = []  # ops whose work the rewrite removes
-    obs = graph.inputs[0]
-    if obs.dtype == types.FLOAT32:
-        users = graph.consumers_of(obs)
-        if len(users) != 1 or users[0].opcode != ops.QUANTIZE or users[0].outputs[0].dtype != types.INT8:
-            raise UserError(f"{label}: its float input is not quantized to int8 first (a float model?); {hint}")
-        replace[id(obs)] = users[0].outputs[0]
-        dropped.append(users[0])
-    elif obs.dtype != types.INT8:
-        raise UserError(f"{label}: its input is {_type_name(schema, obs.dtype)}, not float32 or int8; --int8-io cannot rewrite it")
-    if q.dtype == types.FLOAT32:
-        last = producer(q)
-        if (deq := dequantized_int8(q)) is not None:
-            replace[id(q)] = deq.inputs[0]
-            dropped.append(deq)
-        elif last is not None and last.opcode == ops.ADD and len(last.inputs) == 2 \
-                and all(dequantized_int8(t) is not None for t in last.inputs):
-            heads = [dequantized_int8(t) for t in last.inputs]
-            ranges = [((-128 - h.inputs[0].quantization.zero_points[0]) * h.inputs[0].quantization.scales[0],
-                       (127 - h.inputs[0].quantization.zero_points[0]) * h.inputs[0].quantization.scales[0]) for h in heads]
-            low, high = sum(r[0] for r in ranges), sum(r[1] for r in ranges)
-            scale = (high - low) / 255.0
-            zero_point = int(np.clip(round(-128 - low / scale), -128, 127))
-            q8 = editor.Tensor(shape=q.shape, dtype=types.INT8, name=f"{q.name}_int8",
-                               quantization=editor.Quantization(scales=[float(scale)], zero_points=[zero_point]))
-            q8._fb.shapeSignature = q._fb.shapeSignature
-            graph.tensors.append(q8)
-            dropped += [h for h in heads if len(graph.consumers_of(h.outputs[0])) == 1  # the ADD alone
-                        and not any(h.outputs[0] is t for t in graph.outputs)]
-            last.inputs = [h.inputs[0] for h in heads]
-            last.outputs = [q8]
-            replace[id(q)] = q8
-            for code in model.operator_codes:  # int8 ADD is version 2 of the op
-                if code.builtin_code == ops.ADD and code.version < 2:
-                    code.version = 2
-        else:
-            raise UserError(f"{label}: its q_values are not computed from int8 (a float model?); {hint}")
-    elif q.dtype != types.INT8:
-        raise UserError(f"{label}: its q_values are {_type_name(schema, q.dtype)}; --int8-io cannot rewrite them")
-    if not replace:
+    rewrite = _Int8IO(editor, schema, model, label)
+    rewrite.input()
+    rewrite.output()
+    if not rewrite.replace:
         return data
-    graph.operators = [op for op in graph.operators if not any(op is gone for gone in dropped)]
-    used = {id(t) for op in graph.operators for t in [*op.inputs, *op.outputs] if t is not None}
-    orphans = {id(t) for op in dropped for t in op.outputs} | set(replace)
-    graph.tensors = [t for t in graph.tensors if id(t) in used or id(t) not in orphans]
-    graph.inputs = [replace.get(id(t), t) for t in graph.inputs]
-    graph.outputs = [replace.get(id(t), t) for t in graph.outputs]
-    position = {id(t): i for i, t in enumerate(graph.tensors)}
-    for entry in [*(sig.inputs or []), *(sig.outputs or [])]:  # indices shift when tensors before them go
-        tensor = by_index[entry.tensorIndex]
-        entry.tensorIndex = position[id(replace.get(id(tensor), tensor))]
+    rewrite.apply()
     return _aligned(bytes(model.build()))
 
 
@@ -921,6 +952,31 @@ example prints `arena_used_bytes()` so you can check it on the device.
 """
 
 
+def _checked_int8_io(data: bytes, label: str) -> tuple[bytes, float | None]:
+    """The int8-io rewrite, checked to act the same on a grid of inputs; and how far q_values moved
+    (None where the policy already had int8 io)."""
+    rewritten = int8_io_model(data, label)
+    if rewritten == data:
+        return data, None
+    original, after = MicroPolicy(data), MicroPolicy(rewritten)
+    obs = _probe_observations(after, 1000)
+    if not np.array_equal(original.actions(obs), after.actions(obs)):
+        raise UserError(f"{label}: the int8-io rewrite changed actions (a bug); export with "
+                        "quantize: {int8_io: true} instead")
+    return rewritten, float(np.abs(original.q_values(obs) - after.q_values(obs)).max())
+
+
+def _io_figures(policy: MicroPolicy) -> dict[str, Any]:
+    """The deployed policy's input and q_values types and quantization parameters."""
+    inq, qq = policy.input_quantization, policy.q_quantization
+    return {
+        "input": {"dtype": policy.input_dtype.name, "shape": list(policy.obs_shape),
+                  "scale": inq[0] if inq else None, "zero_point": inq[1] if inq else None},
+        "q_values": {"dtype": "int8" if qq else "float32", "scale": qq[0] if qq else None,
+                     "zero_point": qq[1] if qq else None},
+    }
+
+
 def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = False, name: str | None = None,
                  compress: bool = False) -> dict[str, Any]:
     """Write NAME_model.h/.cc, NAME_example.cc, NAME.tflite and README.md into out_dir; returns the figures.
@@ -938,16 +994,8 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
     out_dir = Path(out_dir) if out_dir is not None else Path("micro") / name
     q_change = None
     if int8_io:
-        rewritten = int8_io_model(data, label)
-        if rewritten != data:  # the same policy: same actions everywhere on the input grid
-            original, after = MicroPolicy(data), MicroPolicy(rewritten)
-            obs = _probe_observations(after, 1000)
-            if not np.array_equal(original.actions(obs), after.actions(obs)):
-                raise UserError(f"{label}: the int8-io rewrite changed actions (a bug); export with "
-                                "quantize: {int8_io: true} instead")
-            q_change = float(np.abs(original.q_values(obs) - after.q_values(obs)).max())
-            data = rewritten
-            info = inspect_model(data, label)
+        data, q_change = _checked_int8_io(data, label)
+        info = inspect_model(data, label)
     before = MicroPolicy(data)
     trial = try_compression(data, label)
     uncompressed_bytes = len(data)
@@ -976,13 +1024,7 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
         write_text_atomic(out_dir / filename, text)
     return {
         "policy": str(policy), "out": str(out_dir), "name": name, **summary,
-        "arena_recorded_bytes": export.recorded,
-        "input": {"dtype": deployed.input_dtype.name, "shape": list(deployed.obs_shape),
-                  "scale": deployed.input_quantization[0] if deployed.input_quantization else None,
-                  "zero_point": deployed.input_quantization[1] if deployed.input_quantization else None},
-        "q_values": {"dtype": "int8" if deployed.q_quantization else "float32",
-                     "scale": deployed.q_quantization[0] if deployed.q_quantization else None,
-                     "zero_point": deployed.q_quantization[1] if deployed.q_quantization else None},
+        "arena_recorded_bytes": export.recorded, **_io_figures(deployed),
         "int8_io": {"asked": int8_io, "rewritten": q_change is not None, "q_values_max_change": q_change},
         "compression": {"applied": compressed, "flash_bytes_uncompressed": uncompressed_bytes,
                         "flash_bytes_compressed": trial.flash_bytes,
