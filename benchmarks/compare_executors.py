@@ -1,6 +1,10 @@
 """Run one multi-seed recipe on the local process pool and on Ray, then compare per-seed results.
 
     .venv/bin/python benchmarks/compare_executors.py --recipe recipes/sweep.yaml --out runs/compare
+    .venv/bin/python benchmarks/compare_executors.py --recipe recipes/tiny.yaml --search --out runs/compare-search
+
+With --search (or a recipe with a search: block) the search runs on each engine, and its winner,
+front and every candidate's per-seed verdicts must match too.
 
 Prints one JSON line per engine (wall time) and one with the comparison: for every seed and
 variant, the per-episode returns, action agreement and the exact TFLite bytes (SHA-256) must match.
@@ -15,29 +19,39 @@ import time
 from pathlib import Path
 
 
+TINY_SEARCH = ["seeds=[0, 1]", "search.students=[[8], [2]]", "search.student_quantize=float16",
+               "search.student_fine_tune.steps=300", "eval.tolerance=1.0"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="recipes/sweep.yaml")
     parser.add_argument("--out", default="runs/compare-executors")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="recipe override key=value")
+    parser.add_argument("--search", action="store_true", help="add a tiny search (2 seeds, two students)")
     args = parser.parse_args()
+    if args.search:
+        args.overrides = [*TINY_SEARCH, *args.overrides]
 
     from compress_dqn.manifest import run_fingerprint
     from compress_dqn.pipeline import run_seeds
     from compress_dqn.recipe import load_recipe
+    from compress_dqn.search import run_search, search_fingerprint
 
     found = {}
     for executor in ("local", "ray"):
         recipe = load_recipe(args.recipe, [*args.overrides, f"executor={executor}"])
         seeds = list(recipe.seeds or [recipe.seed])
         start = time.perf_counter()
-        run_seeds(recipe, Path(args.out) / executor, quiet=True, log=lambda m: None)
+        out = Path(args.out) / executor
+        (run_search if recipe.search else run_seeds)(recipe, out, quiet=True, log=lambda m: None)
         wall = time.perf_counter() - start
-        found[executor] = {str(seed): run_fingerprint(Path(args.out) / executor / f"seed-{seed}") for seed in seeds}
+        found[executor] = search_fingerprint(out) if recipe.search else {
+            str(seed): run_fingerprint(out / f"seed-{seed}") for seed in seeds}
         print(json.dumps({"executor": executor, "seeds": seeds, "wall_seconds": round(wall, 1)}), flush=True)
     same = found["local"] == found["ray"]
     summary = {}
-    for seed in found["local"]:
+    for seed in seeds:
         results = json.loads((Path(args.out) / "local" / f"seed-{seed}" / "results.json").read_text())
         summary[seed] = {v["name"]: v["return"]["mean"] for v in results["variants"]}
     print(json.dumps({"identical_per_seed_results": same, "mean_returns": summary}))

@@ -1,6 +1,7 @@
 """kill -9 `compress-dqn run` at random moments, resume, and check every resumed run.
 
     .venv/bin/python benchmarks/kill_resume.py --kills 20 --out runs/kill-resume
+    .venv/bin/python benchmarks/kill_resume.py --search --kills 10 --out runs/kill-resume-search
 
 One uninterrupted reference run first; then trials, each in a fresh directory: the same command
 is started and SIGKILLed at a uniformly random time within the reference's wall time, one to three
@@ -29,9 +30,16 @@ OVERRIDES = [
 ]
 
 
-def command(recipe: str, out: Path) -> list[str]:
+SEARCH_OVERRIDES = [
+    "train.total_timesteps=3000", "train.checkpoint_interval=500", "eval.episodes=5", "seeds=[0, 1]",
+    "search.students=[[8], [2]]", "search.student_quantize=float16", "search.student_fine_tune.steps=300",
+    "eval.tolerance=1.0",
+]
+
+
+def command(recipe: str, out: Path, search: bool = False) -> list[str]:
     args = [sys.executable, "-m", "compress_dqn", "run", recipe, "--out", str(out), "--quiet"]
-    for override in OVERRIDES:
+    for override in SEARCH_OVERRIDES if search else OVERRIDES:
         args += ["--set", override]
     return args
 
@@ -50,17 +58,21 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20, help="kill at least this many times in all")
     parser.add_argument("--out", default="runs/kill-resume")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--search", action="store_true", help="kill a tiny 2-seed search instead of a run")
     args = parser.parse_args()
     from compress_dqn.manifest import run_fingerprint
+    from compress_dqn.search import search_fingerprint
+
+    fingerprint = search_fingerprint if args.search else run_fingerprint
 
     rng = random.Random(args.seed)
     out = Path(args.out)
 
     start = time.perf_counter()
     reference = out / "reference"
-    subprocess.run(command(args.recipe, reference), check=True, capture_output=True)
+    subprocess.run(command(args.recipe, reference, args.search), check=True, capture_output=True)
     ref_wall = time.perf_counter() - start
-    expected = run_fingerprint(reference)
+    expected = fingerprint(reference)
 
     kills = trials = verified = identical = 0
     while kills < args.kills:
@@ -68,17 +80,17 @@ def main() -> None:
         killed_at = []
         for _ in range(rng.randint(1, 3)):
             delay = rng.uniform(0.5, ref_wall)
-            process = subprocess.Popen(command(args.recipe, run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            process = subprocess.Popen(command(args.recipe, run_dir, args.search), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 process.wait(timeout=delay)  # finished before the kill time: nothing to kill
             except subprocess.TimeoutExpired:
                 killed_at.append({"after_s": round(delay, 2), "stage": stage_reached(run_dir)})
                 os.kill(process.pid, signal.SIGKILL)
                 process.wait()
-        final = subprocess.run(command(args.recipe, run_dir), capture_output=True, text=True)
+        final = subprocess.run(command(args.recipe, run_dir, args.search), capture_output=True, text=True)
         check = subprocess.run([sys.executable, "-m", "compress_dqn", "verify", str(run_dir)], capture_output=True, text=True)
         ok = final.returncode == 0 and check.returncode == 0
-        same = ok and run_fingerprint(run_dir) == expected
+        same = ok and fingerprint(run_dir) == expected
         kills += len(killed_at)
         trials += 1
         verified += ok

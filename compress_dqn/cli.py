@@ -61,6 +61,12 @@ def _load(recipe: str, seed: int | None, overrides: tuple[str, ...]):
     return load_recipe(recipe, extra)
 
 
+def _echo_outcome(outcome: Any, baseline_return: float) -> None:
+    click.echo(json.dumps({"run_dir": str(outcome.run_dir), "baseline_return": baseline_return,
+                           "report": str(outcome.run_dir / "report.md"),
+                           "results": str(outcome.run_dir / "results.json")}))
+
+
 _set_option = click.option(
     "--set", "overrides", multiple=True, metavar="KEY=VALUE",
     help="Override a recipe key, e.g. --set train.total_timesteps=1000 (repeatable).",
@@ -92,24 +98,54 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
     else:
         outcome = run_pipeline(loaded, run_dir, quiet=quiet, log=log)
         baseline_return = outcome.results.baseline.returns["mean"]
-    click.echo(json.dumps({"run_dir": str(outcome.run_dir), "baseline_return": baseline_return,
-                           "report": str(outcome.run_dir / "report.md"),
-                           "results": str(outcome.run_dir / "results.json")}))
+    _echo_outcome(outcome, baseline_return)
+
+
+def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_steps: int, epsilon: float,
+                frame_stack: int, episodes: int, seed: int) -> tuple[dict, list[str]]:
+    """A one-off recipe (as data) for a Q-network trained elsewhere, and the layers to keep dense
+    (like the shipped recipes: the small input and output layers)."""
+    from compress_dqn.baseline import load_model
+    from compress_dqn.envs import probe_env
+    from compress_dqn.networks import weight_layers
+    from compress_dqn.recipe import EnvConfig
+
+    info = probe_env(EnvConfig(id=env_id, frame_stack=frame_stack))
+    layers = [layer.name for layer in weight_layers(load_model(model, info))]
+    keep_dense = [layers[-1]] + ([layers[0]] if len(layers) > 2 else [])
+    baseline: dict = {"from": str(model.absolute())}
+    if transitions is not None:
+        baseline["transitions"] = str(transitions.absolute())
+    else:
+        baseline["rollout"] = {"steps": rollout_steps, "epsilon": epsilon}
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", model.stem).lstrip(".-_") or "model"
+    return {"name": name, "seed": seed, "env": {"id": env_id, "frame_stack": frame_stack}, "baseline": baseline,
+            "eval": {"episodes": episodes, "seed": 0}}, keep_dense
+
+
+def _byo_options(command: Callable) -> Callable:
+    """The options of a command that takes a Q-network trained elsewhere."""
+    options = [
+        click.argument("model", type=click.Path(path_type=Path)),
+        click.option("--env", "env_id", required=True, help="Gymnasium environment id the model was trained on."),
+        click.option("--out", type=click.Path(path_type=Path), help="Run directory (default: runs/MODEL_STEM)."),
+        click.option("--transitions", type=click.Path(path_type=Path), help="An .npz of transitions instead of a rollout."),
+        click.option("--rollout-steps", type=click.IntRange(min=1), default=20_000, show_default=True),
+        click.option("--epsilon", type=click.FloatRange(0, 1), default=0.3, show_default=True, help="Rollout exploration."),
+        click.option("--frame-stack", type=click.IntRange(min=1), default=1, show_default=True),
+        click.option("--episodes", type=click.IntRange(min=1), default=100, show_default=True, help="Evaluation episodes."),
+        click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True),
+        click.option("--quiet", is_flag=True, help="No progress output."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
 @main.command()
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("--env", "env_id", required=True, help="Gymnasium environment id the model was trained on.")
+@_byo_options
 @click.option("--variants", default="ptq-int8,prune-90-int8", show_default=True,
               help="Comma-separated presets: " + ", ".join(VARIANT_PRESETS) + ".")
-@click.option("--out", type=click.Path(path_type=Path), help="Run directory (default: runs/MODEL_STEM).")
-@click.option("--transitions", type=click.Path(path_type=Path), help="An .npz of transitions instead of a rollout.")
-@click.option("--rollout-steps", type=click.IntRange(min=1), default=20_000, show_default=True)
-@click.option("--epsilon", type=click.FloatRange(0, 1), default=0.3, show_default=True, help="Rollout exploration.")
-@click.option("--frame-stack", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--episodes", type=click.IntRange(min=1), default=100, show_default=True, help="Evaluation episodes.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--quiet", is_flag=True, help="No progress output.")
 @_user_errors
 def compress(model: Path, env_id: str, variants: str, out: Path | None, transitions: Path | None, rollout_steps: int,
              epsilon: float, frame_stack: int, episodes: int, seed: int, quiet: bool) -> None:
@@ -122,33 +158,50 @@ def compress(model: Path, env_id: str, variants: str, out: Path | None, transiti
     if unknown or not names:
         raise UserError(f"--variants: unknown preset {', '.join(unknown) or '(none given)'}; "
                         f"choose from {', '.join(VARIANT_PRESETS)}")
-    from compress_dqn.baseline import load_model
-    from compress_dqn.envs import probe_env
-    from compress_dqn.networks import weight_layers
+    data, keep_dense = _byo_recipe(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, seed)
+    data["variants"] = [{"name": n, **preset_for(n, keep_dense)} for n in names]
     from compress_dqn.pipeline import run as run_pipeline
-    from compress_dqn.recipe import EnvConfig, recipe_from_data
+    from compress_dqn.recipe import recipe_from_data
 
-    info = probe_env(EnvConfig(id=env_id, frame_stack=frame_stack))
-    layers = [layer.name for layer in weight_layers(load_model(model, info))]
-    # Like the shipped recipes: prune/cluster the middle layers, keep the small input and output ones dense.
-    keep_dense = [layers[-1]] + ([layers[0]] if len(layers) > 2 else [])
-    baseline: dict = {"from": str(model.absolute())}
-    if transitions is not None:
-        baseline["transitions"] = str(transitions.absolute())
-    else:
-        baseline["rollout"] = {"steps": rollout_steps, "epsilon": epsilon}
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", model.stem).lstrip(".-_") or "model"
-    data = {
-        "name": name, "seed": seed, "env": {"id": env_id, "frame_stack": frame_stack}, "baseline": baseline,
-        "eval": {"episodes": episodes, "seed": 0},
-        "variants": [{"name": n, **preset_for(n, keep_dense)} for n in names],
-    }
     recipe = recipe_from_data(data, "compress")
-    outcome = run_pipeline(recipe, out or Path("runs") / name, quiet=quiet, log=lambda m: click.echo(m, err=True))
-    click.echo(json.dumps({"run_dir": str(outcome.run_dir),
-                           "baseline_return": outcome.results.baseline.returns["mean"],
-                           "report": str(outcome.run_dir / "report.md"),
-                           "results": str(outcome.run_dir / "results.json")}))
+    outcome = run_pipeline(recipe, out or Path("runs") / data["name"], quiet=quiet, log=lambda m: click.echo(m, err=True))
+    _echo_outcome(outcome, outcome.results.baseline.returns["mean"])
+
+
+def _widths(text: str) -> list[list[int]]:
+    try:
+        return [[int(w) for w in part.strip().split("x")] for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UserError(f"--students: {text!r} is not a list like 64x64,32x32,16x16") from None
+
+
+@main.command()
+@_byo_options
+@click.option("--objective", type=click.Choice(["gzip_bytes", "params", "latency"]), default="gzip_bytes", show_default=True)
+@click.option("--students", default="64x64,32x32,16x16,8x8", show_default=True, help="Student widths to try ('' for none).")
+@click.option("--sparsities", default="0.8,0.9,0.95", show_default=True, help="Pruning targets to try ('' for none).")
+@click.option("--tolerance", type=click.FloatRange(0, 1, min_open=True), default=0.01, show_default=True,
+              help="Share of (baseline - random) return a policy may lose.")
+@_user_errors
+def search(model: Path, env_id: str, out: Path | None, transitions: Path | None, rollout_steps: int, epsilon: float,
+           frame_stack: int, episodes: int, seed: int, quiet: bool, objective: str, students: str, sparsities: str,
+           tolerance: float) -> None:
+    """Find the smallest policy that keeps a Q-network's return (trained elsewhere): a one-off search recipe."""
+    try:
+        targets = [float(x) for x in sparsities.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--sparsities: {sparsities!r} is not a list like 0.8,0.9,0.95") from None
+    widths = _widths(students)
+    data, keep_dense = _byo_recipe(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, seed)
+    data["eval"] = {**data["eval"], "tolerance": tolerance, "max_episodes": 4 * episodes}
+    data["search"] = {"objective": objective, "students": widths, "sparsities": targets, "prune_exclude": keep_dense}
+    from compress_dqn.recipe import recipe_from_data
+    from compress_dqn.search import run_search
+
+    recipe = recipe_from_data(data, "search")
+    outcome = run_search(recipe, out or Path("runs") / f"{data['name']}-search", quiet=quiet,
+                         log=lambda m: click.echo(m, err=True))
+    _echo_outcome(outcome, outcome.results.aggregate[0].iqm_return)
 
 
 @main.command()

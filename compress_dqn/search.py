@@ -296,3 +296,18 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     write_report(run_dir)
     write_manifest(run_dir)
     return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
+
+
+def search_fingerprint(run_dir: Path) -> dict[str, Any]:
+    """What a search computed, timings left out: its winner, front, every candidate's outcome and
+    per-seed verdicts, and each seed's run fingerprint. Equal for two searches that computed the
+    same thing, whichever engine ran them and however often they were killed and resumed."""
+    from compress_dqn.manifest import run_fingerprint
+
+    results = json.loads((Path(run_dir) / "results.json").read_text())
+    found = results["search"]
+    return {
+        "winner": found["winner"], "front": found["front"],
+        "tried": [{k: t[k] for k in ("name", "outcome", "per_seed", "objective")} for t in found["tried"]],
+        "seeds": {str(seed): run_fingerprint(Path(run_dir) / f"seed-{seed}") for seed in results["seeds"]},
+    }

@@ -115,3 +115,13 @@ def test_tiny_search_end_to_end_names_a_winner_among_the_variants_and_resumes(tm
     monkeypatch.setattr(pipeline, "_variant_stage", refuse)
     again = run_search(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
     assert again.results.search["winner"] == found["winner"] and again.resumed
+
+
+def test_search_command_refuses_bad_ladders_in_one_line():
+    from conftest import cli
+
+    bad = cli("search", "model.keras", "--env", "CartPole-v1", "--students", "64xa")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
+    assert "--students: '64xa' is not a list like 64x64,32x32,16x16" in bad.stderr
+    bad = cli("search", "model.keras", "--env", "CartPole-v1", "--sparsities", "0.9,x")
+    assert bad.returncode == 2 and "--sparsities: '0.9,x' is not a list like 0.8,0.9,0.95" in bad.stderr
