@@ -22,15 +22,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from compress_dqn.callbacks import PhaseCallback  # noqa: E402
 
-class RssProbe:
+
+class RssProbe(PhaseCallback):
     """Records RSS when training passes 50% and 100% of its steps."""
-
-    per_gradient_step = False
 
     def __init__(self, total: int) -> None:
         import psutil
 
+        super().__init__()
         self.process = psutil.Process()
         self.marks = {"rss_50": total // 2, "rss_100": total}
         self.values: dict[str, int] = {}
@@ -40,12 +41,11 @@ class RssProbe:
             if name not in self.values and step >= mark:
                 self.values[name] = self.process.memory_info().rss
 
-    def on_train_begin(self, trainer) -> None: ...
-    def on_gradient_step(self, trainer) -> None: ...
-    def on_phase_end(self, trainer) -> None:
-        self._probe(trainer.step)
-    def on_train_end(self, trainer) -> None:
-        self._probe(trainer.step)
+    def on_phase_end(self, logs=None) -> None:
+        self._probe(int(logs["step"]))
+
+    def on_train_end(self, logs=None) -> None:
+        self._probe(int(logs["step"]))
 
 
 def one(recipe_path: str, seed: int, overrides: list[str]) -> dict:
@@ -56,7 +56,7 @@ def one(recipe_path: str, seed: int, overrides: list[str]) -> dict:
 
     recipe = load_recipe(recipe_path, [*overrides, f"seed={seed}"])
     probe = RssProbe(recipe.train.total_timesteps)
-    trainer = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=seed, hooks=(probe,), quiet=True)
+    trainer = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=seed, callbacks=(probe,), quiet=True)
     result = trainer.train()
     stats = evaluate(NumpyActor(result.model).act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
     rss_50, rss_100 = probe.values.get("rss_50"), probe.values.get("rss_100")

@@ -276,7 +276,7 @@ def _train_stage(ctx: RunContext) -> dict[str, Any]:
     from compress_dqn.train import DQNTrainer
 
     recipe = ctx.recipe
-    trainer = DQNTrainer(
+    trainer = DQNTrainer.from_recipe(
         recipe.train, recipe.env, recipe.replay, seed=recipe.seed,
         ckpt_dir=ctx.base / "checkpoints", tb_dir=ctx.run_dir / "tensorboard" / "baseline",
         label="baseline", quiet=ctx.quiet, device=recipe.device,

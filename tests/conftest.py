@@ -34,7 +34,7 @@ def trained_tiny():
     from compress_dqn.train import DQNTrainer
 
     recipe = load_recipe(TINY, ["train.total_timesteps=600", "train.net_arch=[32, 32]"])
-    result = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=0, quiet=True).train()
+    result = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=0, quiet=True).train()
     return recipe, result
 
 

@@ -187,7 +187,7 @@ def test_a_full_disk_mid_run_leaves_the_last_checkpoint_intact(tmp_path, monkeyp
     monkeypatch.setattr(train_module, "save_arrays", filling_disk)
     recipe = load_recipe(TINY, ["train.total_timesteps=1000", "train.checkpoint_interval=100"])
     ckpt = tmp_path / "checkpoints"
-    trainer = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=0, ckpt_dir=ckpt, quiet=True)
+    trainer = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=0, ckpt_dir=ckpt, quiet=True)
     with pytest.raises(UserError, match=r"cannot write checkpoint step-\d+ .*No space left on device.*"
                                         r"the last good checkpoint \(step-\d+\) is intact"):
         trainer.train()
@@ -197,7 +197,7 @@ def test_a_full_disk_mid_run_leaves_the_last_checkpoint_intact(tmp_path, monkeyp
     # The kept checkpoint resumes.
     kept_step = json.loads((kept / "state.json").read_text())["step"]
     monkeypatch.setattr(train_module, "save_arrays", real)
-    resumed = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=0, ckpt_dir=ckpt, quiet=True).train()
+    resumed = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=0, ckpt_dir=ckpt, quiet=True).train()
     assert resumed.resumed_from == kept_step
 
 

@@ -3,8 +3,10 @@
 import numpy as np
 import pytest
 
+from compress_dqn._tf import tf_keras
+from compress_dqn.callbacks import Interrupt, PhaseCallback
 from compress_dqn.recipe import load_recipe
-from compress_dqn.train import DQNTrainer, Interrupt, latest_checkpoint, linear_epsilon
+from compress_dqn.train import DQNTrainer, latest_checkpoint, linear_epsilon
 
 from conftest import TINY
 
@@ -22,36 +24,31 @@ def test_linear_epsilon_matches_sb3():
     assert linear_epsilon(900, cfg) == pytest.approx(0.05)
 
 
-class StepHook:
-    """Counts gradient steps one by one (forces the unfused path)."""
-
-    per_gradient_step = True
+class StepCounter(tf_keras.callbacks.Callback):
+    """Counts gradient steps one by one (batch hooks force the unfused path)."""
 
     def __init__(self):
+        super().__init__()
         self.calls = 0
 
-    def on_train_begin(self, trainer): pass
-    def on_gradient_step(self, trainer): self.calls += 1
-    def on_phase_end(self, trainer): pass
-    def on_train_end(self, trainer): pass
+    def on_train_batch_begin(self, batch, logs=None):
+        self.calls += 1
 
 
-class CrashAt(StepHook):
+class CrashAt(PhaseCallback):
     """Simulates a crash (kill) once training passes a step."""
-
-    per_gradient_step = False
 
     def __init__(self, step):
         super().__init__()
         self.step = step
 
-    def on_phase_end(self, trainer):
-        if trainer.step >= self.step:
-            raise Interrupt(f"crash at {trainer.step}")
+    def on_phase_end(self, logs=None):
+        if logs["step"] >= self.step:
+            raise Interrupt(f"crash at {logs['step']}")
 
 
 def train(recipe, **kwargs):
-    return DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=recipe.seed, quiet=True, **kwargs).train()
+    return DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=recipe.seed, quiet=True, **kwargs).train()
 
 
 def test_counts_match_sb3_semantics():
@@ -67,9 +64,9 @@ def test_counts_match_sb3_semantics():
 def test_fused_phase_equals_one_call_per_gradient_step():
     recipe = tiny(**{"train.total_timesteps": 250})
     fused = train(recipe).model.get_weights()
-    hook = StepHook()
-    stepped = train(recipe, hooks=(hook,)).model.get_weights()
-    assert hook.calls > 0
+    counter = StepCounter()
+    stepped = train(recipe, callbacks=[counter]).model.get_weights()
+    assert counter.calls == 2 * sum(1 for s in range(101, 251) if s % 4 == 0)
     for a, b in zip(fused, stepped):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
@@ -90,7 +87,7 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, variant):
     reference = train(recipe)
     ckpt = tmp_path / "ckpt"
     with pytest.raises(Interrupt):
-        train(recipe, ckpt_dir=ckpt, hooks=(CrashAt(300),))
+        train(recipe, ckpt_dir=ckpt, callbacks=[CrashAt(300)])
     saved = latest_checkpoint(ckpt)
     assert saved is not None
     resumed = train(recipe, ckpt_dir=ckpt)
@@ -105,13 +102,13 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, variant):
 def test_best_weights_are_kept_when_periodic_eval_is_on():
     recipe = tiny(**{"train.eval_interval": 50, "train.eval_episodes": 3, "train.eval_seed": 1000,
                      "train.total_timesteps": 800, "train.learning_rate": 3e-3})
-    trainer = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=0, quiet=True)
+    trainer = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=0, quiet=True)
     seen = []  # (mean return, step, weights) at every periodic evaluation
     evaluate = trainer._periodic_eval
 
     def spy():
         evaluate()
-        seen.append((trainer.recent_eval, trainer.step, trainer.model.get_weights()))
+        seen.append((trainer.recent_eval, trainer.state.step, trainer.model.get_weights()))
 
     trainer._periodic_eval = spy
     result = trainer.train()
@@ -143,15 +140,14 @@ def _update_pair(cfg):
 
 @pytest.mark.parametrize("double_dqn", [False, True])
 def test_fast_mlp_update_equals_generic_update(double_dqn):
-    from compress_dqn.train import _make_generic_update_fn, _make_mlp_adam_update_fn, _mlp_adam_supported
+    from compress_dqn import fast_update
+    from compress_dqn.updates import make_generic_update_fn
 
     cfg = tiny(**{"train.max_grad_norm": 0.5, "train.double_dqn": str(double_dqn).lower()}).train  # clipping active
     (m1, t1, o1), (m2, t2, o2) = _update_pair(cfg)
-    assert _mlp_adam_supported(m1, o1, cfg)
-    from compress_dqn._tf import tf_keras
-
-    assert not _mlp_adam_supported(m1, tf_keras.optimizers.SGD(1e-2), cfg)  # hand-derived for Adam only
-    fast, generic = _make_mlp_adam_update_fn(m1, t1, o1, cfg), _make_generic_update_fn(m2, t2, o2, cfg)
+    assert fast_update.make_update_fn(m1, t1, tf_keras.optimizers.SGD(1e-2), cfg) is None  # hand-derived for Adam only
+    fast, generic = fast_update.make_update_fn(m1, t1, o1, cfg), make_generic_update_fn(m2, t2, o2, cfg)
+    assert fast is not None
     initial = m1.get_weights()
     rng = np.random.default_rng(0)
     for k in (1, 10, 39):  # 50 gradient steps in calls of different sizes
@@ -168,24 +164,24 @@ def test_fast_mlp_update_equals_generic_update(double_dqn):
     assert moved > 1e-3  # the weights really changed
 
 
-class PhaseLog(StepHook):
-    """Records the learning rate and the replay's actions at each phase end."""
-
-    per_gradient_step = False
+class PhaseLog(PhaseCallback):
+    """Records the learning rate at each phase end."""
 
     def __init__(self):
         super().__init__()
         self.rates = []
+        self.trainer = None
 
-    def on_phase_end(self, trainer):
-        self.rates.append((trainer.step, float(trainer.optimizer.learning_rate.numpy())))
+    def on_phase_end(self, logs=None):
+        self.rates.append((logs["step"], float(self.trainer.optimizer.learning_rate.numpy())))
 
 
 def test_zoo_linear_learning_rate_decays_to_zero_like_sb3():
     recipe = tiny(**{"train.learning_rate": "lin_1e-3", "train.total_timesteps": 400})
     assert recipe.train.learning_rate == 1e-3 and recipe.train.learning_rate_schedule == "linear"
     log = PhaseLog()
-    DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=0, hooks=(log,), quiet=True).train()
+    log.trainer = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=0, callbacks=[log], quiet=True)
+    log.trainer.train()
     for step, rate in log.rates:
         # Set before the phase at `step` from the progress left: 1e-3 * (1 - step / 400).
         assert rate == pytest.approx(1e-3 * (1 - step / 400), rel=1e-5)
@@ -196,16 +192,10 @@ def test_acts_uniformly_at_random_before_learning_starts(monkeypatch):
     """SB3 fills the buffer with random actions: a greedy actor must not be asked before learning_starts."""
     recipe = tiny(**{"train.learning_starts": 300, "train.total_timesteps": 320, "train.exploration_final_eps": 0.0,
                      "train.exploration_initial_eps": 0.0})
-    trainer = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=0, quiet=True)
+    trainer = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=0, quiet=True)
     asked = []
-    build = trainer._build
-
-    def build_and_spy():
-        build()
-        act = trainer.actor.act
-        trainer.actor.act = lambda obs: asked.append(trainer.step) or act(obs)
-
-    trainer._build = build_and_spy
+    act = trainer.actor.act
+    trainer.actor.act = lambda obs: asked.append(trainer.state.step) or act(obs)
     result = trainer.train()
     assert asked and min(asked) == 300  # epsilon 0: greedy from learning_starts on, never before
     actions = result.replay.gather(np.flatnonzero(result.replay._flags[:300] & 1)).actions
@@ -221,8 +211,7 @@ def test_n_step_training_runs_and_differs_from_one_step():
 
 def test_exploration_and_replay_sampling_draw_from_independent_streams():
     recipe = tiny()
-    trainer = DQNTrainer(recipe.train, recipe.env, recipe.replay, seed=5, quiet=True)
-    trainer._build()
+    trainer = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=5, quiet=True)
     acting = trainer.rng.integers(0, 2**31, size=16)
     sampling = trainer.replay._rng.integers(0, 2**31, size=16)
     assert not np.array_equal(acting, sampling)
@@ -234,3 +223,68 @@ def test_td_fine_tunes_do_not_reuse_another_training_seeds_episodes():
     seeds = {fine_tune_seed(s, name) for s in range(4) for name in ("qat-int8", "prune-80")}
     assert len(seeds) == 8 and not seeds & set(range(5))
     assert fine_tune_seed(0, "qat-int8") == fine_tune_seed(0, "qat-int8")  # stable across processes
+
+
+class Recorder(PhaseCallback):
+    """Records the loop's events as a Keras callback hears them."""
+
+    def __init__(self, per_step: bool):
+        super().__init__()
+        self.per_step, self.events = per_step, []
+
+    def _implements_train_batch_hooks(self):
+        return self.per_step
+
+    def on_train_begin(self, logs=None): self.events.append(("begin",))
+    def on_train_batch_begin(self, batch, logs=None): self.events.append(("step", batch))
+    def on_phase_end(self, logs=None): self.events.append(("phase", logs["step"], logs["gradient_step"]))
+    def on_epoch_end(self, epoch, logs=None): self.events.append(("epoch_end", epoch))
+    def on_train_end(self, logs=None): self.events.append(("end", logs["step"], logs["gradient_step"]))
+
+
+@pytest.mark.parametrize("per_step", [True, False])
+def test_callbacks_hear_the_loop_as_under_fit(per_step):
+    recipe = tiny(**{"train.total_timesteps": 120})
+    recorder = Recorder(per_step)
+    result = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=0, callbacks=(recorder,),
+                                    quiet=True).train()
+    kinds = [e[0] for e in recorder.events]
+    assert kinds[0] == "begin" and kinds[-2:] == ["epoch_end", "end"] and recorder.events[-1] == ("end", 120, 10)
+    # Batch hooks only for a callback that has them: otherwise each phase is one fused call.
+    assert kinds.count("step") == (result.gradient_steps if per_step else 0) and result.gradient_steps == 10
+    assert kinds.count("phase") == 5 and ("phase", 104, 2) in recorder.events
+
+
+def test_train_state_round_trips_under_the_checkpoint_keys():
+    from compress_dqn.train_state import TrainState
+
+    state = TrainState(step=7, gradient_step=3, episode_returns=[1.0, 2.0], next_eval=50)
+    saved = state.state_dict()
+    # The keys checkpoints have always used, so older checkpoints resume.
+    assert set(saved) == {"step", "gradient_step", "episodes", "pending_target_updates", "next_checkpoint",
+                          "next_eval", "best_return", "best_step", "episode_returns"}
+    restored = TrainState()
+    restored.load_state_dict({**saved, "elapsed": 1.5, "rng": "{}", "env_rng": "{}"})
+    assert restored == state and restored.episode_returns is not state.episode_returns
+
+
+def test_tfmot_pruning_callback_plugs_in_and_a_fine_tune_keeps_the_baseline_target():
+    import tensorflow_model_optimization as tfmot
+
+    from compress_dqn.compress import prune
+    from compress_dqn.envs import probe_env
+    from compress_dqn.networks import network_for
+    from compress_dqn.recipe import PruneConfig
+
+    recipe = tiny(**{"train.total_timesteps": 200, "train.jit_compile": "false"})
+    baseline = network_for(probe_env(recipe.env), recipe.train)
+    wrapped = prune.prune_model(baseline, PruneConfig(sparsity=0.5, frequency=5), total_steps=50)
+    trainer = DQNTrainer.from_recipe(
+        recipe.train, recipe.env, recipe.replay, seed=0, quiet=True, callbacks=[tfmot.sparsity.keras.UpdatePruningStep()],
+        initial_model=wrapped, frozen_target=baseline.get_weights(), target_template=baseline,
+    )
+    result = trainer.train()
+    assert result.gradient_steps == 50
+    assert all(s == pytest.approx(0.5, abs=0.02) for s in prune.kernel_sparsity(prune.strip(wrapped)).values())
+    for kept, frozen in zip(trainer.target.get_weights(), baseline.get_weights()):
+        np.testing.assert_array_equal(kept, frozen)

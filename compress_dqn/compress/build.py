@@ -80,7 +80,7 @@ def fine_tune(
     recipe: Recipe,
     baseline: tf_keras.Model,
     replay: ReplayBuffer,
-    hooks: tuple = (),
+    callbacks: tuple = (),
     wrapped: bool = False,
     label: str = "fine-tune",
     quiet: bool = False,
@@ -91,7 +91,7 @@ def fine_tune(
     jit = use_xla(recipe.train.jit_compile, convolutional) and not wrapped
     if ft.method == "distill":
         loss = Distiller(
-            model, baseline, replay, ft.steps, ft.learning_rate, ft.batch_size, hooks=hooks,
+            model, baseline, replay, ft.steps, ft.learning_rate, ft.batch_size, callbacks=callbacks,
             max_grad_norm=recipe.train.max_grad_norm, jit_compile=jit, label=label, quiet=quiet,
             loss=ft.loss, temperature=ft.temperature,
         ).run()
@@ -107,8 +107,8 @@ def fine_tune(
         "eval_interval": 0,
         "jit_compile": jit,
     })
-    result = DQNTrainer(
-        cfg, recipe.env, recipe.replay, seed=fine_tune_seed(recipe.seed, label), hooks=hooks, label=label, quiet=quiet,
+    result = DQNTrainer.from_recipe(
+        cfg, recipe.env, recipe.replay, seed=fine_tune_seed(recipe.seed, label), callbacks=callbacks, label=label, quiet=quiet,
         initial_model=model, initial_replay=replay, frozen_target=baseline.get_weights(), device=recipe.device,
         target_template=baseline,
     ).train()
@@ -127,7 +127,7 @@ def _compress_and_recover(variant: VariantConfig, model: tf_keras.Model, recipe:
     ft, label = variant.fine_tune, variant.name
     if variant.prune:
         wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
-        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.PruningHook(wrapped),),
+        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.UpdatePruningStepEachStep(),),
                                          wrapped=True, label=label, quiet=quiet)
         return prune.strip(wrapped)
     if variant.cluster:

@@ -7,12 +7,18 @@ layers get no speed-up in TFLite/XNNPACK; it composes with quantization.
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Sequence
 
 from compress_dqn._tf import tf, tf_keras
+from compress_dqn.callbacks import LoopCallbacks
 from compress_dqn.envs import EnvInfo
-from compress_dqn.networks import network_for, q_from_outputs
+from compress_dqn.networks import make_actor, network_for, q_from_outputs
+from compress_dqn.progress import Progress
 from compress_dqn.recipe import StudentConfig
+from compress_dqn.replay import ReplayBuffer
+from compress_dqn.train_state import TrainState
+from compress_dqn.updates import UpdateFn, run_updates
 
 
 def build_student(info: EnvInfo, cfg: StudentConfig) -> tf_keras.Model:
@@ -28,7 +34,7 @@ def make_distill_update_fn(
     loss: str = "policy",
     temperature: float = 0.01,
     value_scale: float = 1.0,
-) -> Any:
+) -> UpdateFn:
     """`update(obs, teacher_q)` over K stacked batches: K steps; returns (mean loss, mean Q).
 
     loss="mse" regresses all Q-values. A DQN's action gaps are tiny next to its Q-values
@@ -73,21 +79,22 @@ def make_distill_update_fn(
 
 
 class Distiller:
-    """Offline distillation through the training loop's phase runner and hooks.
+    """Offline distillation through the training loop's phase runner and callbacks.
 
     Each phase samples K*B replay observations, computes the teacher's Q-values in numpy, and
-    runs K gradient steps (fused, or one by one when a hook such as pruning needs it).
+    runs K gradient steps (fused, or one by one when a callback has batch hooks).
     """
+
+    ckpt_dir: Path | None = None  # nothing to resume: distillation is short and offline
 
     def __init__(
         self,
         student: tf_keras.Model,
         teacher: tf_keras.Model,
-        replay: Any,
+        replay: ReplayBuffer,
         steps: int,
         learning_rate: float,
         batch_size: int,
-        hooks: tuple = (),
         max_grad_norm: float | None = 10.0,
         jit_compile: bool = True,
         label: str = "distill",
@@ -95,12 +102,13 @@ class Distiller:
         phase_steps: int = 100,
         loss: str = "policy",
         temperature: float = 0.01,
+        callbacks: Sequence[tf_keras.callbacks.Callback] = (),
     ) -> None:
-        from compress_dqn.networks import make_actor
-
         self.student, self.replay, self.steps = student, replay, steps
-        self.batch_size, self.hooks, self.label, self.quiet = batch_size, hooks, label, quiet
+        self.batch_size, self.label, self.quiet = batch_size, label, quiet
         self.phase_steps = phase_steps
+        self.state = TrainState()
+        self.callbacks = LoopCallbacks(callbacks, student)
         self.teacher = make_actor(teacher)
         self.optimizer = tf_keras.optimizers.Adam(learning_rate)
         self.optimizer.build(student.trainable_variables)
@@ -110,31 +118,25 @@ class Distiller:
         self.update = make_distill_update_fn(
             student, self.optimizer, max_grad_norm, jit_compile, loss, temperature, value_scale
         )
-        self.step = 0
-        self.gradient_step = 0
 
     def run(self) -> float:
         """Train the student for `steps` gradient steps; returns the last phase's mean loss."""
-        from compress_dqn.progress import Progress
-        from compress_dqn.train import run_updates
-
+        state = self.state
         progress = Progress(self.label, self.steps, 0, self.quiet)
-        for hook in self.hooks:
-            hook.on_train_begin(self)
+        self.callbacks.on_train_begin()
         loss = float("nan")
         try:
-            while self.gradient_step < self.steps:
-                k = min(self.phase_steps, self.steps - self.gradient_step)
+            while state.gradient_step < self.steps:
+                k = min(self.phase_steps, self.steps - state.gradient_step)
                 obs = self.replay.sample_observations(k * self.batch_size)
                 teacher_q = self.teacher.q_values(obs).reshape(k, self.batch_size, -1)
                 obs = obs.reshape((k, self.batch_size) + obs.shape[1:])
-                loss, _ = run_updates(self, self.update, (obs, teacher_q))
-                self.step = self.gradient_step
-                for hook in self.hooks:
-                    hook.on_phase_end(self)
-                progress.update(self.step, None)
+                loss, q_mean = run_updates(self, self.update, (obs, teacher_q))
+                state.step = state.gradient_step
+                self.callbacks.on_phase_end({"step": state.step, "gradient_step": state.gradient_step,
+                                             "loss": loss, "q_mean": q_mean})
+                progress.update(state.step, None)
         finally:
             progress.close()
-        for hook in self.hooks:
-            hook.on_train_end(self)
+        self.callbacks.on_train_end({"step": state.step, "gradient_step": state.gradient_step})
         return loss

@@ -1,8 +1,7 @@
 """Magnitude pruning with tfmot, driven by hand inside our own loop.
 
-tfmot's pruning step must advance once per gradient step; Keras' fit() does that through the
-UpdatePruningStep callback, so `PruningHook` calls the same callback methods from the loop's
-hooks (as tfmot's own custom-training-loop test does). Sparse Dense layers get no speed-up in
+Our training loops dispatch their events to tf_keras callbacks as fit() does, so tfmot's own
+UpdatePruningStep plugs in (`UpdatePruningStepEachStep` asks for one gradient step per call). Sparse Dense layers get no speed-up in
 TFLite/XNNPACK: pruning pays off in the gzipped (or EXPERIMENTAL_SPARSITY) file size.
 """
 
@@ -52,25 +51,13 @@ def prune_model(model: tf_keras.Model, cfg: PruneConfig, total_steps: int) -> tf
     return tf_keras.models.clone_model(independent_copy(model), clone_function=wrap)
 
 
-class PruningHook:
-    """Advances tfmot's pruning step before every gradient step and applies the final masks."""
+class UpdatePruningStepEachStep(_sparsity.UpdatePruningStep):
+    """tfmot's UpdatePruningStep (it zeroes the pruning step at the start and applies the final
+    masks at the epoch's end), with the training loop asked to run one gradient step per call so
+    that pruning wrappers update their masks between steps exactly as under fit()."""
 
-    per_gradient_step = True
-
-    def __init__(self, model: tf_keras.Model) -> None:
-        self.callback = _sparsity.UpdatePruningStep()
-        self.callback.set_model(model)
-
-    def on_train_begin(self, trainer) -> None:
-        self.callback.on_train_begin()
-
-    def on_gradient_step(self, trainer) -> None:
-        self.callback.on_train_batch_begin(batch=trainer.gradient_step)
-
-    def on_phase_end(self, trainer) -> None: ...
-
-    def on_train_end(self, trainer) -> None:
-        self.callback.on_epoch_end(batch=trainer.gradient_step)
+    def _implements_train_batch_hooks(self) -> bool:  # Keras' test of "call me every batch"
+        return True
 
 
 def strip(model: tf_keras.Model) -> tf_keras.Model:

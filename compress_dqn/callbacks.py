@@ -1,0 +1,63 @@
+"""The training loops' events, dispatched to tf_keras callbacks so Keras and tfmot callbacks plug in.
+
+The mapping follows fit() with one epoch: on_train_begin, on_epoch_begin(0), the batch hooks
+around every gradient step, on_epoch_end(0), on_train_end. tfmot's UpdatePruningStep applies its
+final masks in on_epoch_end, as under fit(). Batch hooks cost a call per gradient step, so a
+training phase runs as one fused call unless some callback implements them. `PhaseCallback`
+adds the one event fit() lacks: the end of a training phase (K gradient steps).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from compress_dqn._tf import tf_keras
+
+Logs = dict[str, float]
+
+
+class Interrupt(Exception):
+    """Raised by a callback to stop training at once (tests simulate a crash with it)."""
+
+
+class PhaseCallback(tf_keras.callbacks.Callback):
+    """A Keras callback that also hears the end of each training phase."""
+
+    def on_phase_end(self, logs: Logs | None = None) -> None:
+        """After each phase; logs: step (env steps), gradient_step, loss and q_mean (the phase's means)."""
+
+
+class LoopCallbacks:
+    """A loop's callbacks, bound to its model, with one method per event the loop raises."""
+
+    def __init__(self, callbacks: Iterable[tf_keras.callbacks.Callback], model: tf_keras.Model) -> None:
+        self.all = list(callbacks)
+        for callback in self.all:
+            callback.set_model(model)
+        # Keras' own test (CallbackList uses it) of whether a callback overrides a batch hook.
+        self.per_step = [c for c in self.all if c._implements_train_batch_hooks()]
+        self.per_phase = [c for c in self.all if isinstance(c, PhaseCallback)]
+
+    def on_train_begin(self) -> None:
+        for callback in self.all:
+            callback.on_train_begin()
+        for callback in self.all:
+            callback.on_epoch_begin(0)
+
+    def on_gradient_step_begin(self, gradient_step: int) -> None:
+        for callback in self.per_step:
+            callback.on_train_batch_begin(gradient_step)
+
+    def on_gradient_step_end(self, gradient_step: int, logs: Logs) -> None:
+        for callback in self.per_step:
+            callback.on_train_batch_end(gradient_step, logs)
+
+    def on_phase_end(self, logs: Logs) -> None:
+        for callback in self.per_phase:
+            callback.on_phase_end(logs)
+
+    def on_train_end(self, logs: Logs) -> None:
+        for callback in self.all:
+            callback.on_epoch_end(0, logs)
+        for callback in self.all:
+            callback.on_train_end(logs)
