@@ -15,9 +15,9 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import pydantic
 import yaml
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -28,25 +28,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from compress_dqn.errors import UserError
-from compress_dqn.fileio import read_user_file
+from compress_dqn.safe_yaml import read_yaml
 
 # ---------------------------------------------------------------------------------------------
-# Value types: counts written as 1e6, byte sizes written as "512MiB", closed intervals.
+# Value types: counts written as 1e6 and numbers as 1e-3 (YAML reads those as strings); bounds
+# are pydantic constraints, worded by _format_error.
 # ---------------------------------------------------------------------------------------------
-
-_BYTE_UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
-
 
 def _parse_count(value: Any) -> Any:
     """Accept 50000, 5e4, "5e4" and "50_000" for integer counts; reject fractions and booleans."""
@@ -79,58 +66,31 @@ def _parse_float(value: Any) -> Any:
     return value
 
 
-def parse_byte_size(value: Any) -> int:
-    """Parse 536870912, "512MiB", "1.5 GB" into bytes (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024)."""
+def _not_bool(value: Any) -> Any:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a size")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value < 0 or value != int(value):
-            raise ValueError(f"{value!r} is not a whole number of bytes")
-        return int(value)
-    if not isinstance(value, str):
-        raise ValueError(f"{value!r} is not a size (write e.g. 512MiB)")
-    match = _SIZE_RE.match(value)
-    unit = match.group(2).lower() if match else ""
-    if not match or (unit and unit not in _BYTE_UNITS):
-        raise ValueError(
-            f"{value!r} is not a size; write a number with a unit from B, KB, MB, GB, TB, KiB, MiB, "
-            "GiB, TiB (e.g. 512MiB)"
-        )
-    return int(float(match.group(1)) * _BYTE_UNITS[unit or "b"])
-
-
-def _interval(lo: float | None, hi: float | None, lo_open: bool = False, hi_open: bool = False):
-    """A validator that says `1.5 is not in [0, 1]` rather than pydantic's generic wording."""
-
-    def fmt(x: float | None) -> str:
-        return "inf" if x is None else f"{x:g}"
-
-    text = f"{'(' if lo_open else '['}{fmt(lo)}, {fmt(hi)}{')' if hi_open else ']'}"
-
-    def check(value: Any) -> Any:
-        bad_lo = lo is not None and (value <= lo if lo_open else value < lo)
-        bad_hi = hi is not None and (value >= hi if hi_open else value > hi)
-        if bad_lo or bad_hi:
-            raise ValueError(f"{value!r} is not in {text}")
-        return value
-
-    return check
+    return value
 
 
 def _count(lo: int = 0) -> Any:
-    return Annotated[int, BeforeValidator(_parse_count), AfterValidator(_interval(lo, None))]
+    return Annotated[int, BeforeValidator(_parse_count), Field(ge=lo)]
 
 
 def _real(lo: float | None, hi: float | None, lo_open: bool = False, hi_open: bool = False) -> Any:
-    return Annotated[
-        float, BeforeValidator(_parse_float), AfterValidator(_interval(lo, hi, lo_open, hi_open))
-    ]
+    bounds = {("gt" if lo_open else "ge"): lo, ("lt" if hi_open else "le"): hi}
+    return Annotated[float, BeforeValidator(_parse_float), Field(**{k: v for k, v in bounds.items() if v is not None})]
 
 
 Count = _count(0)
 PositiveCount = _count(1)
 Probability = _real(0.0, 1.0)
-ByteSize = Annotated[int, BeforeValidator(parse_byte_size)]
+ByteSize = Annotated[pydantic.ByteSize, BeforeValidator(_not_bool)]
+"""536870912, "512MiB", "1.5 GB" (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024): pydantic's ByteSize."""
+
+
+def parse_byte_size(value: Any) -> int:
+    """Bytes from a size as a recipe writes it."""
+    return int(pydantic.TypeAdapter(ByteSize).validate_python(value))
 
 
 class StrictModel(BaseModel):
@@ -421,7 +381,7 @@ class ClusterConfig(StrictModel):
 class StudentConfig(StrictModel):
     """A smaller network trained by Q-value distillation from the baseline."""
 
-    net_arch: list[Annotated[int, BeforeValidator(_parse_count), AfterValidator(_interval(1, None))]]
+    net_arch: list[PositiveCount]
     """Hidden Dense layer widths of the student, e.g. [32, 32]."""
     activation: Literal["relu", "tanh"] = "relu"
     conv: list[ConvLayer] = Field(default_factory=list)
@@ -488,7 +448,7 @@ class SearchConfig(StrictModel):
     objective: Literal["gzip_bytes", "params", "latency"] = "gzip_bytes"
     """What "smallest" means: the gzipped .tflite bytes, the nonzero parameters, or the TFLite
     batch-1 p50 latency on this machine."""
-    students: list[list[Annotated[int, BeforeValidator(_parse_count), AfterValidator(_interval(1, None))]]] = Field(
+    students: list[list[PositiveCount]] = Field(
         default_factory=lambda: [[64, 64], [32, 32], [16, 16], [8, 8]])
     """Student hidden widths to try (distilled from the baseline); [] leaves students out."""
     student_quantize: Literal["qat", "int8", "float16", "none"] = "qat"
@@ -577,6 +537,9 @@ class Recipe(StrictModel):
 # ---------------------------------------------------------------------------------------------
 
 
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+
+
 def _format_error(error: Any) -> str:
     loc = ".".join(str(part) for part in error["loc"])
     kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
@@ -593,6 +556,12 @@ def _format_error(error: Any) -> str:
         return f"{loc}: {message}" if loc else message
     if kind == "literal_error":
         return f"{loc}: {value!r} is not allowed; expected {ctx.get('expected', message)}"
+    if kind in _BOUNDS:
+        ((bound, limit),) = ctx.items()
+        return f"{loc}: {value!r} must be {_BOUNDS[kind]} {limit:g}"
+    if kind in ("byte_size", "byte_size_unit"):
+        return (f"{loc}: {value!r} is not a size; write a whole number of bytes or a number with a unit from "
+                "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (e.g. 512MiB)")
     return f"{loc}: {value!r} is invalid: {message[0].lower()}{message[1:]}"
 
 
@@ -624,84 +593,6 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
             raise UserError(f"--set {override!r}: {part} is not a section")
         node = child
     node[parts[-1]] = value
-
-
-_MAX_RECIPE_BYTES = 1 << 20
-_MAX_EXPANDED_NODES = 100_000
-
-
-_MAX_DEPTH = 64
-_OPEN = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken, yaml.FlowMappingStartToken, yaml.FlowSequenceStartToken)
-_CLOSE = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
-
-
-def _check_depth(text: str, path: Path) -> None:
-    """Refuse absurd nesting from the token stream, before the recursive composer meets it."""
-    depth = 0
-    for token in yaml.scan(text, Loader=yaml.SafeLoader):
-        if isinstance(token, _OPEN):
-            depth += 1
-            if depth > _MAX_DEPTH:
-                raise UserError(f"{path}: YAML nests more than {_MAX_DEPTH} levels deep (line {token.start_mark.line + 1}); is it a recipe?")
-        elif isinstance(token, _CLOSE):
-            depth -= 1
-
-
-def _check_expansion(root: yaml.Node | None, path: Path) -> None:
-    """Refuse aliases that refer to themselves or expand past _MAX_EXPANDED_NODES values.
-
-    yaml.safe_load shares aliased nodes, so a few lines of anchors ("billion laughs") load fast
-    but expand exponentially when validated; a self-referencing anchor loads as a cyclic list.
-    """
-    sizes: dict[int, int] = {}
-    active: set[int] = set()
-
-    def size(node: yaml.Node) -> int:
-        key = id(node)
-        if key in sizes:
-            return sizes[key]
-        if key in active:
-            raise UserError(f"{path}: a YAML anchor refers to itself (line {node.start_mark.line + 1}); recipes cannot be recursive")
-        active.add(key)
-        if isinstance(node, yaml.SequenceNode):
-            total = 1 + sum(size(child) for child in node.value)
-        elif isinstance(node, yaml.MappingNode):
-            total = 1 + sum(size(k) + size(v) for k, v in node.value)
-        else:
-            total = 1
-        active.discard(key)
-        if total > _MAX_EXPANDED_NODES:
-            raise UserError(f"{path}: YAML aliases expand to more than {_MAX_EXPANDED_NODES} values; write the recipe out without nested anchors")
-        sizes[key] = total
-        return total
-
-    if root is not None:
-        size(root)
-
-
-def read_yaml(path: str | Path) -> Any:
-    """Read YAML data safely, turning every way a file can be bad into one-line UserErrors."""
-    path = Path(path)
-    raw = read_user_file(path, "a recipe .yaml file")
-    if len(raw) > _MAX_RECIPE_BYTES:
-        raise UserError(f"{path}: {len(raw)} bytes is too large for a recipe (at most {_MAX_RECIPE_BYTES}); is it the right file?")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
-    try:
-        _check_depth(text, path)
-        _check_expansion(yaml.compose(text, Loader=yaml.SafeLoader), path)
-        return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise UserError(f"{path}: YAML syntax error{where}: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: YAML error: {str(exc).splitlines()[0]}") from None
-    except RecursionError:
-        raise UserError(f"{path}: YAML nests too deeply (recursive anchors?)") from None
 
 
 def recipe_from_data(data: Any, source: str = "recipe", overrides: tuple[str, ...] = ()) -> Recipe:

@@ -1,0 +1,93 @@
+"""Read a YAML recipe safely: size, encoding, nesting and alias-expansion limits, one-line errors.
+
+yaml.safe_load alone builds no objects, but it still accepts a "billion laughs" of aliases, a
+self-referencing anchor, or nesting deep enough to overflow the recursive composer. Every way a
+file can be bad becomes one UserError naming the file and what to fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from compress_dqn.errors import UserError
+from compress_dqn.fileio import read_user_file
+
+_MAX_RECIPE_BYTES = 1 << 20
+_MAX_EXPANDED_NODES = 100_000
+
+
+_MAX_DEPTH = 64
+_OPEN = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken, yaml.FlowMappingStartToken, yaml.FlowSequenceStartToken)
+_CLOSE = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+
+
+def _check_depth(text: str, path: Path) -> None:
+    """Refuse absurd nesting from the token stream, before the recursive composer meets it."""
+    depth = 0
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
+        if isinstance(token, _OPEN):
+            depth += 1
+            if depth > _MAX_DEPTH:
+                raise UserError(f"{path}: YAML nests more than {_MAX_DEPTH} levels deep (line {token.start_mark.line + 1}); is it a recipe?")
+        elif isinstance(token, _CLOSE):
+            depth -= 1
+
+
+def _check_expansion(root: yaml.Node | None, path: Path) -> None:
+    """Refuse aliases that refer to themselves or expand past _MAX_EXPANDED_NODES values.
+
+    yaml.safe_load shares aliased nodes, so a few lines of anchors ("billion laughs") load fast
+    but expand exponentially when validated; a self-referencing anchor loads as a cyclic list.
+    """
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise UserError(f"{path}: a YAML anchor refers to itself (line {node.start_mark.line + 1}); recipes cannot be recursive")
+        active.add(key)
+        if isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        else:
+            total = 1
+        active.discard(key)
+        if total > _MAX_EXPANDED_NODES:
+            raise UserError(f"{path}: YAML aliases expand to more than {_MAX_EXPANDED_NODES} values; write the recipe out without nested anchors")
+        sizes[key] = total
+        return total
+
+    if root is not None:
+        size(root)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read YAML data safely, turning every way a file can be bad into one-line UserErrors."""
+    path = Path(path)
+    raw = read_user_file(path, "a recipe .yaml file")
+    if len(raw) > _MAX_RECIPE_BYTES:
+        raise UserError(f"{path}: {len(raw)} bytes is too large for a recipe (at most {_MAX_RECIPE_BYTES}); is it the right file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
+    try:
+        _check_depth(text, path)
+        _check_expansion(yaml.compose(text, Loader=yaml.SafeLoader), path)
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise UserError(f"{path}: YAML syntax error{where}: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: YAML error: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise UserError(f"{path}: YAML nests too deeply (recursive anchors?)") from None
