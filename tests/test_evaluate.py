@@ -106,3 +106,15 @@ def test_iqm_and_stratified_bootstrap():
     seen = []
     stratified_bootstrap_ci(scores, statistic=lambda m: seen.append(m.copy()) or 0.0, resamples=20)
     assert all(set(m[:, 0]) <= {1, 2, 3, 4} and set(m[:, 1]) <= {10, 20, 30, 40} for m in seen)
+
+
+def test_iqm_is_rliables_aggregate_iqm():
+    """Pinned to the published definition (rliable.metrics.aggregate_iqm), over runs x tasks."""
+    from rliable import metrics
+
+    from compress_dqn.evaluate import iqm
+
+    rng = np.random.default_rng(0)
+    for shape in [(3, 1), (5, 4), (7, 3), (10, 1), (4, 2)]:
+        scores = rng.normal(size=shape) * rng.uniform(1, 100)
+        assert iqm(scores) == pytest.approx(metrics.aggregate_iqm(scores), rel=1e-12)
