@@ -9,7 +9,7 @@ adds the one event fit() lacks: the end of a training phase (K gradient steps).
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
 from compress_dqn._tf import tf_keras
 
@@ -61,3 +61,46 @@ class LoopCallbacks:
             callback.on_epoch_end(0, logs)
         for callback in self.all:
             callback.on_train_end(logs)
+
+
+class KeepBestPolicy(PhaseCallback):
+    """Every `every` gradient steps and at the end, play the model greedily on selection episodes
+    and keep the weights with the highest mean return (the latest among ties).
+
+    Why: a distilled student can match the teacher's actions on 95% of replay states and still
+    fail to balance a pole, depending on its initialization; the baseline's training keeps its
+    best evaluated weights for the same reason. The selection episodes (train.eval_seed..) are
+    disjoint from the final evaluation's, so the verdict is not selected on.
+    """
+
+    def __init__(self, env: Any, seeds: Sequence[int], every: int) -> None:
+        super().__init__()
+        self.env, self.seeds, self.every = env, list(seeds), every
+        self.next_at = every
+        self.best: tuple[float, int, list[Any]] | None = None
+        self.history: list[tuple[int, float]] = []
+
+    def _consider(self, gradient_step: int) -> None:
+        from compress_dqn.evaluate import run_episodes
+        from compress_dqn.networks import make_actor
+
+        actor = make_actor(self.model)
+        score = float(sum(run_episodes(actor.act, self.env, self.seeds)) / len(self.seeds))
+        self.history.append((gradient_step, score))
+        if self.best is None or score >= self.best[0]:
+            self.best = (score, gradient_step, self.model.get_weights())
+
+    def on_phase_end(self, logs: Logs | None = None) -> None:
+        if logs["gradient_step"] >= self.next_at:
+            self._consider(int(logs["gradient_step"]))
+            self.next_at = (int(logs["gradient_step"]) // self.every + 1) * self.every
+
+    def on_train_end(self, logs: Logs | None = None) -> None:
+        if not self.history or self.history[-1][0] != logs["gradient_step"]:
+            self._consider(int(logs["gradient_step"]))
+        self.model.set_weights(self.best[2])
+
+    def summary(self) -> dict[str, Any]:
+        """What the selection saw and kept, for the variant's details."""
+        return {"selected_step": self.best[1], "selected_return": self.best[0], "episodes": len(self.seeds),
+                "evaluations": [[step, score] for step, score in self.history]}

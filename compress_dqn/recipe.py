@@ -405,6 +405,11 @@ class FineTuneConfig(StrictModel):
     2016) + Q error / Q variance (keeps the scale); mse = squared Q error (can flip near-tied actions)."""
     temperature: _real(0.0, None, lo_open=True) = 0.01
     """Softmax temperature of the policy loss, in Q units: gaps above it are ranked sharply."""
+    select_interval: Count = 0
+    """Every this many gradient steps (and at the end), play the model on select_episodes episodes
+    from train.eval_seed and keep the best weights, as the baseline's training does; 0: keep the last."""
+    select_episodes: PositiveCount = 10
+    """Episodes per selection evaluation (seeds train.eval_seed.., never the final evaluation's)."""
 
 
 class VariantConfig(StrictModel):
@@ -517,12 +522,18 @@ class Recipe(StrictModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"variants: names must be unique; repeated: {', '.join(duplicates)}")
-        if self.train.eval_interval:
-            lo, hi = self.train.eval_seed, self.train.eval_seed + self.train.eval_episodes
-            if lo < self.eval.seed + self.eval.episodes and self.eval.seed < hi:
+        selecting = [v.fine_tune.select_episodes for v in self.variants if v.fine_tune and v.fine_tune.select_interval]
+        if self.search is not None:
+            selecting += [ft.select_episodes for ft in (self.search.student_fine_tune, self.search.prune_fine_tune)
+                          if ft.select_interval]
+        if self.train.eval_interval or selecting:
+            lo = self.train.eval_seed
+            hi = lo + max([self.train.eval_episodes if self.train.eval_interval else 0, *selecting])
+            end = self.eval.seed + max(self.eval.episodes, self.eval.max_episodes or 0)  # every look's episodes
+            if lo < end and self.eval.seed < hi:
                 raise ValueError(
                     f"train.eval_seed range [{lo}, {hi}) overlaps eval.seed range "
-                    f"[{self.eval.seed}, {self.eval.seed + self.eval.episodes}); move train.eval_seed "
+                    f"[{self.eval.seed}, {end}); move train.eval_seed "
                     "so model selection never sees the final evaluation episodes"
                 )
         return self

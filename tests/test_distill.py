@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from compress_dqn.compress.build import build_variant
 from compress_dqn.networks import count_params, q_from_outputs
@@ -33,3 +34,40 @@ def test_mse_loss_is_available(trained_tiny):
     built = build_variant(variant(recipe, student={"net_arch": [8]}, fine_tune={"steps": 50, "loss": "mse"}),
                           result.model, result.replay, recipe, result.info, quiet=True)
     assert np.isfinite(built.details["fine_tune"]["final_loss"])
+
+
+def test_keep_best_policy_restores_the_best_evaluated_weights(monkeypatch):
+    """Selection episodes score each snapshot; the weights that end up in the model are the best
+    one's (the latest among ties), whatever came after."""
+    import compress_dqn.evaluate as evaluate_module
+    from compress_dqn.callbacks import KeepBestPolicy
+    from compress_dqn.networks import build_q_network
+
+    model = build_q_network((4,), 2, [8])
+    scores = {1.0: 50.0, 2.0: 200.0, 3.0: 200.0, 4.0: 20.0, 5.0: 90.0}  # by the value every bias holds
+    monkeypatch.setattr(evaluate_module, "run_episodes",
+                        lambda act, env, seeds: [scores[float(model.layers[-1].bias.numpy()[0])]] * len(list(seeds)))
+    keep = KeepBestPolicy(env=None, seeds=range(3), every=100)
+    keep.set_model(model)
+    for step, value in zip((100, 200, 300, 400), (1.0, 2.0, 3.0, 4.0)):
+        for w in model.weights:
+            w.assign(np.full(w.shape, value, dtype=np.float32))
+        keep.on_phase_end({"gradient_step": step})
+    for w in model.weights:
+        w.assign(np.full(w.shape, 5.0, dtype=np.float32))
+    keep.on_train_end({"gradient_step": 450})
+    assert all(np.all(w.numpy() == 3.0) for w in model.weights)  # 200 at steps 200 and 300: the latest
+    assert keep.summary()["selected_step"] == 300
+    assert [s for s, _ in keep.summary()["evaluations"]] == [100, 200, 300, 400, 450]
+
+
+def test_selection_episodes_may_not_overlap_any_look_of_the_evaluation():
+    from compress_dqn.errors import UserError
+    from compress_dqn.recipe import load_recipe
+
+    from conftest import TINY
+
+    student = "variants=[{name: s, student: {net_arch: [4]}, fine_tune: {select_interval: 100}}]"
+    with pytest.raises(UserError, match=r"train.eval_seed range \[300, 310\) overlaps eval.seed range \[0, 400\)"):
+        load_recipe(TINY, [student, "train.eval_seed=300", "eval.max_episodes=400"])
+    load_recipe(TINY, [student, "train.eval_seed=400", "eval.max_episodes=400"])

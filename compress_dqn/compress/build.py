@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from compress_dqn._tf import tf, tf_keras, use_xla
+from compress_dqn.callbacks import KeepBestPolicy
 from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.distill import Distiller, build_student
 from compress_dqn.envs import EnvInfo
@@ -89,6 +90,19 @@ def fine_tune(
     # tfmot wrappers update masks/quantizer ranges with tf.cond and assign ops; keep them out of XLA.
     convolutional = any(isinstance(layer, tf_keras.layers.Conv2D) for layer in model.submodules)
     jit = use_xla(recipe.train.jit_compile, convolutional) and not wrapped
+    selection = None
+    if ft.select_interval:
+        seeds = range(recipe.train.eval_seed, recipe.train.eval_seed + ft.select_episodes)
+        selection = KeepBestPolicy(recipe.env, seeds, ft.select_interval)
+        callbacks = (*callbacks, selection)
+    details = _fine_tune(model, ft, recipe, baseline, replay, callbacks, jit, label, quiet)
+    if selection is not None:
+        details["selection"] = selection.summary()
+    return details
+
+
+def _fine_tune(model: tf_keras.Model, ft: FineTuneConfig, recipe: Recipe, baseline: tf_keras.Model,
+               replay: ReplayBuffer, callbacks: tuple, jit: bool, label: str, quiet: bool) -> dict[str, Any]:
     if ft.method == "distill":
         loss = Distiller(
             model, baseline, replay, ft.steps, ft.learning_rate, ft.batch_size, callbacks=callbacks,
