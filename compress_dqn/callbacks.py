@@ -90,6 +90,9 @@ class KeepBestPolicy(PhaseCallback):
         if self.best is None or score >= self.best[0]:
             self.best = (score, gradient_step, self.model.get_weights())
 
+    def on_train_begin(self, logs: Logs | None = None) -> None:
+        self._consider(0)  # the weights it starts from (a QAT fine-tune can make a good student worse)
+
     def on_phase_end(self, logs: Logs | None = None) -> None:
         if logs["gradient_step"] >= self.next_at:
             self._consider(int(logs["gradient_step"]))

@@ -365,6 +365,9 @@ class QuantizeConfig(StrictModel):
     """For qat on a pruned or clustered model: keep its sparsity/clusters (PQAT/CQAT)."""
     qat_steps: _count(1) | None = None
     """Gradient steps of the QAT fine-tune (default: fine_tune.steps)."""
+    qat_learning_rate: _real(0.0, 1.0, lo_open=True) | None = None
+    """Adam step size of the QAT fine-tune (default: fine_tune.learning_rate). QAT starts from a
+    tuned model: a distillation's step size can undo it."""
 
 
 class ClusterConfig(StrictModel):
@@ -468,6 +471,8 @@ class SearchConfig(StrictModel):
     """Recovery fine-tune of each pruned candidate."""
     qat_steps: PositiveCount = 5_000
     """Gradient steps of each QAT fine-tune."""
+    qat_learning_rate: _real(0.0, 1.0, lo_open=True) = 1e-4
+    """Adam step size of each student's QAT fine-tune (a tenth of the distillation's by default)."""
     max_candidates: _count(1) | None = None
     """Budget: candidates evaluated at most (each on every seed); null: no limit."""
     max_seconds: _real(0.0, None, lo_open=True) | None = None

@@ -71,7 +71,7 @@ def _student(widths: list[int], search: SearchConfig) -> VariantConfig:
     data: dict[str, Any] = {"student": {"net_arch": widths}, "fine_tune": search.student_fine_tune.model_dump()}
     if search.student_quantize == "qat":
         name += "-qat-int8"
-        data["quantize"] = {"mode": "qat", "qat_steps": search.qat_steps}
+        data["quantize"] = {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}
     elif search.student_quantize != "none":
         name += f"-{search.student_quantize}"
         data["quantize"] = {"mode": search.student_quantize}

@@ -58,7 +58,7 @@ def test_keep_best_policy_restores_the_best_evaluated_weights(monkeypatch):
     keep.on_train_end({"gradient_step": 450})
     assert all(np.all(w.numpy() == 3.0) for w in model.weights)  # 200 at steps 200 and 300: the latest
     assert keep.summary()["selected_step"] == 300
-    assert [s for s, _ in keep.summary()["evaluations"]] == [100, 200, 300, 400, 450]
+    assert [s for s, _ in keep.summary()["evaluations"]] == [100, 200, 300, 400, 450]  # (no train_begin here)
 
 
 def test_selection_episodes_may_not_overlap_any_look_of_the_evaluation():

@@ -164,7 +164,8 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
         preserve = "clusters"
     qat = quantize.qat_model(model, preserve)
     quantize.calibrate_ranges(qat, model, replay.sample_observations(q.calibration_samples))
-    qat_ft = variant.fine_tune.model_copy(update={"steps": q.qat_steps or variant.fine_tune.steps})
+    qat_ft = variant.fine_tune.model_copy(update={"steps": q.qat_steps or variant.fine_tune.steps,
+                                                  "learning_rate": q.qat_learning_rate or variant.fine_tune.learning_rate})
     details["qat"] = fine_tune(qat, qat_ft, recipe, baseline, replay, wrapped=True, label=f"{variant.name}/qat", quiet=quiet)
     details["qat"]["preserve"] = preserve
     if preserve == "sparsity":
