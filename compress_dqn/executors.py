@@ -41,6 +41,24 @@ def threads_per_worker(workers: int) -> int:
     return max(1, cpu_count() // max(1, workers))
 
 
+def exit_with_parent(parent: int, poll_seconds: float = 1.0) -> None:
+    """In a pool worker: exit as soon as the process that started it is gone.
+
+    Why: a `compress-dqn run` killed with SIGKILL cannot shut its pool down, and spawned workers
+    otherwise live on (each holding TensorFlow's ~700 MB) and may finish a unit into the run
+    directory while the resumed run works in it.
+    """
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def map_units(
     fn: Callable[..., T],
     args: Sequence[tuple[Any, ...]],
@@ -56,7 +74,8 @@ def map_units(
     if executor == "local":
         if n == 1:
             return [fn(*a) for a in args]
-        with ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn")) as pool:
+        with ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn"),
+                                 initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
             futures = [pool.submit(fn, *a) for a in args]
             return [f.result() for f in futures]
     if executor == "ray":

@@ -52,3 +52,34 @@ def test_sweep_gives_the_same_per_seed_results_on_local_pool_and_ray(tmp_path):
         per_engine[executor] = {seed: run_fingerprint(tmp_path / executor / f"seed-{seed}") for seed in (0, 1)}
     assert per_engine["local"] == per_engine["ray"]
     assert per_engine["local"][0] != per_engine["local"][1]  # the seeds really differ
+
+
+def test_pool_workers_exit_when_the_run_is_killed(tmp_path):
+    """A SIGKILLed run cannot shut its pool down: its workers must not live on (each would hold
+    TensorFlow's memory and could write into the run directory the resumed run works in)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    script = tmp_path / "pool.py"
+    script.write_text(
+        "import time\n"
+        "from compress_dqn.executors import map_units\n"
+        "if __name__ == '__main__':\n"
+        "    map_units(time.sleep, [(60,), (60,)], 'local', 2)\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(script)])
+    try:
+        deadline = time.time() + 60
+        while len(psutil.Process(parent.pid).children()) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        workers = [c for c in psutil.Process(parent.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        assert len(workers) == 2
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"workers outlived the killed run: {[p.pid for p in alive]}"
