@@ -350,15 +350,18 @@ BASELINE_STAGES = [Stage("train", _train_stage), Stage("export", _export_stage),
 
 def _variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
     """Build one variant from the baseline, export it, evaluate it on the shared seeds."""
-    from compress_dqn._tf import set_seed
+    from compress_dqn._tf import set_seed, tf_keras
     from compress_dqn.compress.build import build_variant
     from compress_dqn.measure import measure_size
 
     out = ctx.folder(variant.name)
-    # Seed from the recipe and the variant's name alone: a variant rebuilt after a crash, or
-    # alone, initialises exactly as it would have in one uninterrupted run.
+    baseline = ctx.model
+    # Fresh Keras name counters and a seed from the recipe and the variant's name alone: a variant
+    # rebuilt after a crash, alone, or after other units in the same worker process gets the same
+    # weights and the same layer (so TFLite tensor) names, hence the same bytes.
+    tf_keras.backend.clear_session()
     set_seed(variant_seed(ctx.recipe.seed, variant.name))
-    built = build_variant(variant, ctx.model, _load_replay(ctx.base / "replay.npz", ctx.info), ctx.recipe, ctx.info,
+    built = build_variant(variant, baseline, _load_replay(ctx.base / "replay.npz", ctx.info), ctx.recipe, ctx.info,
                           quiet=ctx.quiet)
     exported = _export(built.export_model, ctx.info, out, built, ctx.heldout[:500])
     size = measure_size(built.params, built.nonzero_params, out / "policy.tflite", out / "saved_model")
