@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/compare_executors.py --recipe recipes/sweep.yaml --out runs/compare
     .venv/bin/python benchmarks/compare_executors.py --recipe recipes/tiny.yaml --search --out runs/compare-search
+    .venv/bin/python benchmarks/compare_executors.py --recipe recipes/tiny.yaml --search --engines local:1 local:2
 
 With --search (or a recipe with a search: block) the search runs on each engine, and its winner,
 front and every candidate's per-seed verdicts must match too.
@@ -29,6 +30,9 @@ def main() -> None:
     parser.add_argument("--out", default="runs/compare-executors")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="recipe override key=value")
     parser.add_argument("--search", action="store_true", help="add a tiny search (2 seeds, two students)")
+    parser.add_argument("--engines", nargs="+", default=["local", "ray"],
+                        help="engines to compare: local, ray, or local:N (the local pool with N workers; "
+                             "local:1 runs every unit in one process, one after another)")
     args = parser.parse_args()
     if args.search:
         args.overrides = [*TINY_SEARCH, *args.overrides]
@@ -39,20 +43,23 @@ def main() -> None:
     from compress_dqn.search import run_search, search_fingerprint
 
     found = {}
-    for executor in ("local", "ray"):
-        recipe = load_recipe(args.recipe, [*args.overrides, f"executor={executor}"])
+    for engine in args.engines:
+        executor, _, workers = engine.partition(":")
+        placement = [f"executor={executor}"] + ([f"workers={workers}"] if workers else [])
+        recipe = load_recipe(args.recipe, [*args.overrides, *placement])
         seeds = list(recipe.seeds or [recipe.seed])
         start = time.perf_counter()
-        out = Path(args.out) / executor
+        out = Path(args.out) / engine.replace(":", "-")
         (run_search if recipe.search else run_seeds)(recipe, out, quiet=True, log=lambda m: None)
         wall = time.perf_counter() - start
-        found[executor] = search_fingerprint(out) if recipe.search else {
+        found[engine] = search_fingerprint(out) if recipe.search else {
             str(seed): run_fingerprint(out / f"seed-{seed}") for seed in seeds}
-        print(json.dumps({"executor": executor, "seeds": seeds, "wall_seconds": round(wall, 1)}), flush=True)
-    same = found["local"] == found["ray"]
+        print(json.dumps({"engine": engine, "seeds": seeds, "wall_seconds": round(wall, 1)}), flush=True)
+    first = args.engines[0]
+    same = all(found[engine] == found[first] for engine in args.engines)
     summary = {}
     for seed in seeds:
-        results = json.loads((Path(args.out) / "local" / f"seed-{seed}" / "results.json").read_text())
+        results = json.loads((Path(args.out) / first.replace(":", "-") / f"seed-{seed}" / "results.json").read_text())
         summary[seed] = {v["name"]: v["return"]["mean"] for v in results["variants"]}
     print(json.dumps({"identical_per_seed_results": same, "mean_returns": summary}))
 
