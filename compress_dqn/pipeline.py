@@ -609,6 +609,14 @@ def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[
     for seed, seed_results in zip(seeds, runs):
         baseline = seed_results.baseline.returns
         log(f"[seed {seed}] baseline {baseline['mean']:.1f} +/- {baseline['std']:.1f}")
+    return RunOutcome(run_dir=run_dir, results=write_seeds_results(recipe, run_dir, runs, workers, threads),
+                      resumed=resumed)
+
+
+def write_seeds_results(recipe: Recipe, run_dir: Path, runs: list[RunResults], workers: int, threads: int,
+                        search: dict[str, Any] | None = None) -> SeedsResults:
+    """The multi-seed results.json (aggregate over the seeds' runs), its report, then the manifest."""
+    seeds = list(recipe.seeds or [recipe.seed])
     results = SeedsResults(
         env_id=recipe.env.id,
         eval={"episodes": recipe.eval.episodes, "seed": recipe.eval.seed},
@@ -616,11 +624,12 @@ def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[
         executor={"kind": recipe.executor, "workers": workers, "intra_op_threads": threads},
         runs=[f"seed-{seed}/results.json" for seed in seeds],
         aggregate=aggregate_seeds(runs),
+        search=search,
     )
-    save_results(results, run_dir / "results.json")
+    save_results(results, Path(run_dir) / "results.json")
     write_report(run_dir)
     write_manifest(run_dir)  # last: its presence means the run finished
-    return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
+    return results
 
 
 def _variant_result(name: str, exported: dict[str, Any], evaluated: dict[str, Any],

@@ -257,11 +257,9 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     from compress_dqn.envs import probe_env
     from compress_dqn.executors import map_units
     from compress_dqn.pipeline import (
-        RunOutcome, aggregate_seeds, baseline_unit, finish_unit, prepare_run_dir, seed_plan, seed_recipes,
+        RunOutcome, baseline_unit, finish_unit, prepare_run_dir, seed_plan, seed_recipes, write_seeds_results,
     )
-    from compress_dqn.report import write_report
-    from compress_dqn.manifest import write_manifest
-    from compress_dqn.results import RunResults, SeedsResults, save_results
+    from compress_dqn.results import RunResults
 
     started, run_dir = time.monotonic(), Path(run_dir)
     seeds, workers, threads = seed_plan(recipe)
@@ -286,15 +284,8 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
         data = {**data, "variants": data["variants"] + [v.model_dump(mode="json", exclude_none=True) for v in played]}
         units.append((data, seed_dir, plan.quiet, {"winner": found["winner"], "objective": recipe.search.objective}))
     runs = [RunResults.from_dict(r) for r in map_units(finish_unit, units, recipe.executor, workers, recipe.address)]
-    results = SeedsResults(
-        env_id=recipe.env.id, eval={"episodes": recipe.eval.episodes, "seed": recipe.eval.seed}, seeds=seeds,
-        executor={"kind": recipe.executor, "workers": workers, "intra_op_threads": threads},
-        runs=[f"seed-{seed}/results.json" for seed in seeds], aggregate=aggregate_seeds(runs),
-        search={**found, "cost": {**found["cost"], "wall_seconds": round(time.monotonic() - started, 1)}},
-    )
-    save_results(results, run_dir / "results.json")
-    write_report(run_dir)
-    write_manifest(run_dir)
+    search = {**found, "cost": {**found["cost"], "wall_seconds": round(time.monotonic() - started, 1)}}
+    results = write_seeds_results(recipe, run_dir, runs, workers, threads, search)
     return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
 
 
