@@ -358,7 +358,7 @@ class QuantizeConfig(StrictModel):
     int8_io: bool = False
     """Make the TFLite input and Q-value output int8 too (full-integer accelerators need it)."""
     normalize_input: bool = True
-    """int8/int16x8 on flat float observations: give each feature its own range. The policy takes
+    """int8/int16x8/qat on flat float observations: give each feature its own range. The policy takes
     (obs - mean) / std (replay statistics, folded into the first layer; the loader applies it from
     the .tflite's metadata), so one input scale fits every feature."""
     preserve: bool = True

@@ -91,3 +91,18 @@ def test_plain_qat_does_not_keep_sparsity(trained_tiny, tmp_path):
 def test_other_modes_convert_and_act(trained_tiny, tmp_path, mode):
     path, _ = tflite_for(trained_tiny, tmp_path, quantize={"mode": mode, "calibration_samples": 100})
     assert agreement(path, trained_tiny) > 0.9
+
+
+def test_qat_runs_on_normalized_input(trained_tiny, tmp_path):
+    """QAT gives each input feature its own range as post-training int8 does: the fine-tune trains
+    the fake-quantized model behind a fixed normalization layer, the .tflite takes normalized
+    observations (its metadata says how) and computes what the SavedModel computes on raw ones."""
+    path, built = tflite_for(trained_tiny, tmp_path, quantize={"mode": "qat", "qat_steps": 50}, fine_tune={"steps": 50})
+    assert built.input_normalization is not None and TFLitePolicy(path).input_normalization is not None
+    _, result = trained_tiny
+    obs = result.replay.gather(result.replay.sample_indices(300)).observations
+    advantage, value = built.export_model(obs)  # the split head, on raw observations
+    served = advantage.numpy() + value.numpy()
+    lite = TFLitePolicy(path).q_values(obs)
+    assert np.mean(lite.argmax(1) == served.argmax(1)) > 0.95
+    assert agreement(path, trained_tiny) > 0.9

@@ -43,9 +43,14 @@ class BuiltVariant:
     details: dict[str, Any] = field(default_factory=dict)
     input_normalization: tuple[np.ndarray, np.ndarray] | None = None
     """(mean, std): the TFLite policy takes (obs - mean) / std (see networks.fold_input_normalization)."""
+    normalized_model: tf_keras.Model | None = None
+    """The model on normalized observations where it was trained as such (QAT); export_model is it
+    behind a fixed normalization layer."""
 
     def tflite_model(self) -> tf_keras.Model:
         """The model the TFLite file is converted from: normalization folded in where there is one."""
+        if self.normalized_model is not None:
+            return self.normalized_model
         if self.input_normalization is None:
             return self.export_model
         return fold_input_normalization(self.export_model, *self.input_normalization)
@@ -59,6 +64,9 @@ def dense_kernels(model: tf_keras.Model) -> dict[str, np.ndarray]:
     """Each Dense/Conv2D kernel by layer name, looking through tfmot wrappers (QAT keeps float kernels)."""
     kernels = {}
     for layer in model.layers:
+        if isinstance(layer, tf_keras.Model):  # a QAT model behind its input normalization
+            kernels.update(dense_kernels(layer))
+            continue
         inner = getattr(layer, "layer", layer)
         if isinstance(inner, WEIGHT_LAYERS):
             # A QAT wrapper swaps inner.kernel for a fake-quant tensor; the variable is in its weights.
@@ -154,19 +162,34 @@ def _compress_and_recover(variant: VariantConfig, model: tf_keras.Model, recipe:
 
 
 def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: Recipe, baseline: tf_keras.Model,
-                        replay: ReplayBuffer, details: dict[str, Any], quiet: bool) -> tf_keras.Model:
-    """QAT (PQAT/CQAT where the model is pruned/clustered): the fake-quantized model to export."""
+                        replay: ReplayBuffer, info: EnvInfo, details: dict[str, Any], quiet: bool
+                        ) -> tuple[tf_keras.Model, tf_keras.Model, tuple[np.ndarray, np.ndarray] | None]:
+    """QAT (PQAT/CQAT where the model is pruned/clustered): (the fake-quantized model on raw
+    observations, the same on normalized ones, the normalization or None).
+
+    Where the recipe normalizes the input, QAT runs on the normalized model: the fake-quantized
+    start then plays like the float model (with one input scale, CartPole's pole angle rounds to a
+    few steps and a good student's QAT start can score 9). The fine-tune sees raw observations
+    through a fixed normalization layer in front.
+    """
     q = variant.quantize
     preserve = None
     if q.preserve and variant.prune:
         preserve = "sparsity"
     elif q.preserve and variant.cluster:
         preserve = "clusters"
-    qat = quantize.qat_model(model, preserve)
-    quantize.calibrate_ranges(qat, model, replay.sample_observations(q.calibration_samples))
+    observations = replay.sample_observations(q.calibration_samples)
+    normalization = _input_normalization(q, info, observations, details)
+    plain, seen = model, observations
+    if normalization is not None:
+        plain = fold_input_normalization(model, *normalization)
+        seen = ((observations - normalization[0]) / normalization[1]).astype(np.float32)
+    qat = quantize.qat_model(plain, preserve)
+    quantize.calibrate_ranges(qat, plain, seen)
+    trained = qat if normalization is None else quantize.behind_normalization(qat, *normalization)
     qat_ft = variant.fine_tune.model_copy(update={"steps": q.qat_steps or variant.fine_tune.steps,
                                                   "learning_rate": q.qat_learning_rate or variant.fine_tune.learning_rate})
-    details["qat"] = fine_tune(qat, qat_ft, recipe, baseline, replay, wrapped=True, label=f"{variant.name}/qat", quiet=quiet)
+    details["qat"] = fine_tune(trained, qat_ft, recipe, baseline, replay, wrapped=True, label=f"{variant.name}/qat", quiet=quiet)
     details["qat"]["preserve"] = preserve
     if preserve == "sparsity":
         details["sparsity_after_qat"] = {
@@ -174,7 +197,18 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
             for name, k in dense_kernels(qat).items()
             if name in details["sparsity"]
         }
-    return qat
+    return trained, qat, normalization
+
+
+def _input_normalization(q: QuantizeConfig, info: EnvInfo, observations: np.ndarray, details: dict[str, Any]
+                         ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-feature (mean, std) of replay observations where the recipe asks to normalize the input
+    of an integer model (flat float observations only), else None."""
+    if not (q.normalize_input and len(info.obs_shape) == 1 and info.input_scale is None):
+        return None
+    normalization = input_statistics(observations)
+    details["input_normalization"] = {"mean": normalization[0].tolist(), "std": normalization[1].tolist()}
+    return normalization
 
 
 def _calibration(q: QuantizeConfig | None, replay: ReplayBuffer, info: EnvInfo, details: dict[str, Any]
@@ -184,10 +218,9 @@ def _calibration(q: QuantizeConfig | None, replay: ReplayBuffer, info: EnvInfo, 
     if q is None or q.mode not in ("int8", "int16x8"):
         return None, None
     calibration = replay.sample_observations(q.calibration_samples)
-    if not (q.normalize_input and len(info.obs_shape) == 1 and info.input_scale is None):
+    normalization = _input_normalization(q, info, calibration, details)
+    if normalization is None:
         return calibration, None
-    normalization = input_statistics(calibration)
-    details["input_normalization"] = {"mean": normalization[0].tolist(), "std": normalization[1].tolist()}
     return ((calibration - normalization[0]) / normalization[1]).astype(np.float32), normalization
 
 
@@ -213,11 +246,15 @@ def build_variant(
         details["unique_kernel_values"] = cluster.unique_kernel_values(model)
     params, _ = count_params(model)
     q = variant.quantize
-    export_model = _quantization_aware(variant, model, recipe, baseline, replay, details, quiet) if (
-        q is not None and q.mode == "qat") else model
-    kernels = dense_kernels(export_model)
+    export_model, normalized_model = model, None
+    if q is not None and q.mode == "qat":
+        export_model, normalized_model, normalization = _quantization_aware(
+            variant, model, recipe, baseline, replay, info, details, quiet)
+        calibration = None
+    else:
+        calibration, normalization = _calibration(q, replay, info, details)
+    kernels = dense_kernels(normalized_model if normalized_model is not None else export_model)
     nonzero = int(sum(np.count_nonzero(k) for k in kernels.values())) + params - sum(k.size for k in kernels.values())
-    calibration, normalization = _calibration(q, replay, info, details)
     return BuiltVariant(
         export_model=export_model,
         params=params,
@@ -227,4 +264,5 @@ def build_variant(
         try_sparse_format=bool(variant.prune),
         details=details,
         input_normalization=normalization,
+        normalized_model=normalized_model if normalization is not None else None,
     )

@@ -74,6 +74,14 @@ def calibrate_ranges(qat: tf_keras.Model, plain: tf_keras.Model, observations: n
     return ranges
 
 
+def behind_normalization(model: tf_keras.Model, mean: np.ndarray, std: np.ndarray) -> tf_keras.Model:
+    """model (on z = (obs - mean) / std) behind a fixed layer that normalizes raw observations:
+    what a fine-tune trains and the SavedModel serves. Trains model's own variables."""
+    inputs = tf_keras.Input(model.input_shape[1:], name="observation")
+    normalized = tf_keras.layers.Normalization(mean=mean, variance=np.square(std), name="input_normalization")(inputs)
+    return tf_keras.Model(inputs, model(normalized), name=f"{model.name}_on_observations")
+
+
 def representative_dataset(observations: np.ndarray) -> Callable[[], Iterator[list[np.ndarray]]]:
     """Calibration samples, one observation per batch, as the converter wants them."""
 
