@@ -70,5 +70,12 @@ def input_normalization(data: bytes, label: str = "<bytes>") -> tuple[np.ndarray
 
 def with_input_normalization(data: bytes, mean: np.ndarray, std: np.ndarray) -> bytes:
     """The model, marked as taking (obs - mean) / std; the policy loader normalizes for it."""
-    spec = {"mean": [float(x) for x in np.ravel(mean)], "std": [float(x) for x in np.ravel(std)]}
-    return add_metadata(data, INPUT_NORMALIZATION, json.dumps(spec).encode())
+    spec = {"mean": _shortest(mean), "std": _shortest(std)}
+    return add_metadata(data, INPUT_NORMALIZATION, json.dumps(spec, separators=(",", ":")).encode())
+
+
+def _shortest(values: np.ndarray) -> list[float]:
+    """float32 values as the shortest decimals that read back to the same float32 (a tiny policy's
+    file should not spend ~17 digits per number on float64 noise)."""
+    return [float(np.format_float_positional(x, unique=True, trim="-")) if abs(x) >= 1e-4 or x == 0
+            else float(np.format_float_scientific(x, unique=True)) for x in np.ravel(values).astype(np.float32)]

@@ -77,3 +77,16 @@ def test_a_normalization_that_does_not_fit_the_input_is_refused(policies):
         TFLitePolicy(bad)
     with pytest.raises(UserError, match="unreadable"):
         TFLitePolicy(add_metadata(fp32, "compress_dqn.input_normalization", b"{not json"))
+
+
+def test_normalization_metadata_is_exact_and_short(policies):
+    """The loader reads back exactly the float32 statistics written, at float32's shortest decimals."""
+    fp32, _, _, _ = policies
+    rng = np.random.default_rng(7)
+    mean = (rng.normal(0, 1, 8) * np.logspace(-7, 5, 8)).astype(np.float32)
+    std = (rng.uniform(0.5, 2, 8) * np.logspace(-6, 4, 8)).astype(np.float32)
+    tagged = with_input_normalization(fp32, mean, std)
+    got_mean, got_std = input_normalization(tagged)
+    np.testing.assert_array_equal(got_mean, mean)
+    np.testing.assert_array_equal(got_std, std)
+    assert len(read_metadata(tagged, "compress_dqn.input_normalization")) < 16 * 16  # <= ~16 chars per number
