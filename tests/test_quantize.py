@@ -106,3 +106,27 @@ def test_qat_runs_on_normalized_input(trained_tiny, tmp_path):
     lite = TFLitePolicy(path).q_values(obs)
     assert np.mean(lite.argmax(1) == served.argmax(1)) > 0.95
     assert agreement(path, trained_tiny) > 0.9
+
+
+def test_qat_starts_where_the_float_model_is():
+    """Before its first training step the fake-quantized model already acts like the float one:
+    calibrate_ranges sets the kernel ranges (tfmot leaves them at [-6, 6] until a training call)
+    and every activation range, including the input quantizer's whatever Keras numbered it."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.compress.quantize import calibrate_ranges, qat_model
+    from compress_dqn.networks import build_q_network, split_value_advantage
+
+    tf_keras.utils.set_random_seed(0)
+    obs = (np.random.default_rng(0).normal(size=(3000, 4)) * [1.0, 1.0, 0.05, 0.5]).astype(np.float32)
+    model = build_q_network((4,), 2, [32, 32])  # fitted so that both actions occur, as in CartPole
+    q = np.stack([np.zeros(len(obs)), obs @ [0.5, -0.3, 20.0, 1.6]], axis=1).astype(np.float32)
+    model.compile(optimizer=tf_keras.optimizers.Adam(3e-3), loss="mse")
+    model.fit(obs[:1000], q[:1000], epochs=20, batch_size=64, verbose=0)
+    model = split_value_advantage(model)
+    qat_model(model)  # an earlier QAT model in the session: the next one's input layer is quantize_layer_1
+    qat = qat_model(model)
+    calibrate_ranges(qat, model, obs[:1000])
+    held_out = obs[1000:]
+    float_actions = model(held_out)[0].numpy().argmax(1)
+    assert 0.1 < float_actions.mean() < 0.9
+    assert np.mean(qat(held_out, training=False)[0].numpy().argmax(1) == float_actions) >= 0.95

@@ -45,13 +45,18 @@ def qat_model(model: tf_keras.Model, preserve: Preserve = None) -> tf_keras.Mode
 
 
 def calibrate_ranges(qat: tf_keras.Model, plain: tf_keras.Model, observations: np.ndarray) -> dict[str, tuple[float, float]]:
-    """Start QAT's activation ranges at the ranges seen on real states.
+    """Start QAT's quantizer ranges where the float model is, so the fake-quantized start plays
+    like post-training int8 rather than like a broken policy.
 
-    tfmot starts every moving-average range at [-6, 6]; a DQN's Q-values run to ~1/(1-gamma), so
-    the output would be clipped and the first thousands of QAT steps spent widening ranges.
-    Set each range from the float model's activations on replay observations, as PTQ does.
+    tfmot starts every range at [-6, 6] and sets a kernel's range only on its first training call:
+    evaluated before that (as a fine-tune's best-snapshot selection does at step 0), a small
+    student's kernels round to a few steps and the start plays one action. One training-mode call
+    sets each kernel's range (last value). Activation ranges move slowly from [-6, 6] (a moving
+    average), while a DQN's Q-values run to ~1/(1-gamma): set them from the float model's
+    activations on replay observations, as PTQ calibrates.
     """
     x = np.asarray(observations, dtype=np.float32)
+    qat(x[:256], training=True)  # kernel ranges, exactly as the first QAT step sets them
     for layer in plain.layers:  # the quantized input is what the first weight layer sees
         if isinstance(layer, tf_keras.layers.Rescaling):
             x = layer(x).numpy()
@@ -62,14 +67,17 @@ def calibrate_ranges(qat: tf_keras.Model, plain: tf_keras.Model, observations: n
         out = out.numpy()
         ranges[f"quant_{layer.name}"] = (float(min(out.min(), 0.0)), float(max(out.max(), 0.0)))
     for layer in qat.layers:
-        if layer.name not in ranges:
+        # The input quantizer is found by type: its name carries Keras's counter (quantize_layer_1, ..).
+        name = "quantize_layer" if type(layer).__name__ == "QuantizeLayer" else layer.name
+        if name not in ranges:
             continue
-        lo, hi = ranges[layer.name]
-        prefix = "quantize_layer" if layer.name == "quantize_layer" else "post_activation"
+        lo, hi = ranges[name]
         for weight in layer.non_trainable_weights:
-            if weight.name.endswith(f"{prefix}_min:0"):
+            if weight.name.endswith(("quantize_layer_min:0", "post_activation_min:0")) or (
+                    name == "quantize_layer" and weight.name.endswith("_min:0")):
                 weight.assign(lo)
-            elif weight.name.endswith(f"{prefix}_max:0"):
+            elif weight.name.endswith(("quantize_layer_max:0", "post_activation_max:0")) or (
+                    name == "quantize_layer" and weight.name.endswith("_max:0")):
                 weight.assign(hi)
     return ranges
 
