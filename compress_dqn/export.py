@@ -55,13 +55,18 @@ def export_saved_model(model: tf_keras.Model, obs_shape: Sequence[int], obs_dtyp
 def convert_tflite(
     saved_model_dir: Path,
     configure: Callable[[tf.lite.TFLiteConverter], None] | None = None,
+    slim_names: bool = True,
 ) -> bytes:
-    """A SavedModel's serving signature as TFLite flatbuffer bytes (fp32 unless `configure` says otherwise)."""
+    """A SavedModel's serving signature as TFLite flatbuffer bytes (fp32 unless `configure` says
+    otherwise), inner tensors named by index (see tflite_metadata.slim_tensor_names)."""
+    from compress_dqn.tflite_metadata import slim_tensor_names
+
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir), signature_keys=[SIGNATURE])
     if configure is not None:
         configure(converter)
     with quiet_stderr():
-        return converter.convert()
+        data = converter.convert()
+    return slim_tensor_names(data) if slim_names else data
 
 
 def export_tflite(

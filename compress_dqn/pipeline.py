@@ -169,7 +169,7 @@ def _export(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any 
 
         data = convert(False)
         sparse_format = False
-        if built is not None and built.try_sparse_format:
+        if built is not None and built.try_sparse_format and check_obs is not None:  # kept only if checked
             sparse = convert(True)
             if len(sparse) < len(data) and _same_policy(sparse, data, check_obs):
                 data, sparse_format = sparse, True

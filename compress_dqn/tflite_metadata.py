@@ -1,4 +1,4 @@
-"""Named metadata entries in a TFLite flatbuffer, read and written without TensorFlow.
+"""Edits of a TFLite flatbuffer without TensorFlow: named metadata entries, and short tensor names.
 
 A deployed policy must carry everything it needs to act in one file: the per-feature input
 normalization of an integer-quantized policy travels as the metadata entry
@@ -29,9 +29,36 @@ def read_metadata(data: bytes, name: str) -> bytes | None:
     return None
 
 
+def slim_tensor_names(data: bytes) -> bytes:
+    """The model with each inner tensor named by its index ("t7"); graph inputs and outputs keep theirs.
+
+    The converter names tensors after the fused TF ops they came from ("student_split/quant_hidden_0/
+    MatMul;student_split/quant_hidden_0/LastValueQuant/FakeQuantWithMinMaxVars"): 1.6 KB of a 6.4 KB
+    CartPole student, and flash on a microcontroller. No runtime reads them: the serving signature
+    maps its names to tensor indices.
+    """
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    for graph in model.subgraphs or []:
+        keep = set(graph.inputs.tolist() if graph.inputs is not None else []) | set(
+            graph.outputs.tolist() if graph.outputs is not None else [])
+        for i, tensor in enumerate(graph.tensors or []):
+            if i not in keep:
+                tensor.name = f"t{i}"
+    return _pack(model, len(data))
+
+
+def _pack(model: object, size_hint: int) -> bytes:
+    import flatbuffers
+
+    builder = flatbuffers.Builder(size_hint + 1024)
+    builder.Finish(model.Pack(builder), file_identifier=_IDENTIFIER)
+    return bytes(builder.Output())
+
+
 def add_metadata(data: bytes, name: str, payload: bytes) -> bytes:
     """The model with metadata entry `name` set to payload (replacing an entry of that name)."""
-    import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
     model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
@@ -43,9 +70,7 @@ def add_metadata(data: bytes, name: str, payload: bytes) -> bytes:
     entry.name = name
     entry.buffer = len(model.buffers) - 1
     model.metadata.append(entry)
-    builder = flatbuffers.Builder(len(data) + len(payload) + 1024)
-    builder.Finish(model.Pack(builder), file_identifier=_IDENTIFIER)
-    return bytes(builder.Output())
+    return _pack(model, len(data) + len(payload))
 
 
 def input_normalization(data: bytes, label: str = "<bytes>") -> tuple[np.ndarray, np.ndarray] | None:

@@ -14,7 +14,8 @@ from conftest import variant
 def tflite_for(trained_tiny, tmp_path, **fields):
     recipe, result = trained_tiny
     built = build_variant(variant(recipe, **fields), result.model, result.replay, recipe, result.info, quiet=True)
-    _export(built.export_model, result.info, tmp_path, built)  # as the pipeline does
+    check = result.replay.sample_observations(100)
+    _export(built.export_model, result.info, tmp_path, built, check)  # as the pipeline does
     return tmp_path / "policy.tflite", built
 
 
