@@ -112,10 +112,24 @@ def paired_difference(
         verdict = "inconclusive"
     out = {"mean": float(diff.mean()), "ci": [lo, hi], "confidence": confidence, "verdict": verdict,
            "tolerance": tolerance, "margin": margin, "episodes": n}
+    if verdict == "inconclusive":
+        out["episodes_to_decide"] = episodes_to_decide(n, lo, hi, float(diff.mean()), margin)
     if random_mean is not None:
         out["random_mean"] = random_mean
         out["normalized_score"] = float((a.mean() - random_mean) / scale) if scale > 0 else None
     return out
+
+
+def episodes_to_decide(n: int, lo: float, hi: float, mean: float, margin: float) -> int | None:
+    """About how many paired episodes would decide an inconclusive verdict if the mean difference
+    and its spread held: the CI's half-width shrinks as 1/sqrt(n) until the CI clears -margin.
+    Why: "inconclusive" should say what it would take (LunarLander's paired differences spread by
+    50-130 points, so a 1% margin of ~4 points can need thousands of episodes). None where the
+    mean sits on the margin itself."""
+    distance, half_width = abs(mean + margin), (hi - lo) / 2
+    if distance <= 0 or half_width <= 0:
+        return None
+    return int(np.ceil(n * (half_width / distance) ** 2))
 
 
 def random_returns(env: EnvConfig, seeds: Iterable[int], n_actions: int) -> list[float]:

@@ -59,6 +59,7 @@ def rows(results: RunResults) -> list[dict[str, Any]]:
             "normalized_score": _get(versus, "normalized_score") if versus else 1.0,
             "episodes": v.episodes,
             "verdict": v.verdict,
+            "episodes_to_decide": _get(versus, "episodes_to_decide") if versus else None,
             "action_agreement": v.action_agreement,
             "action_agreement_decisive": v.action_agreement_decisive,
             "params": v.size["params"],
@@ -108,9 +109,13 @@ def headline(results: RunResults) -> list[str]:
     losses = [r["name"] for r in table[1:] if r["verdict"] == "worse"]
     if losses:
         lines.append(f"Worse than the tolerance: {', '.join(losses)}.")
-    undecided = [r["name"] for r in table[1:] if r["verdict"] == "inconclusive"]
+    undecided = [r for r in table[1:] if r["verdict"] == "inconclusive"]
     if undecided:
-        lines.append(f"Not decided within {results.eval['max_episodes']} episodes: {', '.join(undecided)}.")
+        names = [r["name"] + (f" (~{r['episodes_to_decide']:,} would decide it)" if r["episodes_to_decide"] else "")
+                 for r in undecided]
+        lines.append(f"Not decided within {results.eval['max_episodes']} episodes: {', '.join(names)}"
+                     + (" (paired episodes, if the mean difference and its spread hold)." if any(
+                         r["episodes_to_decide"] for r in undecided) else "."))
     on_micro = [r for r in keepers if r["micro_arena_bytes"] is not None]
     for budget in (32 * 1024, 256 * 1024):
         fits = [r for r in on_micro if r["micro_arena_bytes"] + r["micro_flash_bytes"] <= budget]

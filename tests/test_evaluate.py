@@ -120,3 +120,19 @@ def test_iqm_is_rliables_aggregate_iqm():
     for shape in [(3, 1), (5, 4), (7, 3), (10, 1), (4, 2)]:
         scores = rng.normal(size=shape) * rng.uniform(1, 100)
         assert iqm(scores) == pytest.approx(metrics.aggregate_iqm(scores), rel=1e-12)
+
+
+def test_inconclusive_says_how_many_episodes_would_decide():
+    """An inconclusive verdict estimates the episodes that would decide it; playing that many
+    (twice over, from the same spread) does decide it, and decided verdicts carry no estimate."""
+    from compress_dqn.evaluate import paired_difference
+
+    rng = np.random.default_rng(3)
+    baseline, random = [100.0] * 20000, [0.0] * 20000  # margin: 5% of the lead = 5 points
+    variant = list(100.0 + rng.normal(0.0, 40.0, 20000))
+    first = paired_difference(variant[:100], baseline, 0.05, random)
+    assert first["verdict"] == "inconclusive"
+    needed = first["episodes_to_decide"]
+    assert 200 < needed < 5000
+    later = paired_difference(variant[:2 * needed], baseline, 0.05, random)
+    assert later["verdict"] in ("within 5%", "better") and "episodes_to_decide" not in later

@@ -58,3 +58,11 @@ def test_report_cli(tmp_path):
     (tmp_path / "results.json").write_text("{}")
     broken = cli("report", str(tmp_path))
     assert broken.returncode == 2 and "not a compress-dqn results file" in broken.stderr
+
+
+def test_headline_says_how_many_episodes_would_decide_an_open_verdict():
+    results = RunResults.from_dict(json.loads(FIXED.read_text()))
+    results.variant("prune-80").return_vs_baseline["episodes_to_decide"] = 1234
+    lines = headline(results)
+    assert any("Not decided within 100 episodes: prune-80 (~1,234 would decide it), student-32x32-qat-int8 "
+               "(paired episodes, if the mean difference and its spread hold)." in line for line in lines)
