@@ -1,10 +1,10 @@
-"""Run independent units of work (one training seed's pipeline each) in parallel.
+"""Run independent units of work (a seed's pipeline, one variant, a search candidate) in parallel.
 
 Two engines, same results: `local` is a process pool on this machine; `ray` sends each unit to a
 Ray Core task, on a local Ray instance or, with `address`, an existing cluster. Units are plain
 functions of plain (picklable) arguments that write their own files and return plain data, so the
 engine only moves small dicts. Workers are fresh processes (spawned, never forked: TensorFlow is
-not fork-safe), and each one gets the same TensorFlow thread count whatever the engine, so a seed's
+not fork-safe), and each one gets the same TensorFlow thread count whatever the engine, so a unit's
 results do not depend on where it ran.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from typing import Any, TypeVar
 
@@ -65,25 +65,36 @@ def map_units(
     executor: str = "local",
     workers: int | None = None,
     address: str | None = None,
+    on_result: Callable[[int, T], None] | None = None,
 ) -> list[T]:
     """fn(*a) for each a in args, in parallel; results in the order of args.
 
-    local with one worker runs in this process (no start-up cost, easy to debug).
+    local with one worker runs in this process (no start-up cost, easy to debug). on_result(i, r)
+    is called in this process as each unit finishes (in any order), so a caller can record it at
+    once: a run killed later keeps it.
     """
     n = worker_count(len(args), workers)
+    done = on_result or (lambda i, r: None)
     if executor == "local":
         if n == 1:
-            return [fn(*a) for a in args]
+            results = []
+            for i, a in enumerate(args):
+                results.append(fn(*a))
+                done(i, results[-1])
+            return results
         with ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn"),
                                  initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
-            futures = [pool.submit(fn, *a) for a in args]
+            futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
+            for future in as_completed(futures):
+                done(futures[future], future.result())
             return [f.result() for f in futures]
     if executor == "ray":
-        return _map_ray(fn, args, n, address)
+        return _map_ray(fn, args, n, address, done)
     raise UserError(f"executor: {executor!r} is not one of local, ray")
 
 
-def _map_ray(fn: Callable[..., T], args: Sequence[tuple[Any, ...]], n: int, address: str | None) -> list[T]:
+def _map_ray(fn: Callable[..., T], args: Sequence[tuple[Any, ...]], n: int, address: str | None,
+             done: Callable[[int, T], None]) -> list[T]:
     try:
         import ray
     except ImportError:
@@ -101,7 +112,12 @@ def _map_ray(fn: Callable[..., T], args: Sequence[tuple[Any, ...]], n: int, addr
                             "check the address, or remove it to start Ray locally") from None
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(fn)
-        return ray.get([task.remote(*a) for a in args])
+        refs = [task.remote(*a) for a in args]
+        index, pending = {ref: i for i, ref in enumerate(refs)}, list(refs)
+        while pending:
+            finished, pending = ray.wait(pending, num_returns=1)
+            done(index[finished[0]], ray.get(finished[0]))
+        return ray.get(refs)
     finally:
         if started_here:
             ray.shutdown()

@@ -442,10 +442,49 @@ def train_baseline(ctx: RunContext) -> None:
     shutil.rmtree(ctx.base / "checkpoints", ignore_errors=True)
 
 
-def finish_run(ctx: RunContext, search: dict[str, Any] | None = None) -> RunResults:
-    """Build what is left of ctx.recipe's variants, decide their verdicts, measure every policy,
-    then write results.json, the report and the manifest (last: its presence means finished)."""
-    run_stages(ctx, variant_stages(ctx.recipe))
+def variant_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[str, Any], quiet: bool) -> dict[str, Any]:
+    """One variant stage in a pool worker. Returns its outputs for the run's own process to record
+    (stages.json keeps one writer). Same TensorFlow threads and seeds as in that process, so the
+    same bytes wherever it runs."""
+    from compress_dqn._tf import configure_threads
+    from compress_dqn.recipe import VariantConfig
+
+    recipe = recipe_from_data(recipe_data)
+    configure_threads(recipe.train.intra_op_threads)  # before the first TensorFlow op of this process
+    ctx = reopen_run(recipe, Path(run_dir), quiet=True, log=(lambda _: None) if quiet else print)
+    return _variant_stage(VariantConfig(**variant_data), ctx)
+
+
+def build_variants(ctx: RunContext, workers: int = 1) -> None:
+    """Every variant stage not finished yet, `workers` at once (each variant reads only the
+    baseline's files). Each is recorded as soon as it finishes, so a killed run keeps it."""
+    from compress_dqn.executors import map_units
+
+    todo = [v for v in ctx.recipe.variants if f"variant:{v.name}" not in ctx.stages.done]
+    if workers <= 1 or len(todo) <= 1:
+        run_stages(ctx, variant_stages(ctx.recipe))
+        return
+    data = ctx.recipe.to_dict()
+    map_units(variant_unit, [(data, str(ctx.run_dir), v.model_dump(mode="json", exclude_none=True), ctx.quiet)
+                             for v in todo],
+              ctx.recipe.executor, workers, ctx.recipe.address,
+              on_result=lambda i, outputs: ctx.stages.finish(f"variant:{todo[i].name}", outputs))
+
+
+def variant_workers(ctx: RunContext) -> int:
+    """Variants a single-seed run builds at once: `workers` (null: one per CPU), fewer where memory
+    does not hold that many processes with the baseline's replay loaded."""
+    from compress_dqn.executors import worker_count
+
+    wanted = worker_count(len(ctx.recipe.variants), ctx.recipe.workers)
+    return resources.fits_at_once(resources.plan(ctx.recipe, ctx.info), wanted)
+
+
+def finish_run(ctx: RunContext, search: dict[str, Any] | None = None, workers: int = 1) -> RunResults:
+    """Build what is left of ctx.recipe's variants (`workers` at once), decide their verdicts,
+    measure every policy (one at a time: timings), then write results.json, the report and the
+    manifest (last: its presence means finished)."""
+    build_variants(ctx, workers)
     episodes = decide(ctx)  # more episodes where a verdict is still open
     run_stages(ctx, measure_stages(ctx.recipe))
     results = collect_results(ctx, episodes)
@@ -463,7 +502,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     """
     ctx, resumed = open_run(recipe, run_dir, quiet, log)
     train_baseline(ctx)
-    return RunOutcome(run_dir=ctx.run_dir, results=finish_run(ctx), resumed=resumed)
+    return RunOutcome(run_dir=ctx.run_dir, results=finish_run(ctx, workers=variant_workers(ctx)), resumed=resumed)
 
 
 def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunResults:

@@ -515,7 +515,8 @@ class Recipe(StrictModel):
     address: str | None = None
     """Ray cluster to join (e.g. ray://head:10001 or auto); null starts a local Ray. executor: ray only."""
     workers: _count(1) | None = None
-    """Seeds run at once (null: as many as CPUs allow, at most one per seed)."""
+    """Units run at once: seeds, or a single-seed run's variants (null: one per CPU, fewer where
+    memory is short)."""
 
     @model_validator(mode="after")
     def _seeds_apart(self) -> Recipe:

@@ -100,6 +100,13 @@ def bytes_under(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
+def fits_at_once(needed: ResourcePlan, wanted: int) -> int:
+    """How many of `wanted` processes that each need `needed.memory_bytes` fit in available memory
+    at once (at least 1: a single one is checked, with its message, by check)."""
+    available = _MEMORY_SHARE * psutil.virtual_memory().available
+    return max(1, min(wanted, int(available // max(1, needed.memory_bytes))))
+
+
 def check(needed: ResourcePlan, run_dir: Path, at_once: int = 1, in_total: int = 1) -> None:
     """Refuse a run that would not fit in available memory or on run_dir's disk, with the numbers.
 

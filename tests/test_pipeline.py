@@ -137,3 +137,22 @@ def test_decisive_states_are_the_half_with_the_larger_action_gaps():
 
     q = np.array([[1.0, 1.01, 0.0], [5.0, 1.0, 0.0], [2.0, 2.0, 9.0], [0.0, 0.3, 0.2]])  # gaps 0.01, 4, 7, 0.1
     assert decisive_states(q).tolist() == [False, True, True, False]
+
+
+def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path):
+    """A single-seed run builds its variants in pool workers (one per CPU): each is recorded by the
+    run's own process as it finishes, and every byte and episode equals the one-at-a-time run's."""
+    import shutil
+
+    from compress_dqn.manifest import run_fingerprint
+    from compress_dqn.pipeline import finish_run, open_run, reopen_run, train_baseline
+
+    recipe = load_recipe(TINY, [VARIANTS, "workers=2"])
+    ctx, _ = open_run(recipe, tmp_path / "one", quiet=True, log=lambda m: None)
+    train_baseline(ctx)
+    shutil.copytree(tmp_path / "one", tmp_path / "two")
+    finish_run(ctx, workers=1)
+    finish_run(reopen_run(recipe, tmp_path / "two", quiet=True, log=lambda m: None), workers=2)
+    assert run_fingerprint(tmp_path / "two") == run_fingerprint(tmp_path / "one")
+    stages = json.loads((tmp_path / "two" / "stages.json").read_text())
+    assert {"variant:ptq-float16", "variant:student-8-int8"} <= set(stages)
