@@ -123,7 +123,7 @@ def headline(results: RunResults) -> list[str]:
             best = min(fits, key=lambda r: r["micro_arena_bytes"] + r["micro_flash_bytes"])
             lines.append(
                 f"Fits a microcontroller with {budget // 1024} KB for model and arena together: {len(fits)} "
-                f"{'policy' if len(fits) == 1 else 'policies'} that keep the return, smallest {best['name']} ({best['micro_flash_bytes']:,} B flash + "
+                f"{'policy that keeps' if len(fits) == 1 else 'policies that keep'} the return, smallest {best['name']} ({best['micro_flash_bytes']:,} B flash + "
                 f"{best['micro_arena_bytes']:,} B arena, TFLite Micro)."
             )
             break
