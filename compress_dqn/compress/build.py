@@ -165,12 +165,13 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
                         replay: ReplayBuffer, info: EnvInfo, details: dict[str, Any], quiet: bool
                         ) -> tuple[tf_keras.Model, tf_keras.Model, tuple[np.ndarray, np.ndarray] | None]:
     """QAT (PQAT/CQAT where the model is pruned/clustered): (the fake-quantized model on raw
-    observations, the same on normalized ones, the normalization or None).
+    observations, the same on normalized ones or None, the normalization or None).
 
-    Where the recipe normalizes the input, QAT runs on the normalized model: the fake-quantized
-    start then plays like the float model (with one input scale, CartPole's pole angle rounds to a
-    few steps and a good student's QAT start can score 9). The fine-tune sees raw observations
-    through a fixed normalization layer in front.
+    Where the recipe normalizes the input, QAT gives each feature its own range as post-training
+    int8 does: it trains the normalized model (folded as networks.fold_input_normalization) behind
+    a fixed normalization layer, so the fine-tune still sees raw observations. On the CartPole
+    demo's baseline, qat-int8, pqat-90-int8 and the 32x32 student each kept 500.0 with it and lost
+    20-33 points without it (one build each).
     """
     q = variant.quantize
     preserve = None
@@ -197,7 +198,7 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
             for name, k in dense_kernels(qat).items()
             if name in details["sparsity"]
         }
-    return trained, qat, normalization
+    return trained, (qat if normalization is not None else None), normalization
 
 
 def _input_normalization(q: QuantizeConfig, info: EnvInfo, observations: np.ndarray, details: dict[str, Any]
@@ -253,7 +254,7 @@ def build_variant(
         calibration = None
     else:
         calibration, normalization = _calibration(q, replay, info, details)
-    kernels = dense_kernels(normalized_model if normalized_model is not None else export_model)
+    kernels = dense_kernels(export_model)
     nonzero = int(sum(np.count_nonzero(k) for k in kernels.values())) + params - sum(k.size for k in kernels.values())
     return BuiltVariant(
         export_model=export_model,
@@ -264,5 +265,5 @@ def build_variant(
         try_sparse_format=bool(variant.prune),
         details=details,
         input_normalization=normalization,
-        normalized_model=normalized_model if normalization is not None else None,
+        normalized_model=normalized_model,
     )

@@ -72,12 +72,11 @@ def calibrate_ranges(qat: tf_keras.Model, plain: tf_keras.Model, observations: n
         if name not in ranges:
             continue
         lo, hi = ranges[name]
+        prefix = "" if name == "quantize_layer" else "post_activation"  # a wrapper also holds kernel_min/max
         for weight in layer.non_trainable_weights:
-            if weight.name.endswith(("quantize_layer_min:0", "post_activation_min:0")) or (
-                    name == "quantize_layer" and weight.name.endswith("_min:0")):
+            if weight.name.endswith(f"{prefix}_min:0"):
                 weight.assign(lo)
-            elif weight.name.endswith(("quantize_layer_max:0", "post_activation_max:0")) or (
-                    name == "quantize_layer" and weight.name.endswith("_max:0")):
+            elif weight.name.endswith(f"{prefix}_max:0"):
                 weight.assign(hi)
     return ranges
 
