@@ -17,6 +17,7 @@ import numpy as np
 
 from compress_dqn._tf import quiet_stderr, tf, tf_keras
 from compress_dqn.fileio import replace_dir, write_bytes_atomic
+from compress_dqn.tflite_metadata import slim_tensor_names
 
 SIGNATURE = "serving_default"
 INPUT_NAME = "observations"
@@ -59,8 +60,6 @@ def convert_tflite(
 ) -> bytes:
     """A SavedModel's serving signature as TFLite flatbuffer bytes (fp32 unless `configure` says
     otherwise), inner tensors named by index (see tflite_metadata.slim_tensor_names)."""
-    from compress_dqn.tflite_metadata import slim_tensor_names
-
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir), signature_keys=[SIGNATURE])
     if configure is not None:
         configure(converter)

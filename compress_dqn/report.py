@@ -113,9 +113,9 @@ def headline(results: RunResults) -> list[str]:
     if undecided:
         names = [r["name"] + (f" (~{r['episodes_to_decide']:,} would decide it)" if r["episodes_to_decide"] else "")
                  for r in undecided]
-        lines.append(f"Not decided within {results.eval['max_episodes']} episodes: {', '.join(names)}"
-                     + (" (paired episodes, if the mean difference and its spread hold)." if any(
-                         r["episodes_to_decide"] for r in undecided) else "."))
+        estimated = any(r["episodes_to_decide"] for r in undecided)
+        why = " (paired episodes, if the mean difference and its spread hold)" if estimated else ""
+        lines.append(f"Not decided within {results.eval['max_episodes']} episodes: {', '.join(names)}{why}.")
     on_micro = [r for r in keepers if r["micro_arena_bytes"] is not None]
     for budget in (32 * 1024, 256 * 1024):
         fits = [r for r in on_micro if r["micro_arena_bytes"] + r["micro_flash_bytes"] <= budget]
