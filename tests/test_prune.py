@@ -71,3 +71,35 @@ def test_reported_sparsity_is_the_exported_kernels(trained_tiny):
     exported = {name: float((k == 0).mean()) for name, k in dense_kernels(built.export_model).items()}
     assert built.details["sparsity"] == pytest.approx(exported)
     assert "q_values" not in built.details["sparsity"]  # the pruned layer is not what ships
+
+
+@pytest.mark.parametrize("method", ["distill", "td"])
+def test_a_fused_phase_prunes_exactly_as_one_step_per_call(trained_tiny, method):
+    """Pruning wrappers count their own steps inside each training call, so a phase of K steps run
+    as one fused call prunes the same weights as K calls (what fit() does), to float rounding:
+    the TD update's fused graph may sum in another order (1 ulp seen)."""
+    from compress_dqn._tf import set_seed
+    from compress_dqn.compress.build import fine_tune
+    from compress_dqn.compress.prune import prune_model, strip, update_pruning_step
+    from compress_dqn.recipe import PruneConfig
+    from compress_dqn.replay import ReplayBuffer
+
+    class OneStepPerCall(type(update_pruning_step())):
+        def _implements_train_batch_hooks(self) -> bool:  # asks the loop for one call per step
+            return True
+
+    recipe, result = trained_tiny
+    ft = variant(recipe, prune={"sparsity": 0.7}, fine_tune={"method": method, "steps": 300}).fine_tune
+    weights = []
+    for callback in (update_pruning_step(), OneStepPerCall()):
+        set_seed(0)
+        replay = ReplayBuffer(result.replay.capacity, result.info.obs_shape, result.info.obs_dtype,
+                              result.info.n_actions, seed=0)
+        replay.load_state_dict(result.replay.state_dict())
+        wrapped = prune_model(result.model, PruneConfig(sparsity=0.7, frequency=10), 150)
+        fine_tune(wrapped, ft, recipe, result.model, replay, (callback,), wrapped=True, quiet=True)
+        weights.append(strip(wrapped).get_weights())
+        assert kernel_sparsity(strip(wrapped))["hidden_1"] == pytest.approx(0.7, abs=0.01)
+    for fused, stepped in zip(*weights):
+        np.testing.assert_array_equal(fused == 0, stepped == 0)
+        np.testing.assert_allclose(fused, stepped, rtol=1e-6, atol=1e-7)

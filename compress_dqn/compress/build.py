@@ -149,7 +149,7 @@ def _compress_and_recover(variant: VariantConfig, model: tf_keras.Model, recipe:
     ft, label = variant.fine_tune, variant.name
     if variant.prune:
         wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
-        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.UpdatePruningStepEachStep(),),
+        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
                                          wrapped=True, label=label, quiet=quiet)
         return prune.strip(wrapped)
     if variant.cluster:

@@ -1,8 +1,9 @@
 """Magnitude pruning with tfmot, driven by hand inside our own loop.
 
 Our training loops dispatch their events to tf_keras callbacks as fit() does, so tfmot's own
-UpdatePruningStep plugs in (`UpdatePruningStepEachStep` asks for one gradient step per call). Sparse Dense layers get no speed-up in
-TFLite/XNNPACK: pruning pays off in the gzipped (or EXPERIMENTAL_SPARSITY) file size.
+UpdatePruningStep plugs in. It has no batch hooks (each wrapper counts its own steps in its
+training call), so a phase of K gradient steps stays one fused call. Sparse Dense layers get no
+speed-up in TFLite/XNNPACK: pruning pays off in the gzipped (or EXPERIMENTAL_SPARSITY) file size.
 """
 
 from __future__ import annotations
@@ -51,13 +52,10 @@ def prune_model(model: tf_keras.Model, cfg: PruneConfig, total_steps: int) -> tf
     return tf_keras.models.clone_model(independent_copy(model), clone_function=wrap)
 
 
-class UpdatePruningStepEachStep(_sparsity.UpdatePruningStep):
-    """tfmot's UpdatePruningStep (it zeroes the pruning step at the start and applies the final
-    masks at the epoch's end), with the training loop asked to run one gradient step per call so
-    that pruning wrappers update their masks between steps exactly as under fit()."""
-
-    def _implements_train_batch_hooks(self) -> bool:  # Keras' test of "call me every batch"
-        return True
+def update_pruning_step() -> tf_keras.callbacks.Callback:
+    """The callback a pruning fine-tune needs: tfmot's UpdatePruningStep (it starts the wrappers'
+    step counters and applies the final masks at the epoch's end, as under fit())."""
+    return _sparsity.UpdatePruningStep()
 
 
 def strip(model: tf_keras.Model) -> tf_keras.Model:
