@@ -288,7 +288,11 @@ class ReplayBuffer:
     def sample_observations(self, n: int) -> np.ndarray:
         """n observations from uniformly sampled transitions, without gathering the rest of the
         batch (calibration and distillation need states only). Draws exactly as sample(n) does."""
-        return stacks_at(self._obs, self._flags, self.sample_indices(n), self._k)
+        return self.observations_at(self.sample_indices(n))
+
+    def observations_at(self, indices: npt.ArrayLike) -> np.ndarray:
+        """The observations of rows `indices` (copies; rebuilt stacks where frames are stacked)."""
+        return stacks_at(self._obs, self._flags, np.asarray(indices, dtype=np.int64), self._k)
 
     # ------------------------------------------------------------ checkpoints
 

@@ -71,3 +71,18 @@ def test_selection_episodes_may_not_overlap_any_look_of_the_evaluation():
     with pytest.raises(UserError, match=r"train.eval_seed range \[300, 310\) overlaps eval.seed range \[0, 400\)"):
         load_recipe(TINY, [student, "train.eval_seed=300", "eval.max_episodes=400"])
     load_recipe(TINY, [student, "train.eval_seed=400", "eval.max_episodes=400"])
+
+
+def test_teacher_table_holds_the_teachers_q_values_of_every_row(trained_tiny):
+    """A long distillation looks the teacher's Q-values up instead of recomputing them per sample:
+    the table must give what the teacher computes on the sampled rows' observations."""
+    from compress_dqn.compress.distill import teacher_table
+    from compress_dqn.networks import make_actor
+
+    recipe, result = trained_tiny
+    teacher, replay = make_actor(result.model), result.replay
+    assert teacher_table(teacher, replay, lookups=replay.size) is None  # no saving: computed per sample
+    table = teacher_table(teacher, replay, lookups=10 * replay.size, chunk=97)  # chunks that do not divide it
+    assert table.shape == (replay.size, result.info.n_actions)
+    rows = replay.sample_indices(500)
+    np.testing.assert_allclose(table[rows], teacher.q_values(replay.observations_at(rows)), rtol=1e-5, atol=1e-5)
