@@ -354,6 +354,9 @@ def _variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
     from compress_dqn.compress.build import build_variant
     from compress_dqn.measure import measure_size
 
+    import time
+
+    started = time.perf_counter()
     out = ctx.folder(variant.name)
     baseline = ctx.model
     # Fresh Keras name counters and a seed from the recipe and the variant's name alone: a variant
@@ -374,7 +377,8 @@ def _variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
         "size": size.to_dict(),
         **evaluated,
         "compression": {**variant.model_dump(mode="json", exclude_none=True, exclude={"name"}),
-                        **built.details, "tflite_sparse_format": exported["sparse_format"]},
+                        **built.details, "tflite_sparse_format": exported["sparse_format"],
+                        "build_seconds": round(time.perf_counter() - started, 1)},  # with its evaluation
     }
 
 
@@ -385,7 +389,7 @@ def variant_stages(recipe: Recipe) -> list[Stage]:
 
 def _measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
     """Batch-1 latency, inference memory per runtime, GPU figures and microcontroller cost of one policy."""
-    from compress_dqn.measure import gpu_note, measure_gpu, measure_latency, measure_memory
+    from compress_dqn.measure import gpu_note, measure_gpu, measure_latency
     from compress_dqn.policy import SavedModelPolicy, TFLitePolicy
 
     folder = ctx.folder(name)
@@ -393,8 +397,7 @@ def _measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
         "tflite": measure_latency(TFLitePolicy(folder / "policy.tflite"), ctx.heldout).to_dict(),
         "saved_model": measure_latency(SavedModelPolicy(folder / "saved_model"), ctx.heldout).to_dict(),
     }
-    memory = {runtime: measure_memory(folder / path, runtime)
-              for runtime, path in (("tflite", "policy.tflite"), ("saved_model", "saved_model"))}
+    memory = ctx.stages.done.get(f"memory:{name}") or _probe_memory(folder)
     on_gpu = measure_gpu(folder / "saved_model", ctx.heldout)
     ctx.log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
             f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {memory['saved_model']['peak_rss'] / 2**20:.0f} MiB")
@@ -402,6 +405,30 @@ def _measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
             "memory_bytes": {"cpu_rss": memory, "gpu_peak": on_gpu and on_gpu["peak_bytes"]},
             "micro": micro_figures(folder / "policy.tflite"),
             "gpu_note": gpu_note()}
+
+
+def _probe_memory(folder: Path) -> dict[str, Any]:
+    """Peak RSS of a fresh process acting with the policy in `folder`, per runtime."""
+    from compress_dqn.measure import measure_memory
+
+    return {runtime: measure_memory(folder / path, runtime)
+            for runtime, path in (("tflite", "policy.tflite"), ("saved_model", "saved_model"))}
+
+
+def probe_memory(ctx: RunContext, workers: int = 1) -> None:
+    """Every policy's inference memory (stages memory:NAME), `workers` probes at once.
+
+    Each probe is a fresh process whose peak RSS does not depend on what else runs, unlike the
+    timings measured after it one policy at a time; the SavedModel probe's TensorFlow import
+    made it most of the measuring's wall time."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    todo = [name for name in ["baseline"] + [v.name for v in ctx.recipe.variants]
+            if f"memory:{name}" not in ctx.stages.done and f"measure:{name}" not in ctx.stages.done]
+    with ThreadPoolExecutor(max(1, workers)) as pool:  # threads: each waits on its probe process
+        futures = {pool.submit(_probe_memory, ctx.folder(name)): name for name in todo}
+        for future in as_completed(futures):
+            ctx.stages.finish(f"memory:{futures[future]}", future.result())
 
 
 def measure_stages(recipe: Recipe) -> list[Stage]:
@@ -460,10 +487,13 @@ def build_variants(ctx: RunContext, workers: int = 1) -> None:
     baseline's files). Each is recorded as soon as it finishes, so a killed run keeps it."""
     from compress_dqn.executors import map_units
 
+    from compress_dqn.compress.build import build_gradient_steps
+
     todo = [v for v in ctx.recipe.variants if f"variant:{v.name}" not in ctx.stages.done]
     if workers <= 1 or len(todo) <= 1:
         run_stages(ctx, variant_stages(ctx.recipe))
         return
+    todo.sort(key=lambda v: -build_gradient_steps(v, ctx.recipe))  # longest first (the pool starts them in order)
     data = ctx.recipe.to_dict()
     map_units(variant_unit, [(data, str(ctx.run_dir), v.model_dump(mode="json", exclude_none=True), ctx.quiet)
                              for v in todo],
@@ -482,10 +512,11 @@ def variant_workers(ctx: RunContext) -> int:
 
 def finish_run(ctx: RunContext, search: dict[str, Any] | None = None, workers: int = 1) -> RunResults:
     """Build what is left of ctx.recipe's variants (`workers` at once), decide their verdicts,
-    measure every policy (one at a time: timings), then write results.json, the report and the
-    manifest (last: its presence means finished)."""
+    probe every policy's memory (`workers` at once), measure its timings (one at a time), then
+    write results.json, the report and the manifest (last: its presence means finished)."""
     build_variants(ctx, workers)
     episodes = decide(ctx)  # more episodes where a verdict is still open
+    probe_memory(ctx, workers)
     run_stages(ctx, measure_stages(ctx.recipe))
     results = collect_results(ctx, episodes)
     results.search = search

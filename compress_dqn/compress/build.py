@@ -83,6 +83,16 @@ def _fine_tune_gradient_steps(ft: FineTuneConfig, recipe: Recipe) -> int:
     return max(1, phases * recipe.train.gradient_steps)
 
 
+def build_gradient_steps(variant: VariantConfig, recipe: Recipe) -> int:
+    """Gradient steps a variant's build takes (its fine-tune, then QAT): a parallel build starts
+    the longest first, so that it does not start last and leave the other workers idle."""
+    ft, q = variant.fine_tune, variant.quantize
+    steps = _fine_tune_gradient_steps(ft, recipe) if (variant.prune or variant.cluster or variant.student) else 0
+    if q is not None and q.mode == "qat":
+        steps += _fine_tune_gradient_steps(ft.model_copy(update={"steps": q.qat_steps or ft.steps}), recipe)
+    return steps
+
+
 def fine_tune(
     model: tf_keras.Model,
     ft: FineTuneConfig,
