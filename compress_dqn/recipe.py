@@ -413,6 +413,19 @@ class FineTuneConfig(StrictModel):
     from train.eval_seed and keep the best weights, as the baseline's training does; 0: keep the last."""
     select_episodes: PositiveCount = 10
     """Episodes per selection evaluation (seeds train.eval_seed.., never the final evaluation's)."""
+    student_states: Count = 0
+    """distill: after every student_states_interval gradient steps, the model plays this many
+    environment steps greedily and the baseline labels the states it visits; half of each later
+    batch comes from those states (DAgger). Teaches a student where its own errors lead, which
+    replay states never show it. 0: replay states only. Flat-observation tasks only."""
+    student_states_interval: PositiveCount = 5000
+    """Gradient steps between the student's plays (see student_states)."""
+
+    @model_validator(mode="after")
+    def _states_need_distillation(self) -> FineTuneConfig:
+        if self.student_states and self.method != "distill":
+            raise ValueError("student_states labels states with the baseline: it needs method: distill")
+        return self
 
 
 class VariantConfig(StrictModel):

@@ -86,3 +86,28 @@ def test_teacher_table_holds_the_teachers_q_values_of_every_row(trained_tiny):
     assert table.shape == (replay.size, result.info.n_actions)
     rows = replay.sample_indices(500)
     np.testing.assert_allclose(table[rows], teacher.q_values(replay.observations_at(rows)), rtol=1e-5, atol=1e-5)
+
+
+def test_the_student_plays_and_the_teacher_labels_what_it_visits(trained_tiny):
+    """DAgger: after each interval the student plays; half of each later batch is its states, with
+    the teacher's Q-values for them."""
+    from compress_dqn.compress.distill import Distiller, build_student
+    from compress_dqn.networks import make_actor
+    from compress_dqn.recipe import StudentConfig
+
+    recipe, result = trained_tiny
+    student = build_student(result.info, StudentConfig(net_arch=[8]))
+    distiller = Distiller(student, result.model, result.replay, steps=300, learning_rate=1e-3, batch_size=32,
+                          quiet=True, phase_steps=64, student_states=50, student_states_interval=100,
+                          env=recipe.env, seed=3)
+    assert distiller.rounds == [100, 200]
+    distiller.run()
+    played = distiller.played
+    assert played.size == 100  # two plays of 50 steps
+    np.testing.assert_allclose(played.teacher_q[:100], make_actor(result.model).q_values(played.states[:100]),
+                               rtol=1e-5, atol=1e-5)
+    assert len(np.unique(played.states[:100], axis=0)) > 90  # states of real episodes, not one repeated
+    obs, teacher_q = distiller._batches(2)
+    assert obs.shape == (2, 32, 4) and teacher_q.shape == (2, 32, 2)
+    played_rows = {row.tobytes() for row in played.states[:100]}
+    assert all(row.tobytes() in played_rows for row in obs[:, 16:].reshape(-1, 4))  # the second half: played states

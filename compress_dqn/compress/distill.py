@@ -8,13 +8,14 @@ layers get no speed-up in TFLite/XNNPACK; it composes with quantization.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from compress_dqn._tf import tf, tf_keras
 from compress_dqn.callbacks import LoopCallbacks
 from compress_dqn.envs import EnvInfo
+from compress_dqn.errors import UserError
 from compress_dqn.networks import KerasActor, NumpyActor, make_actor, network_for, q_from_outputs
 from compress_dqn.progress import Progress
 from compress_dqn.recipe import StudentConfig
@@ -96,11 +97,52 @@ def teacher_table(teacher: NumpyActor | KerasActor, replay: ReplayBuffer, lookup
                            for start in range(0, rows, chunk)])
 
 
+class StudentStates:
+    """States the student visits, labelled with the teacher's Q-values (DAgger; Ross et al., 2011).
+
+    Replay holds the states the teacher's training visited. A student that errs drifts to states
+    the teacher rarely saw, where nothing taught it what to do, and errs more: imitation's
+    compounding error. Playing the student and asking the teacher about the states it reached
+    teaches it exactly there. The environment is seeded from the fine-tune's own seed, so its
+    episodes are not the evaluation's (those are reset with explicit seeds).
+    """
+
+    def __init__(self, env: Any, seed: int, capacity: int, obs_shape: tuple[int, ...], n_actions: int) -> None:
+        from compress_dqn.envs import make_env_from, seed_env
+
+        self.env = make_env_from(env)
+        self.obs = seed_env(self.env, seed)
+        self.states = np.zeros((capacity, *obs_shape), np.float32)
+        self.teacher_q = np.zeros((capacity, n_actions), np.float32)
+        self.size = 0
+        self.rng = np.random.default_rng(seed)
+
+    def collect(self, student: NumpyActor | KerasActor, teacher: NumpyActor | KerasActor, steps: int) -> None:
+        """Play the student greedily for `steps` environment steps (across episodes); label the states."""
+        steps = min(steps, len(self.states) - self.size)
+        start = self.size
+        for i in range(steps):
+            self.states[start + i] = self.obs
+            self.obs, _, terminated, truncated, _ = self.env.step(student.act(self.obs))
+            if terminated or truncated:
+                self.obs, _ = self.env.reset()
+        self.teacher_q[start:start + steps] = teacher.q_values(self.states[start:start + steps])
+        self.size += steps
+
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.rng.integers(0, self.size, n)
+        return self.states[rows], self.teacher_q[rows]
+
+    def close(self) -> None:
+        self.env.close()
+
+
 class Distiller:
     """Offline distillation through the training loop's phase runner and callbacks.
 
     Each phase samples K*B replay observations, looks up (or computes, in numpy) the teacher's
     Q-values, and runs K gradient steps (fused, or one by one when a callback has batch hooks).
+    With student_states, half of every batch comes from states the student played (StudentStates).
     """
 
     ckpt_dir: Path | None = None  # nothing to resume: distillation is short and offline
@@ -121,6 +163,10 @@ class Distiller:
         loss: str = "policy",
         temperature: float = 0.01,
         callbacks: Sequence[tf_keras.callbacks.Callback] = (),
+        student_states: int = 0,
+        student_states_interval: int = 5000,
+        env: Any = None,
+        seed: int = 0,
     ) -> None:
         self.student, self.replay, self.steps = student, replay, steps
         self.batch_size, self.label, self.quiet = batch_size, label, quiet
@@ -134,6 +180,16 @@ class Distiller:
         probe = replay.sample_observations(min(10_000, 20 * batch_size))
         value_scale = float(self.teacher.q_values(probe).var())
         self.teacher_q = teacher_table(self.teacher, replay, steps * batch_size)
+        self.played: StudentStates | None = None
+        # The student plays after every interval of training (not before: an untrained student's states teach little).
+        self.rounds = list(range(student_states_interval, steps, student_states_interval)) if student_states else []
+        if self.rounds:
+            if replay.frame_stack != 1 or len(replay.obs_shape) != 1:
+                raise UserError("fine_tune.student_states: the student plays only flat-observation tasks "
+                                "(not frame stacks or images); set it to 0")
+            self.played = StudentStates(env, seed, student_states * len(self.rounds), replay.obs_shape,
+                                        replay.n_actions)
+            self.student_states = student_states
         self.update = make_distill_update_fn(
             student, self.optimizer, max_grad_norm, jit_compile, loss, temperature, value_scale
         )
@@ -146,12 +202,12 @@ class Distiller:
         loss = float("nan")
         try:
             while state.gradient_step < self.steps:
-                k = min(self.phase_steps, self.steps - state.gradient_step)
-                rows = self.replay.sample_indices(k * self.batch_size)
-                obs = self.replay.observations_at(rows)
-                teacher_q = self.teacher_q[rows] if self.teacher_q is not None else self.teacher.q_values(obs)
-                teacher_q = teacher_q.reshape(k, self.batch_size, -1)
-                obs = obs.reshape((k, self.batch_size) + obs.shape[1:])
+                if self.rounds and state.gradient_step >= self.rounds[0]:
+                    self.rounds.pop(0)
+                    self.played.collect(make_actor(self.student), self.teacher, self.student_states)
+                k = min(self.phase_steps, self.steps - state.gradient_step,
+                        *[self.rounds[0] - state.gradient_step for _ in self.rounds[:1]])
+                obs, teacher_q = self._batches(k)
                 loss, q_mean = run_updates(self, self.update, (obs, teacher_q))
                 state.step = state.gradient_step
                 self.callbacks.on_phase_end({"step": state.step, "gradient_step": state.gradient_step,
@@ -159,5 +215,22 @@ class Distiller:
                 progress.update(state.step, None)
         finally:
             progress.close()
+            if self.played is not None:
+                self.played.close()
         self.callbacks.on_train_end({"step": state.step, "gradient_step": state.gradient_step})
         return loss
+
+    def _batches(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """K batches of (observations, teacher Q-values): replay states, and where the student has
+        played, half of each batch from its states."""
+        from_played = self.batch_size // 2 if self.played is not None and self.played.size else 0
+        from_replay = self.batch_size - from_played
+        rows = self.replay.sample_indices(k * from_replay)
+        obs = self.replay.observations_at(rows)
+        teacher_q = self.teacher_q[rows] if self.teacher_q is not None else self.teacher.q_values(obs)
+        obs, teacher_q = obs.reshape((k, from_replay) + obs.shape[1:]), teacher_q.reshape(k, from_replay, -1)
+        if from_played:
+            played_obs, played_q = self.played.sample(k * from_played)
+            obs = np.concatenate([obs, played_obs.astype(obs.dtype).reshape((k, from_played) + obs.shape[2:])], axis=1)
+            teacher_q = np.concatenate([teacher_q, played_q.reshape(k, from_played, -1)], axis=1)
+        return obs, teacher_q
