@@ -401,6 +401,9 @@ class FineTuneConfig(StrictModel):
     """Gradient steps (distill) or environment steps (td)."""
     learning_rate: _real(0.0, 1.0, lo_open=True) = 1e-4
     """Adam step size of the fine-tune."""
+    learning_rate_schedule: Literal["constant", "linear"] = "constant"
+    """linear: decay the step size linearly to 0 over the fine-tune's steps, so that its last
+    weights are settled rather than one noisy step among many."""
     batch_size: PositiveCount = 256
     """Observations per distillation step (td uses train.batch_size)."""
     loss: Literal["policy", "mse"] = "policy"

@@ -111,3 +111,16 @@ def test_the_student_plays_and_the_teacher_labels_what_it_visits(trained_tiny):
     assert obs.shape == (2, 32, 4) and teacher_q.shape == (2, 32, 2)
     played_rows = {row.tobytes() for row in played.states[:100]}
     assert all(row.tobytes() in played_rows for row in obs[:, 16:].reshape(-1, 4))  # the second half: played states
+
+
+def test_a_linear_schedule_ends_the_fine_tune_at_rest(trained_tiny):
+    from compress_dqn.compress.distill import Distiller, build_student
+    from compress_dqn.recipe import StudentConfig
+
+    recipe, result = trained_tiny
+    student = build_student(result.info, StudentConfig(net_arch=[8]))
+    distiller = Distiller(student, result.model, result.replay, steps=200, learning_rate=1e-3, batch_size=32,
+                          quiet=True, learning_rate_schedule="linear")
+    distiller.run()
+    assert int(distiller.optimizer.iterations) == 200
+    assert float(distiller.optimizer.learning_rate) == pytest.approx(1e-3 / 200, rel=1e-4)  # the last step's

@@ -125,7 +125,8 @@ def _fine_tune(model: tf_keras.Model, ft: FineTuneConfig, recipe: Recipe, baseli
         loss = Distiller(
             model, baseline, replay, ft.steps, ft.learning_rate, ft.batch_size, callbacks=callbacks,
             max_grad_norm=recipe.train.max_grad_norm, jit_compile=jit, label=label, quiet=quiet,
-            loss=ft.loss, temperature=ft.temperature, student_states=ft.student_states,
+            loss=ft.loss, temperature=ft.temperature, learning_rate_schedule=ft.learning_rate_schedule,
+            student_states=ft.student_states,
             student_states_interval=ft.student_states_interval, env=recipe.env, seed=fine_tune_seed(recipe.seed, label),
         ).run()
         return {"method": "distill", "gradient_steps": ft.steps, "final_loss": loss}
@@ -137,6 +138,7 @@ def _fine_tune(model: tf_keras.Model, ft: FineTuneConfig, recipe: Recipe, baseli
         "exploration_initial_eps": recipe.train.exploration_final_eps,
         "exploration_fraction": 0.0,
         "learning_rate": ft.learning_rate,
+        "learning_rate_schedule": ft.learning_rate_schedule,
         "eval_interval": 0,
         "jit_compile": jit,
     })

@@ -163,6 +163,7 @@ class Distiller:
         loss: str = "policy",
         temperature: float = 0.01,
         callbacks: Sequence[tf_keras.callbacks.Callback] = (),
+        learning_rate_schedule: str = "constant",
         student_states: int = 0,
         student_states_interval: int = 5000,
         env: Any = None,
@@ -174,6 +175,8 @@ class Distiller:
         self.state = TrainState()
         self.callbacks = LoopCallbacks(callbacks, student)
         self.teacher = make_actor(teacher)
+        if learning_rate_schedule == "linear":  # to 0 at the last step (the optimizer counts its steps)
+            learning_rate = tf_keras.optimizers.schedules.PolynomialDecay(learning_rate, steps, 0.0)
         self.optimizer = tf_keras.optimizers.Adam(learning_rate)
         self.optimizer.build(student.trainable_variables)
         # The Q-value term is scaled by the variance of the teacher's Q-values over replay states.
