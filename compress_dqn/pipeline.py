@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import zlib
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -354,8 +355,6 @@ def _variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
     from compress_dqn.compress.build import build_variant
     from compress_dqn.measure import measure_size
 
-    import time
-
     started = time.perf_counter()
     out = ctx.folder(variant.name)
     baseline = ctx.model
@@ -485,9 +484,8 @@ def variant_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[s
 def build_variants(ctx: RunContext, workers: int = 1) -> None:
     """Every variant stage not finished yet, `workers` at once (each variant reads only the
     baseline's files). Each is recorded as soon as it finishes, so a killed run keeps it."""
-    from compress_dqn.executors import map_units
-
     from compress_dqn.compress.build import build_gradient_steps
+    from compress_dqn.executors import map_units
 
     todo = [v for v in ctx.recipe.variants if f"variant:{v.name}" not in ctx.stages.done]
     if workers <= 1 or len(todo) <= 1:

@@ -208,8 +208,9 @@ class Distiller:
                 if self.rounds and state.gradient_step >= self.rounds[0]:
                     self.rounds.pop(0)
                     self.played.collect(make_actor(self.student), self.teacher, self.student_states)
-                k = min(self.phase_steps, self.steps - state.gradient_step,
-                        *[self.rounds[0] - state.gradient_step for _ in self.rounds[:1]])
+                k = min(self.phase_steps, self.steps - state.gradient_step)
+                if self.rounds:  # a phase ends where the student plays next
+                    k = min(k, self.rounds[0] - state.gradient_step)
                 obs, teacher_q = self._batches(k)
                 loss, q_mean = run_updates(self, self.update, (obs, teacher_q))
                 state.step = state.gradient_step
