@@ -187,6 +187,8 @@ class Distiller:
         # The student plays after every interval of training (not before: an untrained student's states teach little).
         self.rounds = list(range(student_states_interval, steps, student_states_interval)) if student_states else []
         if self.rounds:
+            if env is None:
+                raise ValueError("student_states: the student needs an environment (env) to play in")
             if replay.frame_stack != 1 or len(replay.obs_shape) != 1:
                 raise UserError("fine_tune.student_states: the student plays only flat-observation tasks "
                                 "(not frame stacks or images); set it to 0")
