@@ -422,7 +422,7 @@ def probe_memory(ctx: RunContext, workers: int = 1) -> None:
     made it most of the measuring's wall time."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    todo = [name for name in ["baseline"] + [v.name for v in ctx.recipe.variants]
+    todo = [name for name in policy_names(ctx.recipe)
             if f"memory:{name}" not in ctx.stages.done and f"measure:{name}" not in ctx.stages.done]
     with ThreadPoolExecutor(max(1, workers)) as pool:  # threads: each waits on its probe process
         futures = {pool.submit(_probe_memory, ctx.folder(name)): name for name in todo}
@@ -430,9 +430,13 @@ def probe_memory(ctx: RunContext, workers: int = 1) -> None:
             ctx.stages.finish(f"memory:{futures[future]}", future.result())
 
 
+def policy_names(recipe: Recipe) -> list[str]:
+    """Every policy a run measures: the baseline, then its variants."""
+    return ["baseline"] + [v.name for v in recipe.variants]
+
+
 def measure_stages(recipe: Recipe) -> list[Stage]:
-    return [Stage(f"measure:{name}", partial(_measure_stage, name))
-            for name in ["baseline"] + [v.name for v in recipe.variants]]
+    return [Stage(f"measure:{name}", partial(_measure_stage, name)) for name in policy_names(recipe)]
 
 
 def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> tuple[RunContext, bool]:

@@ -83,13 +83,20 @@ def _fine_tune_gradient_steps(ft: FineTuneConfig, recipe: Recipe) -> int:
     return max(1, phases * recipe.train.gradient_steps)
 
 
+def qat_fine_tune(variant: VariantConfig) -> FineTuneConfig:
+    """The QAT fine-tune of a variant with quantize.mode qat: its fine_tune with QAT's own steps
+    and step size where the recipe gives them."""
+    ft, q = variant.fine_tune, variant.quantize
+    return ft.model_copy(update={"steps": q.qat_steps or ft.steps, "learning_rate": q.qat_learning_rate or ft.learning_rate})
+
+
 def build_gradient_steps(variant: VariantConfig, recipe: Recipe) -> int:
     """Gradient steps a variant's build takes (its fine-tune, then QAT): a parallel build starts
     the longest first, so that it does not start last and leave the other workers idle."""
-    ft, q = variant.fine_tune, variant.quantize
-    steps = _fine_tune_gradient_steps(ft, recipe) if (variant.prune or variant.cluster or variant.student) else 0
+    q = variant.quantize
+    steps = _fine_tune_gradient_steps(variant.fine_tune, recipe) if (variant.prune or variant.cluster or variant.student) else 0
     if q is not None and q.mode == "qat":
-        steps += _fine_tune_gradient_steps(ft.model_copy(update={"steps": q.qat_steps or ft.steps}), recipe)
+        steps += _fine_tune_gradient_steps(qat_fine_tune(variant), recipe)
     return steps
 
 
@@ -201,9 +208,7 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
     qat = quantize.qat_model(plain, preserve)
     quantize.calibrate_ranges(qat, plain, seen)
     trained = qat if normalization is None else quantize.behind_normalization(qat, *normalization)
-    qat_ft = variant.fine_tune.model_copy(update={"steps": q.qat_steps or variant.fine_tune.steps,
-                                                  "learning_rate": q.qat_learning_rate or variant.fine_tune.learning_rate})
-    details["qat"] = fine_tune(trained, qat_ft, recipe, baseline, replay, wrapped=True, label=f"{variant.name}/qat", quiet=quiet)
+    details["qat"] = fine_tune(trained, qat_fine_tune(variant), recipe, baseline, replay, wrapped=True, label=f"{variant.name}/qat", quiet=quiet)
     details["qat"]["preserve"] = preserve
     if preserve == "sparsity":
         details["sparsity_after_qat"] = {

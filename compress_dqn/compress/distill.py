@@ -107,9 +107,12 @@ class StudentStates:
     episodes are not the evaluation's (those are reset with explicit seeds).
     """
 
-    def __init__(self, env: Any, seed: int, capacity: int, obs_shape: tuple[int, ...], n_actions: int) -> None:
+    def __init__(self, env: Any, seed: int, steps: int, plays: int, obs_shape: tuple[int, ...], n_actions: int) -> None:
+        """steps: environment steps per play; plays: how many (the arrays hold them all)."""
         from compress_dqn.envs import make_env_from, seed_env
 
+        self.steps = steps
+        capacity = steps * plays
         self.env = make_env_from(env)
         self.obs = seed_env(self.env, seed)
         self.states = np.zeros((capacity, *obs_shape), np.float32)
@@ -117,9 +120,9 @@ class StudentStates:
         self.size = 0
         self.rng = np.random.default_rng(seed)
 
-    def collect(self, student: NumpyActor | KerasActor, teacher: NumpyActor | KerasActor, steps: int) -> None:
-        """Play the student greedily for `steps` environment steps (across episodes); label the states."""
-        steps = min(steps, len(self.states) - self.size)
+    def collect(self, student: NumpyActor | KerasActor, teacher: NumpyActor | KerasActor) -> None:
+        """Play the student greedily for one play's environment steps (across episodes); label the states."""
+        steps = min(self.steps, len(self.states) - self.size)
         start = self.size
         for i in range(steps):
             self.states[start + i] = self.obs
@@ -192,9 +195,7 @@ class Distiller:
             if replay.frame_stack != 1 or len(replay.obs_shape) != 1:
                 raise UserError("fine_tune.student_states: the student plays only flat-observation tasks "
                                 "(not frame stacks or images); set it to 0")
-            self.played = StudentStates(env, seed, student_states * len(self.rounds), replay.obs_shape,
-                                        replay.n_actions)
-            self.student_states = student_states
+            self.played = StudentStates(env, seed, student_states, len(self.rounds), replay.obs_shape, replay.n_actions)
         self.update = make_distill_update_fn(
             student, self.optimizer, max_grad_norm, jit_compile, loss, temperature, value_scale
         )
@@ -209,7 +210,7 @@ class Distiller:
             while state.gradient_step < self.steps:
                 if self.rounds and state.gradient_step >= self.rounds[0]:
                     self.rounds.pop(0)
-                    self.played.collect(make_actor(self.student), self.teacher, self.student_states)
+                    self.played.collect(make_actor(self.student), self.teacher)
                 k = min(self.phase_steps, self.steps - state.gradient_step)
                 if self.rounds:  # a phase ends where the student plays next
                     k = min(k, self.rounds[0] - state.gradient_step)
