@@ -517,7 +517,7 @@ def finish_run(ctx: RunContext, search: dict[str, Any] | None = None, workers: i
     probe every policy's memory (`workers` at once), measure its timings (one at a time), then
     write results.json, the report and the manifest (last: its presence means finished)."""
     build_variants(ctx, workers)
-    episodes = decide(ctx)  # more episodes where a verdict is still open
+    episodes = decide(ctx, workers=workers)  # more episodes where a verdict is still open
     probe_memory(ctx, workers)
     run_stages(ctx, measure_stages(ctx.recipe))
     results = collect_results(ctx, episodes)
@@ -751,19 +751,69 @@ def heldout_states(tflite: Path, recipe: Recipe, limit: int = 5000) -> Any:
     return np.stack([visited[i] for i in sorted(pick)])
 
 
-def _play(ctx: RunContext, name: str, before: int, after: int) -> list[float]:
-    """One policy's returns on episode seeds eval.seed + before .. eval.seed + after - 1."""
-    from compress_dqn.evaluate import evaluate
+def play_unit(env_data: dict[str, Any], tflite: str | None, n_actions: int, first_seed: int, count: int) -> list[float]:
+    """The returns of `count` episodes on seeds first_seed.. of the TFLite policy at `tflite`, or of a
+    uniform-random policy where it is None. Plain data in and out, and no TensorFlow: a pool worker
+    starts in about a second. Each episode depends only on its seed, so chunks of a range played
+    apart give the returns of the range played at once."""
+    from compress_dqn.evaluate import random_returns, run_episodes
+    from compress_dqn.recipe import EnvConfig
+
+    env = EnvConfig(**env_data)
+    seeds = range(first_seed, first_seed + count)
+    if tflite is None:
+        return random_returns(env, seeds, n_actions)
     from compress_dqn.policy import TFLitePolicy
 
-    policy = TFLitePolicy(ctx.folder(name) / "policy.tflite")
-    return evaluate(policy.act, ctx.recipe.env, after - before, ctx.recipe.eval.seed + before).episodes
+    return run_episodes(TFLitePolicy(Path(tflite)).act, env, seeds)
+
+
+def _play(ctx: RunContext, wanted: dict[str, tuple[str | None, int, int]], workers: int = 1) -> dict[str, list[float]]:
+    """Each wanted key's returns: (TFLite policy name or None for random, first episode, end episode),
+    episode i on seed eval.seed + i. `workers` play at once, each range cut in chunks so that
+    the workers finish together; the longest chunks start first."""
+    from compress_dqn.executors import map_units, worker_count
+
+    env_data = ctx.recipe.env.model_dump(mode="json")
+    pieces = worker_count(sum(after - before for _, before, after in wanted.values()), workers)
+    chunks = []  # (key, unit arguments)
+    for key, (name, before, after) in wanted.items():
+        tflite = None if name is None else str(ctx.folder(name) / "policy.tflite")
+        size = -(-(after - before) // pieces)
+        for first in range(before, after, size):
+            count = min(size, after - first)
+            chunks.append((key, (env_data, tflite, ctx.info.n_actions, ctx.recipe.eval.seed + first, count)))
+    chunks.sort(key=lambda chunk: -chunk[1][-1])
+    results = map_units(play_unit, [args for _, args in chunks], ctx.recipe.executor,
+                        worker_count(len(chunks), workers), ctx.recipe.address)
+    played: dict[str, list[float]] = {key: [] for key in wanted}
+    for (key, args), returns in sorted(zip(chunks, results), key=lambda item: item[0][1][3]):
+        played[key] += returns
+    return played
+
+
+def _play_look(ctx: RunContext, before: int, after: int, names: list[str], workers: int = 1) -> None:
+    """Record episodes before..after of the reference (stage "reference:AFTER": the baseline and the
+    random policy) and of each named variant (stages "look:AFTER:NAME"), played `workers` at once."""
+    done = ctx.stages.done
+    wanted: dict[str, tuple[str | None, int, int]] = {}
+    if f"reference:{after}" not in done:
+        wanted |= {"baseline": ("baseline", before, after), "random": (None, before, after)}
+    wanted |= {name: (name, before, after) for name in names if f"look:{after}:{name}" not in done}
+    if not wanted:
+        return
+    played = _play(ctx, wanted, workers)
+    if f"reference:{after}" not in done:
+        ctx.stages.finish(f"reference:{after}", {"baseline": played["baseline"], "random": played["random"]})
+    for name in names:
+        if f"look:{after}:{name}" not in done:
+            ctx.stages.finish(f"look:{after}:{name}", {"episodes": played[name]})
 
 
 def reference_episodes(ctx: RunContext, upto: int) -> dict[str, list[float]]:
     """The baseline's and the random policy's first `upto` episode returns (a look count), played
     once per look (stage "reference:N") and shared by every variant paired with them."""
-    from compress_dqn.evaluate import random_returns, sequential_plan
+    from compress_dqn.evaluate import sequential_plan
 
     cfg, done = ctx.recipe.eval, ctx.stages.done
     episodes = {"baseline": list(done["evaluate"]["return"]["episodes"]),
@@ -772,42 +822,39 @@ def reference_episodes(ctx: RunContext, upto: int) -> dict[str, list[float]]:
     for before, after in zip(plan, plan[1:]):
         if after > upto:
             break
-        key = f"reference:{after}"
-        if key not in done:
-            seeds = range(cfg.seed + before, cfg.seed + after)
-            ctx.stages.finish(key, {"baseline": _play(ctx, "baseline", before, after),
-                                    "random": random_returns(ctx.recipe.env, seeds, ctx.info.n_actions)})
-        episodes["baseline"] += done[key]["baseline"]
-        episodes["random"] += done[key]["random"]
+        _play_look(ctx, before, after, [])
+        episodes["baseline"] += done[f"reference:{after}"]["baseline"]
+        episodes["random"] += done[f"reference:{after}"]["random"]
     return episodes
 
 
-def decide_variant(ctx: RunContext, name: str) -> list[float]:
-    """Sequential evaluation of one variant: at each look (episodes, doubling, up to
-    eval.max_episodes) it plays the next episodes while its verdict is inconclusive, paired with
-    the baseline's and the random policy's same episodes. Each look is a stage ("look:N:NAME")."""
+def decide(ctx: RunContext, names: list[str] | None = None, workers: int = 1) -> dict[str, list[float]]:
+    """Sequential evaluation of the named variants (default: all): at each look (episodes,
+    doubling, up to eval.max_episodes) those whose verdict is still inconclusive play the next
+    episodes, paired with the baseline's and the random policy's same episodes; a look's episodes
+    of every open variant and of the reference are played `workers` at once. Each look is a stage
+    ("look:N:NAME"), so a killed run resumes at the look it was in.
+
+    Returns every named variant's episode returns, and the baseline's and the random policy's
+    over as many episodes as the longest of them ("baseline", "random", names)."""
     from compress_dqn.evaluate import paired_difference, sequential_plan
 
     cfg, done = ctx.recipe.eval, ctx.stages.done
-    episodes = list(done[f"variant:{name}"]["return"]["episodes"])
+    names = [v.name for v in ctx.recipe.variants] if names is None else names
+    played = {name: list(done[f"variant:{name}"]["return"]["episodes"]) for name in names}
     plan, confidence = sequential_plan(cfg.episodes, cfg.max_episodes)
+    still_open = list(names)
     for before, after in zip(plan, plan[1:]):
         reference = reference_episodes(ctx, before)
-        verdict = paired_difference(episodes, reference["baseline"], cfg.tolerance, reference["random"], confidence)
-        if verdict["verdict"] != "inconclusive":
+        still_open = [name for name in still_open if paired_difference(
+            played[name], reference["baseline"], cfg.tolerance, reference["random"], confidence)["verdict"] == "inconclusive"]
+        if not still_open:
             break
-        key = f"look:{after}:{name}"
-        if key not in done:
-            ctx.log(f"[{name}] inconclusive after {before} episodes: playing to {after}")
-            reference_episodes(ctx, after)
-            ctx.stages.finish(key, {"episodes": _play(ctx, name, before, after)})
-        episodes += done[key]["episodes"]
-    return episodes
-
-
-def decide(ctx: RunContext) -> dict[str, list[float]]:
-    """Every variant's episode returns after its sequential evaluation, and the baseline's and the
-    random policy's over as many episodes as the longest of them ("baseline", "random", names)."""
-    played = {v.name: decide_variant(ctx, v.name) for v in ctx.recipe.variants}
-    longest = max([len(e) for e in played.values()], default=ctx.recipe.eval.episodes)
+        for name in still_open:
+            if f"look:{after}:{name}" not in done:
+                ctx.log(f"[{name}] inconclusive after {before} episodes: playing to {after}")
+        _play_look(ctx, before, after, still_open, workers)
+        for name in still_open:
+            played[name] += done[f"look:{after}:{name}"]["episodes"]
+    longest = max([len(e) for e in played.values()], default=cfg.episodes)
     return {**reference_episodes(ctx, longest), **played}

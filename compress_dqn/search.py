@@ -111,7 +111,7 @@ def candidate_unit(recipe_data: dict[str, Any], seed_dir: str, variant_data: dic
     sequentially until its verdict is decided, and return its verdict and objective. Plain data
     in and out, so any executor can run it; finished steps are stages of the seed's run."""
     from compress_dqn.evaluate import paired_difference, sequential_plan
-    from compress_dqn.pipeline import Stage, _measure_stage, _variant_stage, decide_variant, reopen_run, reference_episodes, run_stages
+    from compress_dqn.pipeline import Stage, _measure_stage, _variant_stage, decide, reopen_run, run_stages
 
     variant = VariantConfig(**variant_data)
     ctx = reopen_run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet,
@@ -120,10 +120,10 @@ def candidate_unit(recipe_data: dict[str, Any], seed_dir: str, variant_data: dic
     if ctx.recipe.search.objective == "latency":
         stages.append(Stage(f"measure:{variant.name}", lambda c: _measure_stage(variant.name, c)))
     run_stages(ctx, stages)
-    episodes = decide_variant(ctx, variant.name)
-    reference = reference_episodes(ctx, len(episodes))
+    played = decide(ctx, [variant.name])
+    episodes = played[variant.name]
     _, confidence = sequential_plan(ctx.recipe.eval.episodes, ctx.recipe.eval.max_episodes)
-    versus = paired_difference(episodes, reference["baseline"], ctx.recipe.eval.tolerance, reference["random"], confidence)
+    versus = paired_difference(episodes, played["baseline"], ctx.recipe.eval.tolerance, played["random"], confidence)
     done = ctx.stages.done
     return {"verdict": versus["verdict"], "episodes": len(episodes), "difference": versus["mean"],
             "normalized_score": versus["normalized_score"],

@@ -1,12 +1,13 @@
 """The pipeline with variants: same evaluation seeds for every variant, results.json shape, resume."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import compress_dqn.evaluate as evaluate_module
-from compress_dqn import micro
+from compress_dqn import micro, pipeline
 from compress_dqn.envs import make_env_from
 from compress_dqn.evaluate import random_returns
 from compress_dqn.policy import TFLitePolicy
@@ -21,12 +22,17 @@ VARIANTS = ('variants=[{name: ptq-float16, quantize: {mode: float16}}, '
 
 
 def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(tmp_path, monkeypatch):
-    calls = []
+    calls, plays = [], []
     real_evaluate, real_paired = evaluate_module.evaluate, evaluate_module.paired_difference
+    real_play = pipeline.play_unit
 
     def spy(act, env, episodes, seed):
         calls.append((env.id, episodes, seed))
         return real_evaluate(act, env, episodes, seed)
+
+    def play_spy(env_data, tflite, n_actions, first_seed, count):
+        plays.append((tflite and Path(tflite).parent.name, first_seed, count))
+        return real_play(env_data, tflite, n_actions, first_seed, count)
 
     def undecided_until_20(variant, baseline, tolerance=0.01, random=None, confidence=0.95):
         out = real_paired(variant, baseline, tolerance, random, confidence)
@@ -34,13 +40,17 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
 
     monkeypatch.setattr(evaluate_module, "evaluate", spy)
     monkeypatch.setattr(evaluate_module, "paired_difference", undecided_until_20)
+    monkeypatch.setattr(pipeline, "play_unit", play_spy)
     recipe = load_recipe(TINY, [VARIANTS, "eval.max_episodes=20"])
     outcome = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
-    # Baseline + 2 variants on seeds 0..4; then every look (10, 20) replays the baseline and the
-    # undecided variants on the next seeds, never the ones already played; the baseline plays
-    # each look's episodes once, whichever variants are paired with them.
-    assert calls[:3] == [("CartPole-v1", 5, 0)] * 3
-    assert sorted(calls[3:]) == [("CartPole-v1", 5, 5)] * 3 + [("CartPole-v1", 10, 10)] * 3
+    # Baseline + 2 variants on seeds 0..4; then every look (10, 20) replays the baseline, the
+    # random policy and the undecided variants on the next seeds, never the ones already played;
+    # the baseline and the random policy play each look's episodes once, whichever variants are
+    # paired with them.
+    assert calls == [("CartPole-v1", 5, 0)] * 3
+    looks = [(name, first, count) for first, count in ((5, 5), (10, 10))
+             for name in ("baseline", None, "ptq-float16", "student-8-int8")]
+    assert sorted(plays, key=str) == sorted(looks, key=str)
 
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results == outcome.results.to_dict()
@@ -88,10 +98,11 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
     assert any(np.array_equal(state, heldout_start) for state in heldout)
     assert not any(np.array_equal(state, start) for state in heldout for start in evaluation_starts)
 
-    # Rerun: every stage is done, nothing is rebuilt.
+    # Rerun: every stage is done, nothing is rebuilt or replayed.
     calls.clear()
+    plays.clear()
     again = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
-    assert calls == [] and again.results.to_dict() == results
+    assert calls == plays == [] and again.results.to_dict() == results
 
 
 def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path):
@@ -139,15 +150,23 @@ def test_decisive_states_are_the_half_with_the_larger_action_gaps():
     assert decisive_states(q).tolist() == [False, True, True, False]
 
 
-def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path):
-    """A single-seed run builds its variants in pool workers (one per CPU): each is recorded by the
-    run's own process as it finishes, and every byte and episode equals the one-at-a-time run's."""
+def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path, monkeypatch):
+    """A single-seed run builds its variants and plays its looks in pool workers (one per CPU),
+    each look's episode ranges cut in chunks: each result is recorded by the run's own process,
+    and every byte and episode equals the one-at-a-time run's."""
     import shutil
 
     from compress_dqn.manifest import run_fingerprint
     from compress_dqn.pipeline import finish_run, open_run, reopen_run, train_baseline
 
-    recipe = load_recipe(TINY, [VARIANTS, "workers=2"])
+    real_paired = evaluate_module.paired_difference
+
+    def undecided_until_20(variant, baseline, tolerance=0.01, random=None, confidence=0.95):
+        out = real_paired(variant, baseline, tolerance, random, confidence)  # verdicts: in this process
+        return {**out, "verdict": "inconclusive"} if len(variant) < 20 else out
+
+    monkeypatch.setattr(evaluate_module, "paired_difference", undecided_until_20)
+    recipe = load_recipe(TINY, [VARIANTS, "workers=2", "eval.max_episodes=20"])
     ctx, _ = open_run(recipe, tmp_path / "one", quiet=True, log=lambda m: None)
     train_baseline(ctx)
     shutil.copytree(tmp_path / "one", tmp_path / "two")
@@ -155,4 +174,6 @@ def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path
     finish_run(reopen_run(recipe, tmp_path / "two", quiet=True, log=lambda m: None), workers=2)
     assert run_fingerprint(tmp_path / "two") == run_fingerprint(tmp_path / "one")
     stages = json.loads((tmp_path / "two" / "stages.json").read_text())
-    assert {"variant:ptq-float16", "variant:student-8-int8"} <= set(stages)
+    one = json.loads((tmp_path / "one" / "stages.json").read_text())
+    for key in ("reference:10", "reference:20", "look:10:ptq-float16", "look:20:student-8-int8"):
+        assert stages[key] == one[key]  # the random policy's episodes too
