@@ -444,8 +444,9 @@ class VariantConfig(StrictModel):
 
     @model_validator(mode="after")
     def _combinable(self) -> VariantConfig:
-        if self.name == "baseline":
-            raise ValueError("name 'baseline' is reserved for the trained baseline")
+        if self.name in ("baseline", "random"):
+            raise ValueError(f"name {self.name!r} is reserved (the trained baseline and the uniform-random "
+                             "reference are reported under those names); rename the variant")
         if self.prune and self.cluster:
             raise ValueError("prune and cluster in one variant are not supported; make two variants")
         needs_tuning = self.prune or self.cluster or self.student or (self.quantize and self.quantize.mode == "qat")

@@ -54,6 +54,8 @@ def test_byte_sizes(text, expected):
     ("train: 5", "train: expected a mapping of keys, got 5"),
     ("replay: {memory: 12XB}", "replay.memory: '12XB' is not a size"),
     ("train: {exploration_initial_eps: 0.1, exploration_final_eps: 0.5}", "epsilon only decays"),
+    ("variants: [{name: random, quantize: {mode: float16}}]", "name 'random' is reserved"),
+    ("variants: [{name: baseline, quantize: {mode: float16}}]", "name 'baseline' is reserved"),
 ])
 def test_errors_name_the_key_value_and_what_is_allowed(tmp_path, body, fragment):
     message = error_of(write(tmp_path, f"env: {{id: CartPole-v1}}\n{body}\n"))
