@@ -776,18 +776,18 @@ def _play(ctx: RunContext, wanted: dict[str, tuple[str | None, int, int]], worke
 
     env_data = ctx.recipe.env.model_dump(mode="json")
     pieces = worker_count(sum(after - before for _, before, after in wanted.values()), workers)
-    chunks = []  # (key, unit arguments)
+    chunks = []  # (key, first episode, episodes, what the unit plays)
     for key, (name, before, after) in wanted.items():
         tflite = None if name is None else str(ctx.folder(name) / "policy.tflite")
         size = -(-(after - before) // pieces)
         for first in range(before, after, size):
             count = min(size, after - first)
-            chunks.append((key, (env_data, tflite, ctx.info.n_actions, ctx.recipe.eval.seed + first, count)))
-    chunks.sort(key=lambda chunk: -chunk[1][-1])
-    results = map_units(play_unit, [args for _, args in chunks], ctx.recipe.executor,
+            chunks.append((key, first, count, (env_data, tflite, ctx.info.n_actions, ctx.recipe.eval.seed + first, count)))
+    chunks.sort(key=lambda chunk: -chunk[2])
+    results = map_units(play_unit, [chunk[3] for chunk in chunks], ctx.recipe.executor,
                         worker_count(len(chunks), workers), ctx.recipe.address)
     played: dict[str, list[float]] = {key: [] for key in wanted}
-    for (key, args), returns in sorted(zip(chunks, results), key=lambda item: item[0][1][3]):
+    for (key, *_), returns in sorted(zip(chunks, results), key=lambda pair: pair[0][1]):  # in episode order
         played[key] += returns
     return played
 
