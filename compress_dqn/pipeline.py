@@ -795,19 +795,18 @@ def _play(ctx: RunContext, wanted: dict[str, tuple[str | None, int, int]], worke
 def _play_look(ctx: RunContext, before: int, after: int, names: list[str], workers: int = 1) -> None:
     """Record episodes before..after of the reference (stage "reference:AFTER": the baseline and the
     random policy) and of each named variant (stages "look:AFTER:NAME"), played `workers` at once."""
-    done = ctx.stages.done
-    wanted: dict[str, tuple[str | None, int, int]] = {}
-    if f"reference:{after}" not in done:
+    reference_due = f"reference:{after}" not in ctx.stages.done
+    due = [name for name in names if f"look:{after}:{name}" not in ctx.stages.done]
+    wanted: dict[str, tuple[str | None, int, int]] = {name: (name, before, after) for name in due}
+    if reference_due:
         wanted |= {"baseline": ("baseline", before, after), "random": (None, before, after)}
-    wanted |= {name: (name, before, after) for name in names if f"look:{after}:{name}" not in done}
     if not wanted:
         return
     played = _play(ctx, wanted, workers)
-    if f"reference:{after}" not in done:
+    if reference_due:
         ctx.stages.finish(f"reference:{after}", {"baseline": played["baseline"], "random": played["random"]})
-    for name in names:
-        if f"look:{after}:{name}" not in done:
-            ctx.stages.finish(f"look:{after}:{name}", {"episodes": played[name]})
+    for name in due:
+        ctx.stages.finish(f"look:{after}:{name}", {"episodes": played[name]})
 
 
 def reference_episodes(ctx: RunContext, upto: int) -> dict[str, list[float]]:
