@@ -81,11 +81,15 @@ class KeepBestPolicy(PhaseCallback):
         self.history: list[tuple[int, float]] = []
 
     def _consider(self, gradient_step: int) -> None:
-        from compress_dqn.evaluate import run_episodes
-        from compress_dqn.networks import make_actor
+        from compress_dqn.evaluate import run_episodes, run_episodes_side_by_side
+        from compress_dqn.networks import KerasActor, make_actor
 
         actor = make_actor(self.model)
-        score = float(sum(run_episodes(actor.act, self.env, self.seeds)) / len(self.seeds))
+        if isinstance(actor, KerasActor):  # costly per call, not per row: one call per step for all episodes
+            returns = run_episodes_side_by_side(actor.q_values, self.env, self.seeds)
+        else:  # cheap per call: one episode at a time, as every earlier build played them
+            returns = run_episodes(actor.act, self.env, self.seeds)
+        score = float(sum(returns) / len(self.seeds))
         self.history.append((gradient_step, score))
         if self.best is None or score >= self.best[0]:
             self.best = (score, gradient_step, self.model.get_weights())

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from compress_dqn.evaluate import bootstrap_ci, evaluate, summarize
+from compress_dqn.evaluate import bootstrap_ci, evaluate, run_episodes, run_episodes_side_by_side, summarize
 from compress_dqn.recipe import EnvConfig
 
 
@@ -18,6 +18,25 @@ def test_evaluation_is_deterministic_on_fixed_seeds():
     assert first.episodes == second.episodes
     assert len(first.episodes) == 5
     assert first.episodes != other.episodes  # the seeds matter
+
+
+def test_episodes_played_side_by_side_return_what_one_at_a_time_play_returns():
+    env = EnvConfig(id="CartPole-v1")
+    seeds = range(10, 16)
+    batches = []
+
+    def lean_q_values(observations):  # lean_policy's greedy choice, row by row
+        batches.append(len(observations))
+        return np.stack([-observations[:, 2], observations[:, 2]], axis=1)
+
+    side_by_side = run_episodes_side_by_side(lean_q_values, env, seeds)
+    one_at_a_time = run_episodes(lean_policy, env, seeds)
+    assert side_by_side == one_at_a_time
+    assert len(set(one_at_a_time)) > 1  # episodes of different lengths: some finish while others run
+    # One call per step of the longest episode, over the episodes still running.
+    assert len(batches) == max(one_at_a_time)
+    assert batches[0] == len(seeds) and batches[-1] == one_at_a_time.count(max(one_at_a_time))
+    assert sum(batches) == sum(one_at_a_time)
 
 
 def test_summary_statistics():
