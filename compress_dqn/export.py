@@ -32,8 +32,9 @@ def serving_module(model: tf_keras.Model, obs_shape: Sequence[int], obs_dtype: n
     def serve(observations):
         outputs = model(tf.cast(observations, tf.float32), training=False)
         if isinstance(outputs, (list, tuple)):  # split head: act on the advantage's finer range
-            advantage, value = outputs
-            return {"q_values": advantage + value, "action": tf.argmax(advantage, axis=-1, output_type=tf.int32)}
+            advantage, value = outputs[:2]
+            chooser = outputs[2] if len(outputs) == 3 else advantage  # networks.with_action_head's, where there is one
+            return {"q_values": advantage + value, "action": tf.argmax(chooser, axis=-1, output_type=tf.int32)}
         return {"q_values": outputs, "action": tf.argmax(outputs, axis=-1, output_type=tf.int32)}
 
     module.serve = serve

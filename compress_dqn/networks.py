@@ -95,9 +95,9 @@ def weight_layers(model: tf_keras.Model) -> list[tf_keras.layers.Layer]:
 
 
 def q_from_outputs(outputs):
-    """Q-values from a network's outputs: a tensor, or (advantage, value) from a split head."""
+    """Q-values from a network's outputs: a tensor, or (advantage, value[, action head]) from a split head."""
     if isinstance(outputs, (list, tuple)):
-        advantage, value = outputs
+        advantage, value = outputs[:2]
         return advantage + value
     return outputs
 
@@ -134,6 +134,47 @@ def input_statistics(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(observations, dtype=np.float64).reshape(len(observations), -1)
     std = x.std(axis=0)
     return x.mean(axis=0).astype(np.float32), np.where(std > 1e-6, std, 1.0).astype(np.float32)
+
+
+def input_range(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature midrange and half-range of flat float observations (floored as input_statistics's
+    std): (obs - midrange) / half-range puts every feature in [-1, 1].
+
+    Why: post-training int8 gives the whole input tensor the range of the calibration batch's
+    extremes. After (obs - mean) / std, one heavy-tailed feature (a LunarLander leg contact, 1 on a
+    few states) sets that range to tens of std and leaves the others a few dozen steps; scaled by
+    their ranges, every feature gets all 256 steps.
+    """
+    x = np.asarray(observations, dtype=np.float64).reshape(len(observations), -1)
+    low, high = x.min(axis=0), x.max(axis=0)
+    half = (high - low) / 2
+    return ((low + high) / 2).astype(np.float32), np.where(half > 1e-6, half, 1.0).astype(np.float32)
+
+
+def with_action_head(model: tf_keras.Model, observations: np.ndarray, floor_share: float = 0.125) -> tf_keras.Model:
+    """A split-head model (advantage, value) plus a third output that only chooses the action:
+    relu6(k (A + c)), with hi the largest best-action advantage on `observations`, c = floor_share
+    x hi and k = 6 / (hi + c). Its argmax is argmax A wherever the best advantage is at most hi.
+
+    Why: an int8 tensor has 256 steps over its calibrated range, and the advantage head's range
+    runs from the worst action's advantage on the worst state to the best one's (CartPole: -45..45
+    next to a median action gap of 0.06). The action only needs the top of that range: every
+    advantage below 0 is below the best one (advantages average to 0 over actions), so the floor
+    at -c loses no decision, and ReLU6 fuses into the int8 FULLY_CONNECTED, whose output range
+    then is [-c, hi]. The q_values output keeps the advantage head.
+    """
+    advantage_layer = model.get_layer("advantage")
+    features = tf_keras.Model(model.inputs, advantage_layer.input)
+    kernel, bias = advantage_layer.get_weights()
+    advantage = features(np.asarray(observations, dtype=np.float32)).numpy() @ kernel + bias
+    high = max(float(advantage.max(axis=1).max()), 1e-6)
+    floor = floor_share * high
+    scale = 6.0 / (high + floor)
+    head = tf_keras.layers.Dense(kernel.shape[1], activation="relu6", name="action_head")
+    outputs = [*model.outputs, head(advantage_layer.input)]
+    extended = tf_keras.Model(model.inputs, outputs, name=f"{model.name}_action_head")
+    head.set_weights([kernel * scale, (bias + floor) * scale])
+    return extended
 
 
 def fold_input_normalization(model: tf_keras.Model, mean: np.ndarray, std: np.ndarray) -> tf_keras.Model:

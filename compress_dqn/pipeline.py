@@ -145,7 +145,7 @@ def _export(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any 
 
     The SavedModel takes raw observations. The TFLite file is converted from built.tflite_model(),
     which takes normalized observations where the variant has an input normalization (written
-    into the file's metadata). With built.try_sparse_format, the TFLite sparse weight format is
+    into the file's metadata) and chooses the action on its own head where it has one. With built.try_sparse_format, the TFLite sparse weight format is
     kept only if it is smaller AND the runtime loads it and computes the same Q-values (XNNPACK
     cannot prepare every sparse layout).
     """
@@ -159,8 +159,9 @@ def _export(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any 
     export_saved_model(model, info.obs_shape, info.obs_dtype, out / "saved_model")
     source = out / "saved_model"
     with tempfile.TemporaryDirectory(dir=out) as scratch:
-        if built is not None and built.input_normalization is not None:
-            source = export_saved_model(built.tflite_model(), info.obs_shape, np.float32, Path(scratch) / "normalized")
+        if built is not None and built.converts_own_model:
+            dtype = np.float32 if built.input_normalization is not None else info.obs_dtype
+            source = export_saved_model(built.tflite_model(), info.obs_shape, dtype, Path(scratch) / "normalized")
 
         def convert(sparse: bool) -> bytes:
             data = convert_tflite(source, built.converter(sparse) if built is not None else None)

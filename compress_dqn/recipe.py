@@ -361,6 +361,13 @@ class QuantizeConfig(StrictModel):
     """int8/int16x8/qat on flat float observations: give each feature its own range. The policy takes
     (obs - mean) / std (replay statistics, folded into the first layer; the loader applies it from
     the .tflite's metadata), so one input scale fits every feature."""
+    input_scaling: Literal["std", "range"] = "std"
+    """How normalize_input scales each feature for post-training int8/int16x8: std, (obs - mean) /
+    std; range, (obs - midrange) / half-range, so every feature spans the whole int8 input range
+    (networks.input_range). QAT always uses std."""
+    action_head: bool = False
+    """int8: choose the action on a third int8 output that holds only the top of the advantage's
+    range (networks.with_action_head), not on the advantage head itself."""
     preserve: bool = True
     """For qat on a pruned or clustered model: keep its sparsity/clusters (PQAT/CQAT)."""
     qat_steps: _count(1) | None = None
@@ -368,6 +375,14 @@ class QuantizeConfig(StrictModel):
     qat_learning_rate: _real(0.0, 1.0, lo_open=True) | None = None
     """Adam step size of the QAT fine-tune (default: fine_tune.learning_rate). QAT starts from a
     tuned model: a distillation's step size can undo it."""
+
+    @model_validator(mode="after")
+    def _post_training_options(self) -> QuantizeConfig:
+        if self.action_head and self.mode != "int8":
+            raise ValueError(f"action_head applies to mode int8 only, not {self.mode}; remove it or use mode: int8")
+        if self.input_scaling != "std" and self.mode not in ("int8", "int16x8"):
+            raise ValueError(f"input_scaling applies to modes int8 and int16x8 only, not {self.mode}; remove it")
+        return self
 
 
 class ClusterConfig(StrictModel):

@@ -87,3 +87,38 @@ def test_folded_input_normalization_computes_the_same_q_values():
     np.testing.assert_array_equal(model.get_weights()[0], before)  # the original is untouched
     with pytest.raises(TypeError, match="flat observations"):
         fold_input_normalization(build_q_network((6, 6, 1), 2, [8], conv=[_Conv(2, 3, 1)]), mean, std)
+
+
+def test_input_range_puts_every_feature_in_minus_one_to_one():
+    from compress_dqn.networks import input_range
+
+    rng = np.random.default_rng(0)
+    obs = (rng.normal(size=(300, 4)) * [2.0, 0.01, 5.0, 0.0] + [1.0, 0.0, -3.0, 7.0]).astype(np.float32)
+    obs[:3, 0] = 40.0  # a heavy tail: (obs - mean) / std would stretch this feature's range to ~20 std
+    center, half = input_range(obs)
+    scaled = (obs - center) / half
+    assert half[3] == 1.0  # a constant feature passes through unscaled
+    np.testing.assert_allclose(scaled[:, :3].min(0), -1.0, atol=1e-5)
+    np.testing.assert_allclose(scaled[:, :3].max(0), 1.0, atol=1e-5)
+
+
+def test_action_head_chooses_the_advantages_argmax_within_its_range():
+    from compress_dqn.networks import with_action_head
+
+    rng = np.random.default_rng(1)
+    obs = rng.normal(size=(400, 4)).astype(np.float32)
+    model = split_value_advantage(build_q_network((4,), 3, [16, 16]))
+    extended = with_action_head(model, obs[:200])
+    advantage, value, head = (t.numpy() for t in extended(obs))
+    a, v = model(obs)
+    np.testing.assert_allclose(advantage, a.numpy(), rtol=1e-6)  # the split heads are untouched
+    np.testing.assert_allclose(value, v.numpy(), rtol=1e-6)
+    assert head.min() >= 0.0 and head.max() <= 6.0  # ReLU6: the range an int8 output gets
+    calibrated = advantage[:200].max(1).max()
+    inside = advantage.max(1) < calibrated  # the head saturates above the calibrated best advantage
+    assert inside[:200].sum() == 199 and inside.sum() > 300
+    np.testing.assert_array_equal(head[inside].argmax(1), advantage[inside].argmax(1))
+    # Linear in the advantage where it is not clipped: the floor sits at -1/8 of the top.
+    top = head.max(1) > 0
+    np.testing.assert_allclose(head.max(1)[inside & top] * (calibrated * 1.125) / 6 - calibrated / 8,
+                               advantage.max(1)[inside & top], rtol=1e-4, atol=1e-4)

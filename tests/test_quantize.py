@@ -40,6 +40,29 @@ def test_int8_has_int8_weights_and_keeps_actions(trained_tiny, tmp_path):
     assert agreement(path, trained_tiny) > 0.9
 
 
+def fully_connected_ops(path):
+    from ai_edge_litert.interpreter import Interpreter
+
+    return [op for op in Interpreter(model_path=str(path))._get_ops_details() if op["op_name"] == "FULLY_CONNECTED"]
+
+
+def test_int8_action_head_and_range_scaling(trained_tiny, tmp_path):
+    plain, _ = tflite_for(trained_tiny, tmp_path / "plain", quantize={"mode": "int8", "calibration_samples": 200})
+    path, built = tflite_for(trained_tiny, tmp_path / "head", quantize={
+        "mode": "int8", "calibration_samples": 200, "action_head": True, "input_scaling": "range"})
+    # A fifth int8 FULLY_CONNECTED (two hidden layers, advantage, value, the action's head) feeds the action.
+    assert len(fully_connected_ops(plain)) == 4 and len(fully_connected_ops(path)) == 5
+    policy = TFLitePolicy(path)
+    center, half = policy.input_normalization  # the loader applies (obs - midrange) / half-range
+    np.testing.assert_allclose(center, built.input_normalization[0])
+    np.testing.assert_allclose(np.abs(built.calibration).max(0), 1.0, atol=1e-5)
+    assert agreement(path, trained_tiny) > 0.9
+    _, result = trained_tiny
+    obs = result.replay.gather(result.replay.sample_indices(500)).observations
+    float_actions = result.model(obs).numpy().argmax(1)
+    assert np.mean(policy.actions(obs) == float_actions) >= np.mean(TFLitePolicy(plain).actions(obs) == float_actions) - 0.02
+
+
 def test_int8_io_makes_input_int8(trained_tiny, tmp_path):
     path, _ = tflite_for(trained_tiny, tmp_path, quantize={"mode": "int8", "int8_io": True, "calibration_samples": 200})
     policy = TFLitePolicy(path)

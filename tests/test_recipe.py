@@ -56,6 +56,12 @@ def test_byte_sizes(text, expected):
     ("train: {exploration_initial_eps: 0.1, exploration_final_eps: 0.5}", "epsilon only decays"),
     ("variants: [{name: random, quantize: {mode: float16}}]", "name 'random' is reserved"),
     ("variants: [{name: baseline, quantize: {mode: float16}}]", "name 'baseline' is reserved"),
+    ("variants: [{name: q, quantize: {mode: dynamic, action_head: true}}]",
+     "variants.0.quantize: action_head applies to mode int8 only, not dynamic; remove it or use mode: int8"),
+    ("variants: [{name: q, quantize: {mode: qat, input_scaling: range}}]",
+     "variants.0.quantize: input_scaling applies to modes int8 and int16x8 only, not qat; remove it"),
+    ("variants: [{name: q, quantize: {mode: int8, input_scaling: minmax}}]",
+     "variants.0.quantize.input_scaling: 'minmax' is not allowed; expected 'std' or 'range'"),
 ])
 def test_errors_name_the_key_value_and_what_is_allowed(tmp_path, body, fragment):
     message = error_of(write(tmp_path, f"env: {{id: CartPole-v1}}\n{body}\n"))

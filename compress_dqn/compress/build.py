@@ -24,7 +24,8 @@ from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.distill import Distiller, build_student
 from compress_dqn.envs import EnvInfo
 from compress_dqn.networks import (
-    WEIGHT_LAYERS, count_params, fold_input_normalization, independent_copy, input_statistics, split_value_advantage,
+    WEIGHT_LAYERS, count_params, fold_input_normalization, independent_copy, input_range, input_statistics,
+    split_value_advantage, with_action_head,
 )
 from compress_dqn.recipe import FineTuneConfig, QuantizeConfig, Recipe, VariantConfig
 from compress_dqn.replay import ReplayBuffer
@@ -47,13 +48,21 @@ class BuiltVariant:
     """The model on normalized observations where it was trained as such (QAT); export_model is it
     behind a fixed normalization layer."""
 
+    @property
+    def converts_own_model(self) -> bool:
+        """Whether the TFLite file is converted from tflite_model() rather than export_model."""
+        return self.input_normalization is not None or bool(self.quantize and self.quantize.action_head)
+
     def tflite_model(self) -> tf_keras.Model:
         """The model the TFLite file is converted from: normalization folded in where there is one."""
         if self.normalized_model is not None:
             return self.normalized_model
-        if self.input_normalization is None:
-            return self.export_model
-        return fold_input_normalization(self.export_model, *self.input_normalization)
+        model = self.export_model
+        if self.input_normalization is not None:
+            model = fold_input_normalization(model, *self.input_normalization)
+        if self.quantize is not None and self.quantize.action_head:
+            model = with_action_head(model, self.calibration)  # calibration: what the folded model takes
+        return model
 
     def converter(self, sparse: bool = False) -> Callable[[tf.lite.TFLiteConverter], None]:
         """TFLite converter settings for this variant, optionally with the sparse weight format."""
@@ -225,7 +234,7 @@ def _input_normalization(q: QuantizeConfig, info: EnvInfo, observations: np.ndar
     of an integer model (flat float observations only), else None."""
     if not (q.normalize_input and len(info.obs_shape) == 1 and info.input_scale is None):
         return None
-    normalization = input_statistics(observations)
+    normalization = input_range(observations) if q.input_scaling == "range" else input_statistics(observations)
     details["input_normalization"] = {"mean": normalization[0].tolist(), "std": normalization[1].tolist()}
     return normalization
 
