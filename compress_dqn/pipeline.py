@@ -486,9 +486,24 @@ def variant_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[s
     return _variant_stage(VariantConfig(**variant_data), ctx)
 
 
+def variant_and_memory_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[str, Any],
+                            quiet: bool) -> dict[str, Any]:
+    """variant_unit, then the new policy's memory probe (stage memory:NAME) from the same worker:
+    {"variant": outputs, "memory": probe}. The probe is a fresh process whose peak RSS does not
+    depend on what else runs, so it can overlap other builds rather than wait for all of them."""
+    outputs = variant_unit(recipe_data, run_dir, variant_data, quiet)
+    return {"variant": outputs, "memory": _probe_memory(Path(run_dir) / "variants" / variant_data["name"])}
+
+
 def build_variants(ctx: RunContext, workers: int = 1) -> None:
     """Every variant stage not finished yet, `workers` at once (each variant reads only the
-    baseline's files). Each is recorded as soon as it finishes, so a killed run keeps it."""
+    baseline's files). Each is recorded as soon as it finishes, so a killed run keeps it.
+
+    With several workers, each also probes its variant's memory once built, and the baseline's
+    probe runs beside the builds: on the 2-core demo the probes (a TensorFlow import each, for
+    the SavedModel) took ~40 s of wall time after the builds, part of it with one core idle."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from compress_dqn.compress.build import build_gradient_steps
     from compress_dqn.executors import map_units
 
@@ -498,10 +513,19 @@ def build_variants(ctx: RunContext, workers: int = 1) -> None:
         return
     todo.sort(key=lambda v: -build_gradient_steps(v, ctx.recipe))  # longest first (the pool starts them in order)
     data = ctx.recipe.to_dict()
-    map_units(variant_unit, [(data, str(ctx.run_dir), v.model_dump(mode="json", exclude_none=True), ctx.quiet)
-                             for v in todo],
-              ctx.recipe.executor, workers, ctx.recipe.address,
-              on_result=lambda i, outputs: ctx.stages.finish(f"variant:{todo[i].name}", outputs))
+
+    def record(i: int, outputs: dict[str, Any]) -> None:
+        ctx.stages.finish(f"variant:{todo[i].name}", outputs["variant"])
+        if f"measure:{todo[i].name}" not in ctx.stages.done:
+            ctx.stages.finish(f"memory:{todo[i].name}", outputs["memory"])
+
+    with ThreadPoolExecutor(1) as side:  # a thread: it waits on the probe's own process
+        probing = [] if {"memory:baseline", "measure:baseline"} & set(ctx.stages.done) else [side.submit(_probe_memory, ctx.base)]
+        map_units(variant_and_memory_unit,
+                  [(data, str(ctx.run_dir), v.model_dump(mode="json", exclude_none=True), ctx.quiet) for v in todo],
+                  ctx.recipe.executor, workers, ctx.recipe.address, on_result=record)
+        for future in probing:
+            ctx.stages.finish("memory:baseline", future.result())
 
 
 def variant_workers(ctx: RunContext) -> int:
@@ -515,7 +539,8 @@ def variant_workers(ctx: RunContext) -> int:
 
 def finish_run(ctx: RunContext, search: dict[str, Any] | None = None, workers: int = 1) -> RunResults:
     """Build what is left of ctx.recipe's variants (`workers` at once), decide their verdicts,
-    probe every policy's memory (`workers` at once), measure its timings (one at a time), then
+    probe every policy's memory not probed yet (`workers` at once; parallel builds probe their
+    own), measure its timings (one at a time), then
     write results.json, the report and the manifest (last: its presence means finished)."""
     build_variants(ctx, workers)
     episodes = decide(ctx, workers=workers)  # more episodes where a verdict is still open

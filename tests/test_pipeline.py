@@ -177,3 +177,9 @@ def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path
     one = json.loads((tmp_path / "one" / "stages.json").read_text())
     for key in ("reference:10", "reference:20", "look:10:ptq-float16", "look:20:student-8-int8"):
         assert stages[key] == one[key]  # the random policy's episodes too
+    # Parallel builds probe each policy's memory beside the builds (before the looks), one at a time after them.
+    order, order_one = list(stages), list(one)
+    names = ["baseline", *(v.name for v in recipe.variants)]
+    assert max(order.index(f"memory:{n}") for n in names) < order.index("reference:10")
+    assert min(order_one.index(f"memory:{n}") for n in names) > order_one.index("reference:20")
+    assert all(stages[f"memory:{n}"]["saved_model"]["peak_rss"] > 0 for n in names)
