@@ -106,10 +106,12 @@ def objective_value(stage: dict[str, Any], measured: dict[str, Any] | None, obje
 
 
 def candidate_unit(recipe_data: dict[str, Any], seed_dir: str, variant_data: dict[str, Any],
-                   quiet: bool) -> dict[str, Any]:
+                   quiet: bool, look_workers: int = 1) -> dict[str, Any]:
     """One (seed, candidate) unit: build the candidate from that seed's baseline, evaluate it
     sequentially until its verdict is decided, and return its verdict and objective. Plain data
-    in and out, so any executor can run it; finished steps are stages of the seed's run."""
+    in and out, so any executor can run it; finished steps are stages of the seed's run.
+    look_workers: processes that play its looks (the episodes, hence the verdict, are the same
+    for any number)."""
     from compress_dqn.evaluate import paired_difference, sequential_plan
     from compress_dqn.pipeline import Stage, _measure_stage, _variant_stage, decide, reopen_run, run_stages
 
@@ -120,7 +122,7 @@ def candidate_unit(recipe_data: dict[str, Any], seed_dir: str, variant_data: dic
     if ctx.recipe.search.objective == "latency":
         stages.append(Stage(f"measure:{variant.name}", lambda c: _measure_stage(variant.name, c)))
     run_stages(ctx, stages)
-    played = decide(ctx, [variant.name])
+    played = decide(ctx, [variant.name], workers=look_workers)
     episodes = played[variant.name]
     _, confidence = sequential_plan(ctx.recipe.eval.episodes, ctx.recipe.eval.max_episodes)
     versus = paired_difference(episodes, played["baseline"], ctx.recipe.eval.tolerance, played["random"], confidence)
@@ -167,7 +169,10 @@ def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
     per_seed: dict[str, dict[str, Any]] = {}
     for start in range(0, len(plan.seeds), plan.workers):
         chunk = plan.seeds[start:start + plan.workers]
-        units = [(data, seed_dir, variant, plan.quiet) for _, data, seed_dir in chunk]
+        # A chunk with fewer seeds than workers (3 seeds on 2) would leave cores idle: its units
+        # play their looks on them. Local only: a Ray task does not start a pool of its own.
+        look_workers = max(1, plan.workers // len(chunk)) if plan.recipe.executor == "local" else 1
+        units = [(data, seed_dir, variant, plan.quiet, look_workers) for _, data, seed_dir in chunk]
         outcomes = map_units(candidate_unit, units, plan.recipe.executor, plan.workers, plan.recipe.address)
         per_seed.update({str(seed): outcome for (seed, _, _), outcome in zip(chunk, outcomes)})
         if not all(keeps_return(o["verdict"]) for o in outcomes):

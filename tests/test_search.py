@@ -125,3 +125,50 @@ def test_search_command_refuses_bad_ladders_in_one_line():
     assert "--students: '64xa' is not a list like 64x64,32x32,16x16" in bad.stderr
     bad = cli("search", "model.keras", "--env", "CartPole-v1", "--sparsities", "0.9,x")
     assert bad.returncode == 2 and "--sparsities: '0.9,x' is not a list like 0.8,0.9,0.95" in bad.stderr
+
+
+def test_a_chunk_with_fewer_seeds_than_workers_plays_its_looks_on_the_spare_ones(monkeypatch):
+    """3 seeds on 2 workers: seeds 0 and 1 build and decide side by side, one look worker each;
+    seed 2 runs alone and plays its looks on both workers. Ray units always get one."""
+    from compress_dqn import executors
+    from compress_dqn.search import _Plan as Plan, play_candidate
+
+    calls = []
+
+    def fake_map_units(fn, args, executor, workers, address):
+        calls.append([a[-1] for a in args])
+        return [{"verdict": "within 1%", "episodes": 5, "normalized_score": 1.0, "objective": 100.0, "difference": 0.0}
+                for _ in args]
+
+    monkeypatch.setattr(executors, "map_units", fake_map_units)
+    (rungs,) = ladders(load_recipe(TINY, [STUDENTS]), 4, 2).values()
+    for executor, expected in (("local", [[1, 1], [2]]), ("ray", [[1, 1], [1]])):
+        calls.clear()
+        recipe = load_recipe(TINY, [STUDENTS, f"executor={executor}"])
+        plan = Plan([(seed, {}, f"seed-{seed}") for seed in (0, 1, 2)], recipe, 2, True, lambda m: None)
+        tried = play_candidate(rungs[0], plan)
+        assert tried.outcome == "kept" and sorted(tried.per_seed) == ["0", "1", "2"]
+        assert calls == expected
+
+
+def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(tmp_path, monkeypatch):
+    """One seed on two workers: the candidate's unit plays its looks (5 -> 10 -> 20 episodes,
+    forced undecided until 20) in chunks on both; the search equals the one-worker search."""
+    from compress_dqn import evaluate as evaluate_module
+    from compress_dqn.search import run_search, search_fingerprint
+
+    real_paired = evaluate_module.paired_difference
+
+    def undecided_until_20(variant, baseline, tolerance=0.01, random=None, confidence=0.95):
+        out = real_paired(variant, baseline, tolerance, random, confidence)
+        return {**out, "verdict": "inconclusive"} if len(variant) < 20 else out
+
+    monkeypatch.setattr(evaluate_module, "paired_difference", undecided_until_20)
+    overrides = ["search.students=[[8]]", "search.student_quantize=float16", "search.student_fine_tune.steps=300",
+                 "eval.tolerance=1.0", "eval.max_episodes=20"]
+    for workers in (1, 2):
+        run_search(load_recipe(TINY, [*overrides, f"workers={workers}"]), tmp_path / f"w{workers}", quiet=True,
+                   log=lambda m: None)
+    assert search_fingerprint(tmp_path / "w2") == search_fingerprint(tmp_path / "w1")
+    stages = json.loads((tmp_path / "w2" / "seed-0" / "stages.json").read_text())
+    assert len(stages["look:20:student-8-float16"]["episodes"]) == 10  # the looks were played
