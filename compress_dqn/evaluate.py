@@ -201,7 +201,9 @@ def run_episodes_side_by_side(q_values: QValues, env: EnvConfig, seeds: Iterable
     model: ~0.85 ms either way), so playing one episode at a time spends nearly all of a QAT
     fine-tune's snapshot selection on call overhead. Each episode sees the same observations
     and takes the greedy action of its own row, so the returns equal run_episodes's wherever
-    q_values gives a row the same values in a batch as alone.
+    q_values gives a row the same values in a batch as alone. Every call gets every episode's
+    row (a finished one keeps its last observation, its action unused): one batch shape, so a
+    tf.function traces once, not once per episode that ends.
     """
     from compress_dqn.envs import make_env_from
 
@@ -212,10 +214,10 @@ def run_episodes_side_by_side(q_values: QValues, env: EnvConfig, seeds: Iterable
         returns = [0.0] * len(seeds)
         running = list(range(len(seeds)))
         while running:
-            actions = np.argmax(q_values(np.stack([observations[i] for i in running])), axis=1)
+            actions = np.argmax(q_values(np.stack(observations)), axis=1)
             still = []
-            for i, action in zip(running, actions):
-                observations[i], reward, terminated, truncated, _ = instances[i].step(int(action))
+            for i in running:
+                observations[i], reward, terminated, truncated, _ = instances[i].step(int(actions[i]))
                 returns[i] += float(reward)
                 if not (terminated or truncated):
                     still.append(i)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 import zlib
 from dataclasses import dataclass
@@ -134,10 +135,14 @@ def _same_policy(candidate: bytes, reference: bytes, observations: Any) -> bool:
     from compress_dqn.policy import TFLitePolicy
 
     try:
-        got = TFLitePolicy(candidate).q_values(observations)
+        policy = TFLitePolicy(candidate)
+        got, actions = policy.q_values(observations), policy.actions(observations)
     except (UserError, RuntimeError, ValueError):
         return False
-    return bool(np.allclose(got, TFLitePolicy(reference).q_values(observations), rtol=1e-4, atol=1e-4))
+    expected = TFLitePolicy(reference)
+    # The actions too: with an action head (quantize.action_head) they come from a tensor q_values does not show.
+    return bool(np.allclose(got, expected.q_values(observations), rtol=1e-4, atol=1e-4)
+                and np.array_equal(actions, expected.actions(observations)))
 
 
 def _export(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any = None) -> dict[str, Any]:
@@ -145,7 +150,8 @@ def _export(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any 
 
     The SavedModel takes raw observations. The TFLite file is converted from built.tflite_model(),
     which takes normalized observations where the variant has an input normalization (written
-    into the file's metadata) and chooses the action on its own head where it has one. With built.try_sparse_format, the TFLite sparse weight format is
+    into the file's metadata) and chooses the action on its own head where it has one
+    (quantize.action_head). With built.try_sparse_format, the TFLite sparse weight format is
     kept only if it is smaller AND the runtime loads it and computes the same Q-values (XNNPACK
     cannot prepare every sparse layout).
     """
@@ -161,7 +167,7 @@ def _export(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any 
     with tempfile.TemporaryDirectory(dir=out) as scratch:
         if built is not None and built.converts_own_model:
             dtype = np.float32 if built.input_normalization is not None else info.obs_dtype
-            source = export_saved_model(built.tflite_model(), info.obs_shape, dtype, Path(scratch) / "normalized")
+            source = export_saved_model(built.tflite_model(), info.obs_shape, dtype, Path(scratch) / "converted")
 
         def convert(sparse: bool) -> bytes:
             data = convert_tflite(source, built.converter(sparse) if built is not None else None)
@@ -492,16 +498,22 @@ def variant_and_memory_unit(recipe_data: dict[str, Any], run_dir: str, variant_d
     {"variant": outputs, "memory": probe}. The probe is a fresh process whose peak RSS does not
     depend on what else runs, so it can overlap other builds rather than wait for all of them."""
     outputs = variant_unit(recipe_data, run_dir, variant_data, quiet)
-    return {"variant": outputs, "memory": _probe_memory(Path(run_dir) / "variants" / variant_data["name"])}
+    try:
+        memory = _probe_memory(Path(run_dir) / "variants" / variant_data["name"])
+    except (RuntimeError, OSError, subprocess.SubprocessError):  # the build is kept; probe_memory tries again
+        memory = None
+    return {"variant": outputs, "memory": memory}
 
 
 def build_variants(ctx: RunContext, workers: int = 1) -> None:
     """Every variant stage not finished yet, `workers` at once (each variant reads only the
     baseline's files). Each is recorded as soon as it finishes, so a killed run keeps it.
 
-    With several workers, each also probes its variant's memory once built, and the baseline's
-    probe runs beside the builds: on the 2-core demo the probes (a TensorFlow import each, for
-    the SavedModel) took ~40 s of wall time after the builds, part of it with one core idle."""
+    When they are built in a local pool, each worker also probes its variant's memory once built
+    (a probe that fails is left to probe_memory), and the baseline's probe runs beside the
+    builds: on the 2-core demo the probes (a TensorFlow import each, for the SavedModel) took
+    ~40 s of wall time after the builds, part of it with one core idle. Ray units leave memory to
+    probe_memory, so every policy's figure comes from the same machine."""
     from concurrent.futures import ThreadPoolExecutor
 
     from compress_dqn.compress.build import build_gradient_steps
@@ -514,18 +526,25 @@ def build_variants(ctx: RunContext, workers: int = 1) -> None:
     todo.sort(key=lambda v: -build_gradient_steps(v, ctx.recipe))  # longest first (the pool starts them in order)
     data = ctx.recipe.to_dict()
 
+    units = [(data, str(ctx.run_dir), v.model_dump(mode="json", exclude_none=True), ctx.quiet) for v in todo]
+    if ctx.recipe.executor != "local":
+        map_units(variant_unit, units, ctx.recipe.executor, workers, ctx.recipe.address,
+                  on_result=lambda i, outputs: ctx.stages.finish(f"variant:{todo[i].name}", outputs))
+        return
+
     def record(i: int, outputs: dict[str, Any]) -> None:
         ctx.stages.finish(f"variant:{todo[i].name}", outputs["variant"])
-        if f"measure:{todo[i].name}" not in ctx.stages.done:
+        if outputs["memory"] is not None and f"measure:{todo[i].name}" not in ctx.stages.done:
             ctx.stages.finish(f"memory:{todo[i].name}", outputs["memory"])
 
     with ThreadPoolExecutor(1) as side:  # a thread: it waits on the probe's own process
         probing = [] if {"memory:baseline", "measure:baseline"} & set(ctx.stages.done) else [side.submit(_probe_memory, ctx.base)]
-        map_units(variant_and_memory_unit,
-                  [(data, str(ctx.run_dir), v.model_dump(mode="json", exclude_none=True), ctx.quiet) for v in todo],
-                  ctx.recipe.executor, workers, ctx.recipe.address, on_result=record)
+        map_units(variant_and_memory_unit, units, ctx.recipe.executor, workers, ctx.recipe.address, on_result=record)
         for future in probing:
-            ctx.stages.finish("memory:baseline", future.result())
+            try:
+                ctx.stages.finish("memory:baseline", future.result())
+            except (RuntimeError, OSError, subprocess.SubprocessError):
+                pass  # probe_memory tries again after the looks
 
 
 def variant_workers(ctx: RunContext) -> int:

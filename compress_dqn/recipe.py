@@ -366,8 +366,8 @@ class QuantizeConfig(StrictModel):
     std; range, (obs - midrange) / half-range, so every feature spans the whole int8 input range
     (networks.input_range). QAT always uses std."""
     action_head: bool = False
-    """int8: choose the action on a third int8 output that holds only the top of the advantage's
-    range (networks.with_action_head), not on the advantage head itself."""
+    """int8: choose the action on a third int8 head (a tensor that feeds ARG_MAX) holding only the
+    top of the advantage's range (networks.with_action_head), not on the advantage head itself."""
     preserve: bool = True
     """For qat on a pruned or clustered model: keep its sparsity/clusters (PQAT/CQAT)."""
     qat_steps: _count(1) | None = None
@@ -382,6 +382,8 @@ class QuantizeConfig(StrictModel):
             raise ValueError(f"action_head applies to mode int8 only, not {self.mode}; remove it or use mode: int8")
         if self.input_scaling != "std" and self.mode not in ("int8", "int16x8"):
             raise ValueError(f"input_scaling applies to modes int8 and int16x8 only, not {self.mode}; remove it")
+        if self.input_scaling != "std" and not self.normalize_input:
+            raise ValueError("input_scaling scales the normalized input; with normalize_input: false there is none: remove one")
         return self
 
 

@@ -163,15 +163,16 @@ def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
     """Evaluate a candidate seed by seed (workers seeds at a time), stopping at the first seed
     whose verdict rules it out."""
     from compress_dqn.evaluate import keeps_return
-    from compress_dqn.executors import map_units
+    from compress_dqn.executors import cpu_count, map_units
 
     variant = candidate.variant.model_dump(mode="json", exclude_none=True)
     per_seed: dict[str, dict[str, Any]] = {}
     for start in range(0, len(plan.seeds), plan.workers):
         chunk = plan.seeds[start:start + plan.workers]
-        # A chunk with fewer seeds than workers (3 seeds on 2) would leave cores idle: its units
-        # play their looks on them. Local only: a Ray task does not start a pool of its own.
-        look_workers = max(1, plan.workers // len(chunk)) if plan.recipe.executor == "local" else 1
+        # A chunk with fewer seeds than the machine's workers (3 seeds on 2, or a single seed)
+        # would leave cores idle: its units play their looks on them. Local only: a Ray task
+        # does not start a pool of its own.
+        look_workers = max(1, (plan.recipe.workers or cpu_count()) // len(chunk)) if plan.recipe.executor == "local" else 1
         units = [(data, seed_dir, variant, plan.quiet, look_workers) for _, data, seed_dir in chunk]
         outcomes = map_units(candidate_unit, units, plan.recipe.executor, plan.workers, plan.recipe.address)
         per_seed.update({str(seed): outcome for (seed, _, _), outcome in zip(chunk, outcomes)})

@@ -86,7 +86,7 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
     # The int8 student takes normalized observations; its file says so and the loader applies it.
     policy = TFLitePolicy(tmp_path / "run" / student["artifacts"]["tflite"])
     mean, std = policy.input_normalization
-    assert student["compression"]["input_normalization"] == {"mean": mean.tolist(), "std": std.tolist()}
+    assert student["compression"]["input_normalization"] == {"mean": mean.tolist(), "std": std.tolist(), "scaling": "std"}
     assert TFLitePolicy(tmp_path / "run" / fp16["artifacts"]["tflite"]).input_normalization is None
 
     # Agreement is measured on held-out episodes, not on the evaluation's.

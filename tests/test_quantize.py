@@ -50,8 +50,16 @@ def test_int8_action_head_and_range_scaling(trained_tiny, tmp_path):
     plain, _ = tflite_for(trained_tiny, tmp_path / "plain", quantize={"mode": "int8", "calibration_samples": 200})
     path, built = tflite_for(trained_tiny, tmp_path / "head", quantize={
         "mode": "int8", "calibration_samples": 200, "action_head": True, "input_scaling": "range"})
-    # A fifth int8 FULLY_CONNECTED (two hidden layers, advantage, value, the action's head) feeds the action.
+    # A fifth int8 FULLY_CONNECTED (two hidden layers, advantage, value, the action's head) feeds
+    # the action: ARG_MAX reads a tensor on ReLU6's range, [0, 6] in 256 steps.
     assert len(fully_connected_ops(plain)) == 4 and len(fully_connected_ops(path)) == 5
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=str(path))
+    (arg_max,) = [op for op in interp._get_ops_details() if op["op_name"] == "ARG_MAX"]
+    tensors = {t["index"]: t for t in interp.get_tensor_details()}
+    scale, zero_point = tensors[arg_max["inputs"][0]]["quantization"]
+    assert zero_point == -128 and scale == pytest.approx(6 / 255, rel=1e-3)
     policy = TFLitePolicy(path)
     center, half = policy.input_normalization  # the loader applies (obs - midrange) / half-range
     np.testing.assert_allclose(center, built.input_normalization[0])

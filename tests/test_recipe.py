@@ -60,6 +60,8 @@ def test_byte_sizes(text, expected):
      "variants.0.quantize: action_head applies to mode int8 only, not dynamic; remove it or use mode: int8"),
     ("variants: [{name: q, quantize: {mode: qat, input_scaling: range}}]",
      "variants.0.quantize: input_scaling applies to modes int8 and int16x8 only, not qat; remove it"),
+    ("variants: [{name: q, quantize: {mode: int8, input_scaling: range, normalize_input: false}}]",
+     "with normalize_input: false there is none: remove one"),
     ("variants: [{name: q, quantize: {mode: int8, input_scaling: minmax}}]",
      "variants.0.quantize.input_scaling: 'minmax' is not allowed; expected 'std' or 'range'"),
 ])

@@ -144,7 +144,7 @@ def test_a_chunk_with_fewer_seeds_than_workers_plays_its_looks_on_the_spare_ones
     (rungs,) = ladders(load_recipe(TINY, [STUDENTS]), 4, 2).values()
     for executor, expected in (("local", [[1, 1], [2]]), ("ray", [[1, 1], [1]])):
         calls.clear()
-        recipe = load_recipe(TINY, [STUDENTS, f"executor={executor}"])
+        recipe = load_recipe(TINY, [STUDENTS, f"executor={executor}", "workers=2"])
         plan = Plan([(seed, {}, f"seed-{seed}") for seed in (0, 1, 2)], recipe, 2, True, lambda m: None)
         tried = play_candidate(rungs[0], plan)
         assert tried.outcome == "kept" and sorted(tried.per_seed) == ["0", "1", "2"]
@@ -155,9 +155,17 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
     """One seed on two workers: the candidate's unit plays its looks (5 -> 10 -> 20 episodes,
     forced undecided until 20) in chunks on both; the search equals the one-worker search."""
     from compress_dqn import evaluate as evaluate_module
+    from compress_dqn import pipeline
     from compress_dqn.search import run_search, search_fingerprint
 
-    real_paired = evaluate_module.paired_difference
+    real_paired, real_decide, look_workers = evaluate_module.paired_difference, pipeline.decide, []
+
+    def spy_decide(ctx, names=None, workers=1):
+        if names is not None:  # a search unit's (finish_run decides every variant)
+            look_workers.append(workers)
+        return real_decide(ctx, names, workers)
+
+    monkeypatch.setattr(pipeline, "decide", spy_decide)
 
     def undecided_until_20(variant, baseline, tolerance=0.01, random=None, confidence=0.95):
         out = real_paired(variant, baseline, tolerance, random, confidence)
@@ -169,6 +177,7 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
     for workers in (1, 2):
         run_search(load_recipe(TINY, [*overrides, f"workers={workers}"]), tmp_path / f"w{workers}", quiet=True,
                    log=lambda m: None)
+    assert look_workers == [1, 2]  # the unit of the one-worker search, then the two-worker one's
     assert search_fingerprint(tmp_path / "w2") == search_fingerprint(tmp_path / "w1")
     stages = json.loads((tmp_path / "w2" / "seed-0" / "stages.json").read_text())
     assert len(stages["look:20:student-8-float16"]["episodes"]) == 10  # the looks were played

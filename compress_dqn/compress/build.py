@@ -235,7 +235,9 @@ def _input_normalization(q: QuantizeConfig, info: EnvInfo, observations: np.ndar
     if not (q.normalize_input and len(info.obs_shape) == 1 and info.input_scale is None):
         return None
     normalization = input_range(observations) if q.input_scaling == "range" else input_statistics(observations)
-    details["input_normalization"] = {"mean": normalization[0].tolist(), "std": normalization[1].tolist()}
+    # (obs - mean) / std; with input_scaling: range, mean is the midrange and std the half-range.
+    details["input_normalization"] = {"mean": normalization[0].tolist(), "std": normalization[1].tolist(),
+                                      "scaling": q.input_scaling}
     return normalization
 
 
