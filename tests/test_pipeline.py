@@ -183,3 +183,17 @@ def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path
     assert max(order.index(f"memory:{n}") for n in names) < order.index("reference:10")
     assert min(order_one.index(f"memory:{n}") for n in names) > order_one.index("reference:20")
     assert all(stages[f"memory:{n}"]["saved_model"]["peak_rss"] > 0 for n in names)
+
+
+def test_a_failed_memory_probe_keeps_the_variant_it_follows(monkeypatch):
+    """A pool unit builds, then probes: a probe that fails (a killed or timed-out process) must
+    not take the finished build down with it; probe_memory tries the probe again later."""
+    from compress_dqn import pipeline
+
+    def failing_probe(folder):
+        raise RuntimeError(f"memory probe for {folder} failed: killed")
+
+    monkeypatch.setattr(pipeline, "variant_unit", lambda *args: {"size": {"tflite_bytes": 1}})
+    monkeypatch.setattr(pipeline, "_probe_memory", failing_probe)
+    out = pipeline.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True)
+    assert out == {"variant": {"size": {"tflite_bytes": 1}}, "memory": None}
