@@ -194,8 +194,8 @@ QValues = Callable[[np.ndarray], np.ndarray]
 
 
 def run_episodes_side_by_side(q_values: QValues, env: EnvConfig, seeds: Iterable[int]) -> list[float]:
-    """The returns of run_episodes(greedy q_values), the episodes played side by side: one
-    forward pass per step over every episode still running, each in its own environment.
+    """The returns of run_episodes(greedy q_values), the episodes played side by side, each in
+    its own environment: one forward pass per step, over a row for every episode.
 
     Why: some actors cost the same per call at batch 1 as at batch 10 (a fake-quantized Keras
     model: ~0.85 ms either way), so playing one episode at a time spends nearly all of a QAT

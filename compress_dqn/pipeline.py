@@ -559,8 +559,8 @@ def variant_workers(ctx: RunContext) -> int:
 def finish_run(ctx: RunContext, search: dict[str, Any] | None = None, workers: int = 1) -> RunResults:
     """Build what is left of ctx.recipe's variants (`workers` at once), decide their verdicts,
     probe every policy's memory not probed yet (`workers` at once; parallel builds probe their
-    own), measure its timings (one at a time), then
-    write results.json, the report and the manifest (last: its presence means finished)."""
+    own), measure its timings (one at a time), then write results.json, the report and the
+    manifest (last: its presence means finished)."""
     build_variants(ctx, workers)
     episodes = decide(ctx, workers=workers)  # more episodes where a verdict is still open
     probe_memory(ctx, workers)
