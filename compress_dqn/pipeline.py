@@ -492,6 +492,10 @@ def variant_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[s
     return _variant_stage(VariantConfig(**variant_data), ctx)
 
 
+PROBE_ERRORS = (RuntimeError, OSError, subprocess.SubprocessError)
+"""How a memory probe process fails (measure.measure_memory): a failed, killed or timed-out probe."""
+
+
 def variant_and_memory_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[str, Any],
                             quiet: bool) -> dict[str, Any]:
     """variant_unit, then the new policy's memory probe (stage memory:NAME) from the same worker:
@@ -500,7 +504,7 @@ def variant_and_memory_unit(recipe_data: dict[str, Any], run_dir: str, variant_d
     outputs = variant_unit(recipe_data, run_dir, variant_data, quiet)
     try:
         memory = _probe_memory(Path(run_dir) / "variants" / variant_data["name"])
-    except (RuntimeError, OSError, subprocess.SubprocessError):  # the build is kept; probe_memory tries again
+    except PROBE_ERRORS:  # the build is kept; probe_memory tries again
         memory = None
     return {"variant": outputs, "memory": memory}
 
@@ -543,7 +547,7 @@ def build_variants(ctx: RunContext, workers: int = 1) -> None:
         for future in probing:
             try:
                 ctx.stages.finish("memory:baseline", future.result())
-            except (RuntimeError, OSError, subprocess.SubprocessError):
+            except PROBE_ERRORS:
                 pass  # probe_memory tries again after the looks
 
 
