@@ -229,6 +229,10 @@ class TrainConfig(StrictModel):
     """Episodes per periodic evaluation."""
     eval_seed: Count = 100_000
     """First seed of the periodic evaluations; kept apart from eval.seed so the final score is unbiased."""
+    stop_at_return: float | None = None
+    """End training at the first periodic evaluation whose mean return reaches this (SB3's
+    StopTrainingOnRewardThreshold; null: train to total_timesteps). On a task whose return is
+    capped (CartPole-v1: 500), the cap is a safe bar: later weights can only tie it. Needs eval_interval."""
     jit_compile: bool | None = None
     """Compile the update step with XLA (null: yes, except convolutional networks on a CPU, where
     XLA's convolutions were 2.4x (MinAtar) to 5.7x (Atari) slower than TensorFlow's own)."""
@@ -256,6 +260,11 @@ class TrainConfig(StrictModel):
             )
         if any(width < 1 for width in self.net_arch):
             raise ValueError(f"net_arch {self.net_arch} has a layer width below 1")
+        if self.stop_at_return is not None and not self.eval_interval:
+            raise ValueError(
+                f"stop_at_return {self.stop_at_return} needs periodic evaluations: set eval_interval "
+                "(e.g. 2500) or remove stop_at_return"
+            )
         return self
 
 

@@ -312,7 +312,12 @@ def _notes(results: RunResults) -> list[str]:
     ]
     if results.gpu and results.gpu != "visible":
         notes.append(f"GPU figures: {results.gpu}.")
-    source = (results.train or {}).get("source")
+    train = results.train or {}
+    source = train.get("source")
+    if train.get("env_steps") is not None and not source:
+        kept = (f"; kept the weights of step {train['selected_step']:,} (periodic evaluation {train['selected_eval_return']:.1f})"
+                if train.get("selected_step") is not None else "; kept the last weights")
+        notes.insert(0, f"Baseline: trained {train['env_steps']:,} environment steps in {train['wall_seconds']:.0f} s{kept}.")
     if source:
         data = source.get("data", {})
         how = (f"a {data.get('steps')}-step epsilon={data.get('epsilon')} rollout of it" if data.get("kind") == "rollout"

@@ -179,6 +179,10 @@ class DQNTrainer:
                 if state.next_eval is not None and state.step >= state.next_eval:
                     self._periodic_eval()
                     state.next_eval += cfg.eval_interval
+                    if cfg.stop_at_return is not None and self.recent_eval >= cfg.stop_at_return:
+                        self.log.message(f"eval return {self.recent_eval:.1f} reached train.stop_at_return "
+                                         f"{cfg.stop_at_return:g}: training stops at step {state.step}")
+                        break
                 # 4. Episode end: log and checkpoint (resume is exact at episode ends), then reset.
                 if terminated or truncated:
                     self._end_episode(episode_return, episode_len)

@@ -120,6 +120,40 @@ def test_best_weights_are_kept_when_periodic_eval_is_on():
         np.testing.assert_array_equal(kept, expected)
 
 
+
+def test_training_stops_at_the_first_evaluation_that_reaches_stop_at_return():
+    settings = {"train.eval_interval": 50, "train.eval_episodes": 3, "train.eval_seed": 1000,
+                "train.total_timesteps": 800, "train.learning_rate": 3e-3}
+    full = DQNTrainer.from_recipe(*_train_args(tiny(**settings)), seed=0, quiet=True)
+    seen = []
+    evaluate = full._periodic_eval
+
+    def spy():
+        evaluate()
+        seen.append((full.state.step, full.recent_eval))
+
+    full._periodic_eval = spy
+    full.train()
+    # A bar that some evaluation reaches, but not the first: the rule must pick that one.
+    bar = max(mean for _, mean in seen)
+    assert seen[0][1] < bar
+    stop_step = next(step for step, mean in seen if mean >= bar)
+    stopped = DQNTrainer.from_recipe(*_train_args(tiny(**settings, **{"train.stop_at_return": bar})),
+                                     seed=0, quiet=True).train()
+    assert stopped.env_steps == stop_step < 800
+    assert (stopped.selected_step, stopped.selected_return) == (stop_step, bar)
+
+
+def test_stop_at_return_needs_periodic_evaluations():
+    from compress_dqn.errors import UserError
+
+    with pytest.raises(UserError, match="stop_at_return 500.0 needs periodic evaluations"):
+        tiny(**{"train.eval_interval": 0, "train.stop_at_return": 500})
+
+
+def _train_args(recipe):
+    return recipe.train, recipe.env, recipe.replay
+
 def _update_pair(cfg):
     """Two identical model/target/optimizer sets: one for the fast path, one for the generic path."""
     from compress_dqn._tf import tf_keras
