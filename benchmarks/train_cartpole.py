@@ -8,7 +8,8 @@ The last line counts the seeds whose final greedy return is >= --solved (475, Ca
 Each seed runs in a fresh process (so RSS is that run's alone) and reports train wall seconds,
 env steps/s, gradient steps, the greedy mean return over the recipe's eval episodes (the kept
 weights, evaluated as the pipeline does, on eval.seed..), peak RSS, and RSS at 50% and 100% of
-training (the replay buffer is preallocated, so the two should be equal). Not a timed test.
+training, or at its end when train.stop_at_return stops it sooner (the replay buffer is
+preallocated, so the two should be equal). Not a timed test.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class RssProbe(PhaseCallback):
 
     def on_train_end(self, logs=None) -> None:
         self._probe(int(logs["step"]))
+        # train.stop_at_return can end training before total_timesteps: the last reading is its end.
+        self.values.setdefault("rss_100", self.process.memory_info().rss)
 
 
 def one(recipe_path: str, seed: int, overrides: list[str]) -> dict:

@@ -66,3 +66,16 @@ def test_headline_says_how_many_episodes_would_decide_an_open_verdict():
     lines = headline(results)
     assert any("Not decided within 100 episodes: prune-80 (~1,234 would decide it), student-32x32-qat-int8 "
                "(paired episodes, if the mean difference and its spread hold)." in line for line in lines)
+
+
+def test_notes_say_how_long_the_baseline_trained_and_which_weights_it_kept(tmp_path):
+    data = json.loads(FIXED.read_text())
+    data["train"].update(env_steps=17500, selected_step=17500, selected_eval_return=500.0, wall_seconds=16.4)
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    write_report(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "Baseline: trained 17,500 environment steps in 16 s; kept the weights of step 17,500 (periodic evaluation 500.0)." in report
+    data["train"]["selected_step"] = None
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    write_report(tmp_path)
+    assert "Baseline: trained 17,500 environment steps in 16 s; kept the last weights." in (tmp_path / "report.md").read_text()
