@@ -403,22 +403,29 @@ def _measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
         "tflite": measure_latency(TFLitePolicy(folder / "policy.tflite"), ctx.heldout).to_dict(),
         "saved_model": measure_latency(SavedModelPolicy(folder / "saved_model"), ctx.heldout).to_dict(),
     }
-    memory = ctx.stages.done.get(f"memory:{name}") or _probe_memory(folder)
+    memory = ctx.stages.done.get(f"memory:{name}") or _probe_memory(folder, probes_saved_model(ctx.recipe, name))
     on_gpu = measure_gpu(folder / "saved_model", ctx.heldout)
+    tf_rss = memory["saved_model"] and f"{memory['saved_model']['peak_rss'] / 2**20:.0f} MiB"
     ctx.log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
-            f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {memory['saved_model']['peak_rss'] / 2**20:.0f} MiB")
+            f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {tf_rss or 'not probed (measure.saved_model_memory)'}")
     return {"latency_us": {"cpu": latency, "gpu": on_gpu and {"saved_model": on_gpu["latency_us"]}},
             "memory_bytes": {"cpu_rss": memory, "gpu_peak": on_gpu and on_gpu["peak_bytes"]},
             "micro": micro_figures(folder / "policy.tflite"),
             "gpu_note": gpu_note()}
 
 
-def _probe_memory(folder: Path) -> dict[str, Any]:
-    """Peak RSS of a fresh process acting with the policy in `folder`, per runtime."""
+def _probe_memory(folder: Path, saved_model: bool = True) -> dict[str, Any]:
+    """Peak RSS of a fresh process acting with the policy in `folder`, per runtime; the SavedModel's
+    is None when `saved_model` is False (see probes_saved_model)."""
     from compress_dqn.measure import measure_memory
 
-    return {runtime: measure_memory(folder / path, runtime)
-            for runtime, path in (("tflite", "policy.tflite"), ("saved_model", "saved_model"))}
+    return {"tflite": measure_memory(folder / "policy.tflite", "tflite"),
+            "saved_model": measure_memory(folder / "saved_model", "saved_model") if saved_model else None}
+
+
+def probes_saved_model(recipe: Recipe, name: str) -> bool:
+    """Whether policy `name` gets a SavedModel memory probe (a TensorFlow import of its own)."""
+    return name == "baseline" or recipe.measure.saved_model_memory == "all"
 
 
 def probe_memory(ctx: RunContext, workers: int = 1) -> None:
@@ -432,7 +439,8 @@ def probe_memory(ctx: RunContext, workers: int = 1) -> None:
     todo = [name for name in policy_names(ctx.recipe)
             if f"memory:{name}" not in ctx.stages.done and f"measure:{name}" not in ctx.stages.done]
     with ThreadPoolExecutor(max(1, workers)) as pool:  # threads: each waits on its probe process
-        futures = {pool.submit(_probe_memory, ctx.folder(name)): name for name in todo}
+        futures = {pool.submit(_probe_memory, ctx.folder(name), probes_saved_model(ctx.recipe, name)): name
+                   for name in todo}
         for future in as_completed(futures):
             ctx.stages.finish(f"memory:{futures[future]}", future.result())
 
@@ -497,13 +505,13 @@ PROBE_ERRORS = (RuntimeError, OSError, subprocess.SubprocessError)
 
 
 def variant_and_memory_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[str, Any],
-                            quiet: bool) -> dict[str, Any]:
+                            quiet: bool, saved_model: bool = True) -> dict[str, Any]:
     """variant_unit, then the new policy's memory probe (stage memory:NAME) from the same worker:
     {"variant": outputs, "memory": probe}. The probe is a fresh process whose peak RSS does not
     depend on what else runs, so it can overlap other builds rather than wait for all of them."""
     outputs = variant_unit(recipe_data, run_dir, variant_data, quiet)
     try:
-        memory = _probe_memory(Path(run_dir) / "variants" / variant_data["name"])
+        memory = _probe_memory(Path(run_dir) / "variants" / variant_data["name"], saved_model)
     except PROBE_ERRORS:  # the build is kept; probe_memory tries again
         memory = None
     return {"variant": outputs, "memory": memory}
@@ -535,6 +543,8 @@ def build_variants(ctx: RunContext, workers: int = 1) -> None:
         map_units(variant_unit, units, ctx.recipe.executor, workers, ctx.recipe.address,
                   on_result=lambda i, outputs: ctx.stages.finish(f"variant:{todo[i].name}", outputs))
         return
+
+    units = [(*unit, probes_saved_model(ctx.recipe, v.name)) for unit, v in zip(units, todo)]
 
     def record(i: int, outputs: dict[str, Any]) -> None:
         ctx.stages.finish(f"variant:{todo[i].name}", outputs["variant"])

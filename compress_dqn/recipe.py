@@ -530,6 +530,17 @@ class SearchConfig(StrictModel):
         return self
 
 
+class MeasureConfig(StrictModel):
+    """What the measuring stage probes besides size and latency."""
+
+    saved_model_memory: Literal["all", "baseline"] = "all"
+    """Whose SavedModel inference memory is probed: every policy's, or the baseline's only. Each
+    probe is a fresh process that imports TensorFlow (~8 s of CPU), and TensorFlow's runtime is
+    most of the figure (601-611 MiB across the demo's ten policies), so "baseline" spares a quick
+    run that cost and still shows what serving through TensorFlow takes. Every policy's TFLite
+    memory is probed either way."""
+
+
 class Recipe(StrictModel):
     """One experiment: environment, training, replay, evaluation."""
 
@@ -549,6 +560,7 @@ class Recipe(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     variants: list[VariantConfig] = Field(default_factory=list)
     """Compressed policies to build from the baseline, each exported and evaluated."""
+    measure: MeasureConfig = Field(default_factory=MeasureConfig)
     search: SearchConfig | None = None
     """Search for the smallest policy that keeps the return (besides the listed variants)."""
     device: Literal["auto", "cpu", "gpu"] = "auto"

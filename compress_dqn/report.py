@@ -134,6 +134,8 @@ def headline(results: RunResults) -> list[str]:
         lines.append(
             f"Serving memory: a TFLite policy process peaks at {base['tflite_peak_rss'] / 2**20:.0f} MiB; "
             f"the same policy through TensorFlow at {base['saved_model_peak_rss'] / 2**20:.0f} MiB."
+            + (" TensorFlow's figure is probed for the baseline only (measure.saved_model_memory: baseline)."
+               if any(r["tflite_peak_rss"] and not r["saved_model_peak_rss"] for r in table[1:]) else "")
         )
     return lines
 
@@ -224,6 +226,11 @@ def plot_bars(results: RunResults, keys: Sequence[tuple[str, str]], xlabel: str,
     ax.set_yticklabels([r["name"] for r in table], fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
+    for k, (key, _) in enumerate(keys):  # a runtime measured for some policies only: say so, not a blank
+        if any(r[key] for r in table):
+            for i, r in enumerate(table):
+                if r[key] is None:
+                    ax.text(ax.get_xlim()[0], i + k * height, " not probed", va="center", fontsize=7, color="#777777")
     ax.set_xlabel(xlabel)
     ax.set_title(title, pad=24)
     ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(keys), frameon=False)

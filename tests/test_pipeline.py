@@ -166,7 +166,7 @@ def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path
         return {**out, "verdict": "inconclusive"} if len(variant) < 20 else out
 
     monkeypatch.setattr(evaluate_module, "paired_difference", undecided_until_20)
-    recipe = load_recipe(TINY, [VARIANTS, "workers=2", "eval.max_episodes=20"])
+    recipe = load_recipe(TINY, [VARIANTS, "workers=2", "eval.max_episodes=20", "measure.saved_model_memory=baseline"])
     ctx, _ = open_run(recipe, tmp_path / "one", quiet=True, log=lambda m: None)
     train_baseline(ctx)
     shutil.copytree(tmp_path / "one", tmp_path / "two")
@@ -182,7 +182,11 @@ def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path
     names = ["baseline", *(v.name for v in recipe.variants)]
     assert max(order.index(f"memory:{n}") for n in names) < order.index("reference:10")
     assert min(order_one.index(f"memory:{n}") for n in names) > order_one.index("reference:20")
-    assert all(stages[f"memory:{n}"]["saved_model"]["peak_rss"] > 0 for n in names)
+    # measure.saved_model_memory: baseline: TensorFlow's memory is probed for the baseline only, in both runs.
+    for run in (stages, one):
+        assert run["memory:baseline"]["saved_model"]["peak_rss"] > 0
+        assert all(run[f"memory:{n}"]["saved_model"] is None and run[f"memory:{n}"]["tflite"]["peak_rss"] > 0
+                   for n in names[1:])
 
 
 def test_a_failed_memory_probe_keeps_the_variant_it_follows(monkeypatch):
@@ -190,10 +194,31 @@ def test_a_failed_memory_probe_keeps_the_variant_it_follows(monkeypatch):
     not take the finished build down with it; probe_memory tries the probe again later."""
     from compress_dqn import pipeline
 
-    def failing_probe(folder):
+    def failing_probe(folder, saved_model=True):
         raise RuntimeError(f"memory probe for {folder} failed: killed")
 
     monkeypatch.setattr(pipeline, "variant_unit", lambda *args: {"size": {"tflite_bytes": 1}})
     monkeypatch.setattr(pipeline, "_probe_memory", failing_probe)
     out = pipeline.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True)
     assert out == {"variant": {"size": {"tflite_bytes": 1}}, "memory": None}
+
+
+def test_a_variant_unit_probes_tensorflow_memory_only_where_the_recipe_asks(monkeypatch):
+    """Every policy's TFLite memory is probed; its SavedModel's (a TensorFlow import each) for every
+    policy by default, for the baseline only with measure.saved_model_memory: baseline."""
+    from compress_dqn import measure, pipeline
+
+    probed = []
+    monkeypatch.setattr(measure, "measure_memory", lambda path, runtime: probed.append((path.name, runtime)) or {"peak_rss": 1})
+    monkeypatch.setattr(pipeline, "variant_unit", lambda *args: {"size": {}})
+    out = pipeline.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, False)
+    assert out["memory"] == {"tflite": {"peak_rss": 1}, "saved_model": None} and probed == [("policy.tflite", "tflite")]
+    probed.clear()
+    pipeline.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, True)
+    assert probed == [("policy.tflite", "tflite"), ("saved_model", "saved_model")]
+
+    default = load_recipe(TINY, [VARIANTS])
+    only_baseline = load_recipe(TINY, [VARIANTS, "measure.saved_model_memory=baseline"])
+    assert all(pipeline.probes_saved_model(default, n) for n in ("baseline", "ptq-float16", "student-8-int8"))
+    assert pipeline.probes_saved_model(only_baseline, "baseline")
+    assert not any(pipeline.probes_saved_model(only_baseline, n) for n in ("ptq-float16", "student-8-int8"))

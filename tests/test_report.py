@@ -79,3 +79,24 @@ def test_notes_say_how_long_the_baseline_trained_and_which_weights_it_kept(tmp_p
     (tmp_path / "results.json").write_text(json.dumps(data))
     write_report(tmp_path)
     assert "Baseline: trained 17,500 environment steps in 16 s; kept the last weights." in (tmp_path / "report.md").read_text()
+
+
+def test_a_run_that_probes_tensorflow_memory_for_the_baseline_only_says_so(tmp_path):
+    """measure.saved_model_memory: baseline leaves the variants' TF RSS empty: the table shows '-',
+    the headline says why, and the memory plot still renders."""
+    data = json.loads(FIXED.read_text())
+    for variant in data["variants"][1:]:
+        variant["memory_bytes"]["cpu_rss"]["saved_model"] = None
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    results = RunResults.from_dict(data)
+    table = rows(results)
+    assert table[0]["saved_model_peak_rss"] > 0 and all(r["saved_model_peak_rss"] is None for r in table[1:])
+    assert all(r["tflite_peak_rss"] > 0 for r in table)
+    serving = [line for line in headline(results) if line.startswith("Serving memory")]
+    assert serving and serving[0].endswith("probed for the baseline only (measure.saved_model_memory: baseline).")
+    assert "probed for the baseline only" not in " ".join(headline(RunResults.from_dict(json.loads(FIXED.read_text()))))
+    written = {p.name for p in write_report(tmp_path)}
+    assert "memory.png" in written
+    md = (tmp_path / "report.md").read_text()
+    student_row = next(line for line in md.splitlines() if line.startswith("| student-32x32-qat-int8 |"))
+    assert student_row.rstrip(" |").split("|")[-2].strip() == "-"  # TF RSS MiB, before the MCU arena column
