@@ -414,7 +414,7 @@ def _measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
             "gpu_note": gpu_note()}
 
 
-def _probe_memory(folder: Path, saved_model: bool = True) -> dict[str, Any]:
+def _probe_memory(folder: Path, saved_model: bool) -> dict[str, Any]:
     """Peak RSS of a fresh process acting with the policy in `folder`, per runtime; the SavedModel's
     is None when `saved_model` is False (see probes_saved_model)."""
     from compress_dqn.measure import measure_memory
@@ -505,7 +505,7 @@ PROBE_ERRORS = (RuntimeError, OSError, subprocess.SubprocessError)
 
 
 def variant_and_memory_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[str, Any],
-                            quiet: bool, saved_model: bool = True) -> dict[str, Any]:
+                            quiet: bool, saved_model: bool) -> dict[str, Any]:
     """variant_unit, then the new policy's memory probe (stage memory:NAME) from the same worker:
     {"variant": outputs, "memory": probe}. The probe is a fresh process whose peak RSS does not
     depend on what else runs, so it can overlap other builds rather than wait for all of them."""
@@ -552,7 +552,8 @@ def build_variants(ctx: RunContext, workers: int = 1) -> None:
             ctx.stages.finish(f"memory:{todo[i].name}", outputs["memory"])
 
     with ThreadPoolExecutor(1) as side:  # a thread: it waits on the probe's own process
-        probing = [] if {"memory:baseline", "measure:baseline"} & set(ctx.stages.done) else [side.submit(_probe_memory, ctx.base)]
+        probing = [] if {"memory:baseline", "measure:baseline"} & set(ctx.stages.done) else [
+            side.submit(_probe_memory, ctx.base, probes_saved_model(ctx.recipe, "baseline"))]
         map_units(variant_and_memory_unit, units, ctx.recipe.executor, workers, ctx.recipe.address, on_result=record)
         for future in probing:
             try:

@@ -194,12 +194,12 @@ def test_a_failed_memory_probe_keeps_the_variant_it_follows(monkeypatch):
     not take the finished build down with it; probe_memory tries the probe again later."""
     from compress_dqn import pipeline
 
-    def failing_probe(folder, saved_model=True):
+    def failing_probe(folder, saved_model):
         raise RuntimeError(f"memory probe for {folder} failed: killed")
 
     monkeypatch.setattr(pipeline, "variant_unit", lambda *args: {"size": {"tflite_bytes": 1}})
     monkeypatch.setattr(pipeline, "_probe_memory", failing_probe)
-    out = pipeline.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True)
+    out = pipeline.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, True)
     assert out == {"variant": {"size": {"tflite_bytes": 1}}, "memory": None}
 
 
