@@ -371,7 +371,7 @@ def _variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
     tf_keras.backend.clear_session()
     set_seed(variant_seed(ctx.recipe.seed, variant.name))
     built = build_variant(variant, baseline, _load_replay(ctx.base / "replay.npz", ctx.info), ctx.recipe, ctx.info,
-                          quiet=ctx.quiet)
+                          quiet=ctx.quiet, shared=ctx.run_dir / "variants" / "_shared")
     exported = _export(built.export_model, ctx.info, out, built, ctx.heldout[:500])
     size = measure_size(built.params, built.nonzero_params, out / "policy.tflite", out / "saved_model")
     evaluated = _evaluate(out / "policy.tflite", ctx.recipe, ctx.heldout, *ctx.reference)
@@ -528,14 +528,14 @@ def build_variants(ctx: RunContext, workers: int = 1) -> None:
     probe_memory, so every policy's figure comes from the same machine."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from compress_dqn.compress.build import build_gradient_steps
+    from compress_dqn.compress.build import build_cost
     from compress_dqn.executors import map_units
 
     todo = [v for v in ctx.recipe.variants if f"variant:{v.name}" not in ctx.stages.done]
     if workers <= 1 or len(todo) <= 1:
         run_stages(ctx, variant_stages(ctx.recipe))
         return
-    todo.sort(key=lambda v: -build_gradient_steps(v, ctx.recipe))  # longest first (the pool starts them in order)
+    todo.sort(key=lambda v: -build_cost(v, ctx.recipe))  # costliest first (the pool starts them in order)
     data = ctx.recipe.to_dict()
 
     units = [(data, str(ctx.run_dir), v.model_dump(mode="json", exclude_none=True), ctx.quiet) for v in todo]

@@ -222,3 +222,18 @@ def test_a_variant_unit_probes_tensorflow_memory_only_where_the_recipe_asks(monk
     assert all(pipeline.probes_saved_model(default, n) for n in ("baseline", "ptq-float16", "student-8-int8"))
     assert pipeline.probes_saved_model(only_baseline, "baseline")
     assert not any(pipeline.probes_saved_model(only_baseline, n) for n in ("ptq-float16", "student-8-int8"))
+
+
+def test_parallel_builds_start_the_costliest_first_counting_a_clustering_step_dearer():
+    """The demo's order: the student (50k steps), pqat-90-int8 (6k pruning + 3k pruning-preserving
+    QAT steps), then cluster-16, whose 3k clustering steps cost more than the 6k steps of either
+    pruning build; the post-training quantizations (no steps) last, in recipe order."""
+    from compress_dqn.compress.build import build_cost
+    from compress_dqn.recipe import load_recipe
+
+    recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "cartpole.yaml")
+    order = sorted(recipe.variants, key=lambda v: -build_cost(v, recipe))
+    assert [v.name for v in order] == [
+        "student-32x32-qat-int8", "pqat-90-int8", "cluster-16", "prune-80", "prune-90-int8", "qat-int8",
+        "ptq-dynamic", "ptq-float16", "ptq-int8",
+    ]

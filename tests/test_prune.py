@@ -103,3 +103,37 @@ def test_a_fused_phase_prunes_exactly_as_one_step_per_call(trained_tiny, method)
     for fused, stepped in zip(*weights):
         np.testing.assert_array_equal(fused == 0, stepped == 0)
         np.testing.assert_allclose(fused, stepped, rtol=1e-6, atol=1e-7)
+
+
+def test_variants_with_one_pruning_share_it_and_get_the_model_each_would_get_alone(trained_tiny, tmp_path, monkeypatch):
+    """A pruning equal to one already built in the run (same pruning, fine-tune and baseline) is
+    loaded, not recomputed; and the variant that loads it gets exactly the weights it gets when
+    it prunes alone, so a variant's bytes do not depend on which build ran first."""
+    import copy
+
+    from compress_dqn.compress import prune
+
+    recipe, result = trained_tiny
+    calls = []
+    real = prune.prune_model
+    monkeypatch.setattr(prune, "prune_model", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def build(name, shared, steps=100, quantize="dynamic"):
+        v = variant(recipe, name=name, prune={"sparsity": 0.5}, fine_tune={"steps": steps, "learning_rate": 1e-3},
+                    quantize={"mode": quantize, "calibration_samples": 50})
+        # a fresh replay each time, as each build unit loads its own (sampling draws from its generator)
+        return build_variant(v, result.model, copy.deepcopy(result.replay), recipe, result.info, quiet=True,
+                             shared=shared)
+
+    first = build("p50-dynamic", tmp_path / "run")
+    second = build("p50-int8", tmp_path / "run", quantize="int8")
+    assert len(calls) == 1
+    assert second.details["fine_tune"]["shared"] == first.details["fine_tune"]["shared"]
+    assert second.details["fine_tune"]["gradient_steps"] == 100
+    alone = build("p50-int8", tmp_path / "alone", quantize="int8")
+    assert len(calls) == 2
+    for built in (first, alone):
+        assert all(np.array_equal(a, b) for a, b in zip(second.export_model.get_weights(), built.export_model.get_weights()))
+    build("p50-longer", tmp_path / "run", steps=120)  # another fine-tune: its own pruning
+    assert len(calls) == 3
+    assert len(list((tmp_path / "run").glob("prune-*.npz"))) == 2

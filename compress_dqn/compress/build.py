@@ -7,13 +7,17 @@
     -> quantization-aware training (PQAT/CQAT when the model is pruned/clustered)
     -> TFLite converter settings (post-training quantization, sparse format)
 
-The result is handed to export and evaluation like the baseline; nothing here writes files.
+The result is handed to export and evaluation like the baseline. The one file written here is a
+pruned model that other variants of the run can start from (`shared`, see _pruned_and_recovered).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -23,6 +27,7 @@ from compress_dqn.callbacks import KeepBestPolicy
 from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.distill import Distiller, build_student
 from compress_dqn.envs import EnvInfo
+from compress_dqn.fileio import load_arrays, save_arrays, write_text_atomic
 from compress_dqn.networks import (
     WEIGHT_LAYERS, count_params, fold_input_normalization, independent_copy, input_range, input_statistics,
     split_value_advantage, with_action_head,
@@ -99,14 +104,26 @@ def qat_fine_tune(variant: VariantConfig) -> FineTuneConfig:
     return ft.model_copy(update={"steps": q.qat_steps or ft.steps, "learning_rate": q.qat_learning_rate or ft.learning_rate})
 
 
-def build_gradient_steps(variant: VariantConfig, recipe: Recipe) -> int:
-    """Gradient steps a variant's build takes (its fine-tune, then QAT): a parallel build starts
-    the longest first, so that it does not start last and leave the other workers idle."""
+# What one gradient step of each kind costs, relative to a pruning step, measured on the CartPole
+# demo's 256x256 builds (2 cores): pruning 5.7 ms, QAT 7 ms, pruning-preserving QAT ~12 ms and
+# clustering 12.8 ms (tfmot's clustering wrapper finds every weight's centroid at each step).
+STEP_COST = {"distill": 1.0, "prune": 1.0, "cluster": 2.2, "qat": 1.2, "pqat": 2.1, "cqat": 2.2}
+
+
+def build_cost(variant: VariantConfig, recipe: Recipe) -> float:
+    """A variant's build cost in pruning-step units (its fine-tune, then QAT): a parallel build
+    starts the costliest first, so that a long build does not start last and leave the other
+    workers idle. On the demo, counting a clustering step as a pruning step started cluster-16
+    after the other fine-tunes, and it ran alone for its last 23 s."""
     q = variant.quantize
-    steps = _fine_tune_gradient_steps(variant.fine_tune, recipe) if (variant.prune or variant.cluster or variant.student) else 0
+    cost = 0.0
+    if variant.prune or variant.cluster or variant.student:
+        kind = "prune" if variant.prune else "cluster" if variant.cluster else "distill"
+        cost += STEP_COST[kind] * _fine_tune_gradient_steps(variant.fine_tune, recipe)
     if q is not None and q.mode == "qat":
-        steps += _fine_tune_gradient_steps(qat_fine_tune(variant), recipe)
-    return steps
+        kind = "qat" if not q.preserve else "pqat" if variant.prune else "cqat" if variant.cluster else "qat"
+        cost += STEP_COST[kind] * _fine_tune_gradient_steps(qat_fine_tune(variant), recipe)
+    return cost
 
 
 def fine_tune(
@@ -119,8 +136,10 @@ def fine_tune(
     wrapped: bool = False,
     label: str = "fine-tune",
     quiet: bool = False,
+    seed_label: str | None = None,
 ) -> dict[str, Any]:
-    """Recover return after compression: distillation to the baseline, or more TD learning."""
+    """Recover return after compression: distillation to the baseline, or more TD learning.
+    label names the progress; seed_label (default: label) seeds the fine-tune's environment."""
     # tfmot wrappers update masks/quantizer ranges with tf.cond and assign ops; keep them out of XLA.
     convolutional = any(isinstance(layer, tf_keras.layers.Conv2D) for layer in model.submodules)
     jit = use_xla(recipe.train.jit_compile, convolutional) and not wrapped
@@ -129,21 +148,22 @@ def fine_tune(
         seeds = range(recipe.train.eval_seed, recipe.train.eval_seed + ft.select_episodes)
         selection = KeepBestPolicy(recipe.env, seeds, ft.select_interval)
         callbacks = (*callbacks, selection)
-    details = _fine_tune(model, ft, recipe, baseline, replay, callbacks, jit, label, quiet)
+    details = _fine_tune(model, ft, recipe, baseline, replay, callbacks, jit, label, quiet, seed_label or label)
     if selection is not None:
         details["selection"] = selection.summary()
     return details
 
 
 def _fine_tune(model: tf_keras.Model, ft: FineTuneConfig, recipe: Recipe, baseline: tf_keras.Model,
-               replay: ReplayBuffer, callbacks: tuple, jit: bool, label: str, quiet: bool) -> dict[str, Any]:
+               replay: ReplayBuffer, callbacks: tuple, jit: bool, label: str, quiet: bool, seed_label: str
+               ) -> dict[str, Any]:
     if ft.method == "distill":
         loss = Distiller(
             model, baseline, replay, ft.steps, ft.learning_rate, ft.batch_size, callbacks=callbacks,
             max_grad_norm=recipe.train.max_grad_norm, jit_compile=jit, label=label, quiet=quiet,
             loss=ft.loss, temperature=ft.temperature, learning_rate_schedule=ft.learning_rate_schedule,
             student_states=ft.student_states,
-            student_states_interval=ft.student_states_interval, env=recipe.env, seed=fine_tune_seed(recipe.seed, label),
+            student_states_interval=ft.student_states_interval, env=recipe.env, seed=fine_tune_seed(recipe.seed, seed_label),
         ).run()
         return {"method": "distill", "gradient_steps": ft.steps, "final_loss": loss}
     from compress_dqn.train import DQNTrainer
@@ -159,7 +179,7 @@ def _fine_tune(model: tf_keras.Model, ft: FineTuneConfig, recipe: Recipe, baseli
         "jit_compile": jit,
     })
     result = DQNTrainer.from_recipe(
-        cfg, recipe.env, recipe.replay, seed=fine_tune_seed(recipe.seed, label), callbacks=callbacks, label=label, quiet=quiet,
+        cfg, recipe.env, recipe.replay, seed=fine_tune_seed(recipe.seed, seed_label), callbacks=callbacks, label=label, quiet=quiet,
         initial_model=model, initial_replay=replay, frozen_target=baseline.get_weights(), device=recipe.device,
         target_template=baseline,
     ).train()
@@ -172,15 +192,54 @@ def fine_tune_seed(seed: int, label: str) -> int:
     return int(np.random.SeedSequence([seed, zlib.crc32(label.encode())]).generate_state(1)[0] % 2**31)
 
 
+def pruning_key(variant: VariantConfig, recipe: Recipe, baseline: tf_keras.Model) -> str:
+    """What a variant's pruned and recovered model depends on, hashed: the pruning, its fine-tune,
+    the recipe's seed, task and training, and the baseline's weights. Equal keys, same model."""
+    depends = {"prune": variant.prune.model_dump(mode="json"), "fine_tune": variant.fine_tune.model_dump(mode="json"),
+               "seed": recipe.seed, "env": recipe.env.model_dump(mode="json"), "train": recipe.train.model_dump(mode="json")}
+    digest = hashlib.sha256(json.dumps(depends, sort_keys=True).encode())
+    for weights in baseline.get_weights():
+        digest.update(np.ascontiguousarray(weights).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _pruned_and_recovered(variant: VariantConfig, model: tf_keras.Model, recipe: Recipe, baseline: tf_keras.Model,
+                          replay: ReplayBuffer, details: dict[str, Any], quiet: bool, shared: Path | None
+                          ) -> tf_keras.Model:
+    """Prune, recover with the fine-tune and strip; or, where `shared` holds the model of an
+    equal pruning (pruning_key), load it.
+
+    Why: variants often share their pruning (the demo's prune-90-int8 and pqat-90-int8 both prune
+    to 90% with the same 6,000-step fine-tune, ~35 s of a 2-core machine each), and the pruning
+    fine-tune is most of their build. The fine-tune is seeded by the key, not the variant's name,
+    and the builder that computes the model loads it back from the file as every later one does,
+    so a variant's bytes do not depend on which variant pruned first (or on a parallel build).
+    """
+    ft, key = variant.fine_tune, pruning_key(variant, recipe, baseline)
+    weights_file = None if shared is None else shared / f"prune-{key}.npz"
+    if weights_file is None or not weights_file.exists():
+        wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
+        recovered = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
+                              wrapped=True, label=variant.name, quiet=quiet, seed_label=f"prune-{key}")
+        stripped = prune.strip(wrapped)
+        if weights_file is None:
+            details["fine_tune"] = recovered
+            return stripped
+        write_text_atomic(weights_file.with_suffix(".json"), json.dumps(recovered))
+        save_arrays(weights_file, stripped.get_weights())  # last: its presence means complete
+    details["fine_tune"] = {**json.loads(weights_file.with_suffix(".json").read_text()), "shared": f"prune-{key}"}
+    fresh = independent_copy(baseline)
+    fresh.set_weights(load_arrays(weights_file))
+    return fresh
+
+
 def _compress_and_recover(variant: VariantConfig, model: tf_keras.Model, recipe: Recipe, baseline: tf_keras.Model,
-                          replay: ReplayBuffer, details: dict[str, Any], quiet: bool) -> tf_keras.Model:
+                          replay: ReplayBuffer, details: dict[str, Any], quiet: bool, shared: Path | None = None
+                          ) -> tf_keras.Model:
     """Wrap (prune/cluster), recover with the fine-tune, strip; or distill a student."""
     ft, label = variant.fine_tune, variant.name
     if variant.prune:
-        wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
-        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
-                                         wrapped=True, label=label, quiet=quiet)
-        return prune.strip(wrapped)
+        return _pruned_and_recovered(variant, model, recipe, baseline, replay, details, quiet, shared)
     if variant.cluster:
         wrapped = cluster.cluster_model(model, variant.cluster)
         details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, wrapped=True, label=label, quiet=quiet)
@@ -261,11 +320,13 @@ def build_variant(
     recipe: Recipe,
     info: EnvInfo,
     quiet: bool = False,
+    shared: Path | None = None,
 ) -> BuiltVariant:
-    """Apply the variant's techniques to (a copy of) the baseline."""
+    """Apply the variant's techniques to (a copy of) the baseline. shared: a folder where pruned
+    models are kept for the run's other variants (see _pruned_and_recovered); None: keep none."""
     details: dict[str, Any] = {}
     model = build_student(info, variant.student) if variant.student else independent_copy(baseline)
-    model = _compress_and_recover(variant, model, recipe, baseline, replay, details, quiet)
+    model = _compress_and_recover(variant, model, recipe, baseline, replay, details, quiet, shared)
     # Exact reparameterisation of the output layer into advantage + value heads: quantized
     # variants keep the action gaps (see networks.split_value_advantage). What is measured below
     # is what is exported: the split heads, not the layer they replace.
