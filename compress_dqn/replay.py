@@ -23,10 +23,12 @@ episode's final observation gets a row of its own that is never VALID) and draws
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -293,6 +295,17 @@ class ReplayBuffer:
     def observations_at(self, indices: npt.ArrayLike) -> np.ndarray:
         """The observations of rows `indices` (copies; rebuilt stacks where frames are stacked)."""
         return stacks_at(self._obs, self._flags, np.asarray(indices, dtype=np.int64), self._k)
+
+    @contextlib.contextmanager
+    def sampling_undone(self) -> Iterator[None]:
+        """Whatever is sampled inside leaves the sampling generator where it was: a build stage
+        that may instead be loaded from a file (a shared pruning) does not shift what the stages
+        after it sample."""
+        state = copy.deepcopy(self._rng.bit_generator.state)
+        try:
+            yield
+        finally:
+            self._rng.bit_generator.state = state
 
     # ------------------------------------------------------------ checkpoints
 

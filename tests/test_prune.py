@@ -134,6 +134,8 @@ def test_variants_with_one_pruning_share_it_and_get_the_model_each_would_get_alo
     assert len(calls) == 2
     for built in (first, alone):
         assert all(np.array_equal(a, b) for a, b in zip(second.export_model.get_weights(), built.export_model.get_weights()))
+    # What follows the pruning draws the same replay samples after a load as after pruning (int8 calibration).
+    assert np.array_equal(second.calibration, alone.calibration)
     build("p50-longer", tmp_path / "run", steps=120)  # another fine-tune: its own pruning
     assert len(calls) == 3
     assert len(list((tmp_path / "run").glob("prune-*.npz"))) == 2

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from compress_dqn._tf import tf, tf_keras, use_xla
+from compress_dqn._tf import set_seed, tf, tf_keras, use_xla
 from compress_dqn.callbacks import KeepBestPolicy
 from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.distill import Distiller, build_student
@@ -211,16 +211,19 @@ def _pruned_and_recovered(variant: VariantConfig, model: tf_keras.Model, recipe:
 
     Why: variants often share their pruning (the demo's prune-90-int8 and pqat-90-int8 both prune
     to 90% with the same 6,000-step fine-tune, ~35 s of a 2-core machine each), and the pruning
-    fine-tune is most of their build. The fine-tune is seeded by the key, not the variant's name,
-    and the builder that computes the model loads it back from the file as every later one does,
-    so a variant's bytes do not depend on which variant pruned first (or on a parallel build).
+    fine-tune is most of their build. The fine-tune is seeded by the key, not the variant's name;
+    the builder that computes the model loads it back from the file as every later one does; and
+    the replay draws and random state the stages after it see are the same either way. So a
+    variant's bytes do not depend on which variant pruned first (or on a parallel build).
     """
     ft, key = variant.fine_tune, pruning_key(variant, recipe, baseline)
     weights_file = None if shared is None else shared / f"prune-{key}.npz"
     if weights_file is None or not weights_file.exists():
-        wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
-        recovered = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
-                              wrapped=True, label=variant.name, quiet=quiet, seed_label=f"prune-{key}")
+        set_seed(fine_tune_seed(recipe.seed, f"prune-{key}"))
+        with replay.sampling_undone():
+            wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
+            recovered = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
+                                  wrapped=True, label=variant.name, quiet=quiet, seed_label=f"prune-{key}")
         stripped = prune.strip(wrapped)
         if weights_file is None:
             details["fine_tune"] = recovered
@@ -230,6 +233,8 @@ def _pruned_and_recovered(variant: VariantConfig, model: tf_keras.Model, recipe:
     details["fine_tune"] = {**json.loads(weights_file.with_suffix(".json").read_text()), "shared": f"prune-{key}"}
     fresh = independent_copy(baseline)
     fresh.set_weights(load_arrays(weights_file))
+    # The stages after it start from the same random state whether the pruning ran here or was loaded.
+    set_seed(fine_tune_seed(recipe.seed, f"{variant.name}/pruned"))
     return fresh
 
 
