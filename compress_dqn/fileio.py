@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ from compress_dqn.errors import UserError
 
 
 def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    """Unique per writing process, also across the hosts of a Ray cluster that share a run folder."""
+    return path.with_name(f".tmp-{path.name}-{socket.gethostname()}-{os.getpid()}")
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

@@ -119,7 +119,9 @@ def test_variants_with_one_pruning_share_it_and_get_the_model_each_would_get_alo
     monkeypatch.setattr(prune, "prune_model", lambda *a, **k: calls.append(1) or real(*a, **k))
 
     def build(name, shared, steps=100, quantize="dynamic"):
-        v = variant(recipe, name=name, prune={"sparsity": 0.5}, fine_tune={"steps": steps, "learning_rate": 1e-3},
+        # The student's states (DAgger) make the fine-tune depend on its seed: the key's, not the name's.
+        v = variant(recipe, name=name, prune={"sparsity": 0.5},
+                    fine_tune={"steps": steps, "learning_rate": 1e-3, "student_states": 50, "student_states_interval": 40},
                     quantize={"mode": quantize, "calibration_samples": 50})
         # a fresh replay each time, as each build unit loads its own (sampling draws from its generator)
         return build_variant(v, result.model, copy.deepcopy(result.replay), recipe, result.info, quiet=True,
@@ -139,3 +141,17 @@ def test_variants_with_one_pruning_share_it_and_get_the_model_each_would_get_alo
     build("p50-longer", tmp_path / "run", steps=120)  # another fine-tune: its own pruning
     assert len(calls) == 3
     assert len(list((tmp_path / "run").glob("prune-*.npz"))) == 2
+    assert not list((tmp_path / "run").glob(".tmp-*"))
+
+
+def test_a_td_fine_tune_or_a_pruned_student_does_not_share_its_pruning(trained_tiny, tmp_path):
+    """A TD fine-tune adds transitions to the replay buffer that later stages sample, and a pruned
+    student starts from its own weights: neither pruning may be loaded by another variant."""
+    recipe, result = trained_tiny
+    for fields in ({"fine_tune": {"method": "td", "steps": 60}},
+                   {"student": {"net_arch": [8]}, "fine_tune": {"steps": 30}}):
+        for name in ("a", "b"):
+            built = build_variant(variant(recipe, name=name, prune={"sparsity": 0.5}, **fields), result.model,
+                                  result.replay, recipe, result.info, quiet=True, shared=tmp_path)
+            assert "shared" not in built.details["fine_tune"]
+    assert not list(tmp_path.iterdir())

@@ -27,7 +27,7 @@ from compress_dqn.callbacks import KeepBestPolicy
 from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.distill import Distiller, build_student
 from compress_dqn.envs import EnvInfo
-from compress_dqn.fileio import load_arrays, save_arrays, write_text_atomic
+from compress_dqn.fileio import load_dict, save_arrays
 from compress_dqn.networks import (
     WEIGHT_LAYERS, count_params, fold_input_normalization, independent_copy, input_range, input_statistics,
     split_value_advantage, with_action_head,
@@ -192,11 +192,17 @@ def fine_tune_seed(seed: int, label: str) -> int:
     return int(np.random.SeedSequence([seed, zlib.crc32(label.encode())]).generate_state(1)[0] % 2**31)
 
 
+SHARED_PRUNING_FORMAT = 1
+"""Part of every pruning_key: raise it when what a shared pruning computes changes, so that a run
+resumed with newer code does not load pruned models the older code made."""
+
+
 def pruning_key(variant: VariantConfig, recipe: Recipe, baseline: tf_keras.Model) -> str:
-    """What a variant's pruned and recovered model depends on, hashed: the pruning, its fine-tune,
-    the recipe's seed, task and training, and the baseline's weights. Equal keys, same model."""
-    depends = {"prune": variant.prune.model_dump(mode="json"), "fine_tune": variant.fine_tune.model_dump(mode="json"),
-               "seed": recipe.seed, "env": recipe.env.model_dump(mode="json"), "train": recipe.train.model_dump(mode="json")}
+    """What a variant's pruned and recovered baseline depends on, hashed: the pruning, its
+    fine-tune, the recipe's seed, task and training, and the baseline's weights."""
+    depends = {"format": SHARED_PRUNING_FORMAT, "prune": variant.prune.model_dump(mode="json"),
+               "fine_tune": variant.fine_tune.model_dump(mode="json"), "seed": recipe.seed,
+               "env": recipe.env.model_dump(mode="json"), "train": recipe.train.model_dump(mode="json")}
     digest = hashlib.sha256(json.dumps(depends, sort_keys=True).encode())
     for weights in baseline.get_weights():
         digest.update(np.ascontiguousarray(weights).tobytes())
@@ -206,33 +212,38 @@ def pruning_key(variant: VariantConfig, recipe: Recipe, baseline: tf_keras.Model
 def _pruned_and_recovered(variant: VariantConfig, model: tf_keras.Model, recipe: Recipe, baseline: tf_keras.Model,
                           replay: ReplayBuffer, details: dict[str, Any], quiet: bool, shared: Path | None
                           ) -> tf_keras.Model:
-    """Prune, recover with the fine-tune and strip; or, where `shared` holds the model of an
-    equal pruning (pruning_key), load it.
+    """Prune, recover with the fine-tune and strip; or, where `shared` holds an equal pruning of
+    the baseline (pruning_key), load it.
 
     Why: variants often share their pruning (the demo's prune-90-int8 and pqat-90-int8 both prune
     to 90% with the same 6,000-step fine-tune, ~35 s of a 2-core machine each), and the pruning
-    fine-tune is most of their build. The fine-tune is seeded by the key, not the variant's name;
-    the builder that computes the model loads it back from the file as every later one does; and
-    the replay draws and random state the stages after it see are the same either way. So a
-    variant's bytes do not depend on which variant pruned first (or on a parallel build).
+    fine-tune is most of their build. A shared pruning's fine-tune is seeded by the key, not the
+    variant's name; the builder that computes it loads it back from the file as every later one
+    does; and the replay draws and random state the stages after it see are the same either way.
+    So a variant's bytes do not depend on which variant pruned first (or on a parallel build).
+    Not shared: a pruned student (it starts from its own weights) and a TD fine-tune (it adds
+    transitions to the replay buffer that the later stages sample).
     """
-    ft, key = variant.fine_tune, pruning_key(variant, recipe, baseline)
-    weights_file = None if shared is None else shared / f"prune-{key}.npz"
-    if weights_file is None or not weights_file.exists():
-        set_seed(fine_tune_seed(recipe.seed, f"prune-{key}"))
+    ft = variant.fine_tune
+    if shared is None or variant.student or ft.method != "distill":
+        wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
+        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
+                                         wrapped=True, label=variant.name, quiet=quiet)
+        return prune.strip(wrapped)
+    name = f"prune-{pruning_key(variant, recipe, baseline)}"
+    path = shared / f"{name}.npz"
+    if not path.exists():  # two builders may both compute it: each writes the same file atomically
+        set_seed(fine_tune_seed(recipe.seed, name))
         with replay.sampling_undone():
             wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
             recovered = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
-                                  wrapped=True, label=variant.name, quiet=quiet, seed_label=f"prune-{key}")
-        stripped = prune.strip(wrapped)
-        if weights_file is None:
-            details["fine_tune"] = recovered
-            return stripped
-        write_text_atomic(weights_file.with_suffix(".json"), json.dumps(recovered))
-        save_arrays(weights_file, stripped.get_weights())  # last: its presence means complete
-    details["fine_tune"] = {**json.loads(weights_file.with_suffix(".json").read_text()), "shared": f"prune-{key}"}
+                                  wrapped=True, label=variant.name, quiet=quiet, seed_label=name)
+        weights = prune.strip(wrapped).get_weights()
+        save_arrays(path, {"fine_tune": np.array(json.dumps(recovered)), **{f"w{i:04d}": w for i, w in enumerate(weights)}})
+    stored = load_dict(path)
+    details["fine_tune"] = {**json.loads(str(stored.pop("fine_tune")[()])), "shared": name}
     fresh = independent_copy(baseline)
-    fresh.set_weights(load_arrays(weights_file))
+    fresh.set_weights([stored[k] for k in sorted(stored)])
     # The stages after it start from the same random state whether the pruning ran here or was loaded.
     set_seed(fine_tune_seed(recipe.seed, f"{variant.name}/pruned"))
     return fresh
