@@ -296,17 +296,6 @@ class ReplayBuffer:
         """The observations of rows `indices` (copies; rebuilt stacks where frames are stacked)."""
         return stacks_at(self._obs, self._flags, np.asarray(indices, dtype=np.int64), self._k)
 
-    @contextlib.contextmanager
-    def sampling_undone(self) -> Iterator[None]:
-        """Whatever is sampled inside leaves the sampling generator where it was: a build stage
-        that may instead be loaded from a file (a shared pruning) does not shift what the stages
-        after it sample."""
-        state = copy.deepcopy(self._rng.bit_generator.state)
-        try:
-            yield
-        finally:
-            self._rng.bit_generator.state = state
-
     # ------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -327,3 +316,15 @@ class ReplayBuffer:
         self._ring.load_state_dict(state)
         # The object is gone; the writer falls back to comparing values.
         self._writer.last_next_obs = None
+
+
+@contextlib.contextmanager
+def sampling_undone(replay: ReplayBuffer) -> Iterator[None]:
+    """Whatever is sampled from `replay` inside leaves its sampling generator where it was: a
+    build stage that may instead be loaded from a file (a shared pruning) does not shift what the
+    stages after it sample."""
+    state = copy.deepcopy(replay._rng.bit_generator.state)
+    try:
+        yield
+    finally:
+        replay._rng.bit_generator.state = state

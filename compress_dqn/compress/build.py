@@ -33,7 +33,7 @@ from compress_dqn.networks import (
     split_value_advantage, with_action_head,
 )
 from compress_dqn.recipe import FineTuneConfig, QuantizeConfig, Recipe, VariantConfig
-from compress_dqn.replay import ReplayBuffer
+from compress_dqn.replay import ReplayBuffer, sampling_undone
 
 
 @dataclass
@@ -234,7 +234,7 @@ def _pruned_and_recovered(variant: VariantConfig, model: tf_keras.Model, recipe:
     path = shared / f"{name}.npz"
     if not path.exists():  # two builders may both compute it: each writes the same file atomically
         set_seed(fine_tune_seed(recipe.seed, name))
-        with replay.sampling_undone():
+        with sampling_undone(replay):
             wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
             recovered = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
                                   wrapped=True, label=variant.name, quiet=quiet, seed_label=name)
