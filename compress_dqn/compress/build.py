@@ -225,21 +225,23 @@ def _pruned_and_recovered(variant: VariantConfig, model: tf_keras.Model, recipe:
     transitions to the replay buffer that the later stages sample).
     """
     ft = variant.fine_tune
-    if shared is None or variant.student or ft.method != "distill":
+
+    def prune_and_recover(seed_label: str | None = None) -> tf_keras.Model:
         wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
         details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
-                                         wrapped=True, label=variant.name, quiet=quiet)
+                                         wrapped=True, label=variant.name, quiet=quiet, seed_label=seed_label)
         return prune.strip(wrapped)
+
+    if shared is None or variant.student or ft.method != "distill":
+        return prune_and_recover()
     name = f"prune-{pruning_key(variant, recipe, baseline)}"
     path = shared / f"{name}.npz"
     if not path.exists():  # two builders may both compute it: each writes the same file atomically
         set_seed(fine_tune_seed(recipe.seed, name))
         with sampling_undone(replay):
-            wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
-            recovered = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
-                                  wrapped=True, label=variant.name, quiet=quiet, seed_label=name)
-        weights = prune.strip(wrapped).get_weights()
-        save_arrays(path, {"fine_tune": np.array(json.dumps(recovered)), **{f"w{i:04d}": w for i, w in enumerate(weights)}})
+            weights = prune_and_recover(seed_label=name).get_weights()
+        save_arrays(path, {"fine_tune": np.array(json.dumps(details["fine_tune"])),
+                           **{f"w{i:04d}": w for i, w in enumerate(weights)}})
     stored = load_dict(path)
     details["fine_tune"] = {**json.loads(str(stored.pop("fine_tune")[()])), "shared": name}
     fresh = independent_copy(baseline)
