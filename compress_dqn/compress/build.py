@@ -121,7 +121,7 @@ def build_cost(variant: VariantConfig, recipe: Recipe) -> float:
         kind = "prune" if variant.prune else "cluster" if variant.cluster else "distill"
         cost += STEP_COST[kind] * _fine_tune_gradient_steps(variant.fine_tune, recipe)
     if q is not None and q.mode == "qat":
-        kind = "qat" if not q.preserve else "pqat" if variant.prune else "cqat" if variant.cluster else "qat"
+        kind = ("pqat" if variant.prune else "cqat" if variant.cluster else "qat") if q.preserve else "qat"
         cost += STEP_COST[kind] * _fine_tune_gradient_steps(qat_fine_tune(variant), recipe)
     return cost
 
