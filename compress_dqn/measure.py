@@ -73,19 +73,30 @@ class LatencyStats:
         return asdict(self)
 
 
-def measure_latency(policy: Any, observations: np.ndarray, calls: int = 2000, warmup: int = 1000) -> LatencyStats:
+def measure_latency(policy: Any, observations: np.ndarray, calls: int = 2000, warmup: int = 1000,
+                    seconds: float | None = None, min_calls: int = 500) -> LatencyStats:
     """Time `policy.act(obs)` one observation at a time, then `policy.actions` on batches of 256.
 
     Like timeit, the garbage collector is paused while timing so a collection does not land on one
     policy's figures and not another's; the warm-up also lets the CPU leave its idle clock.
+
+    With a budget of `seconds`, the warm-up stops after a quarter of it and the timed calls once
+    they have used it and number at least `min_calls` (the count is in the result). Why: a
+    microsecond TFLite policy makes all `calls` in milliseconds, while a SavedModel call takes
+    ~0.5-1 ms, and 3,000 of those per policy were ~20 s of the demo for no steadier median.
     """
     observations = np.asarray(observations)
     n = len(observations)
     act = policy.act
+    perf_counter_ns = time.perf_counter_ns
+    budget_ns = float("inf") if seconds is None else seconds * 1e9
+    warm_until = perf_counter_ns() + budget_ns / 4
     for i in range(warmup):
         act(observations[i % n])
+        if perf_counter_ns() > warm_until:
+            break
     times = np.empty(calls)
-    perf_counter_ns = time.perf_counter_ns
+    spent, made = 0, calls
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -94,9 +105,14 @@ def measure_latency(policy: Any, observations: np.ndarray, calls: int = 2000, wa
             start = perf_counter_ns()
             act(obs)
             times[i] = perf_counter_ns() - start
+            spent += times[i]
+            if spent > budget_ns and i + 1 >= min_calls:
+                made = i + 1
+                break
     finally:
         if gc_was_enabled:
             gc.enable()
+    times = times[:made]
     batch = observations[np.arange(256) % n]
     policy.actions(batch)  # warm-up (and tensor resize for TFLite)
     repeats = 50
@@ -109,7 +125,7 @@ def measure_latency(policy: Any, observations: np.ndarray, calls: int = 2000, wa
         p50=float(np.percentile(times, 50) / 1e3),
         p99=float(np.percentile(times, 99) / 1e3),
         mean=float(times.mean() / 1e3),
-        calls=calls,
+        calls=made,
         batch256_obs_per_s=float(256 * repeats / elapsed),
     )
 
@@ -138,7 +154,8 @@ def gpu_note() -> str | None:
     return None if tf.config.list_physical_devices("GPU") else "no GPU on this machine"
 
 
-def measure_gpu(saved_model: Path, observations: np.ndarray, calls: int = 2000) -> dict[str, Any] | None:
+def measure_gpu(saved_model: Path, observations: np.ndarray, calls: int = 2000,
+                seconds: float | None = None) -> dict[str, Any] | None:
     """SavedModel inference on the first GPU: batch-1 latency and peak GPU memory around it.
 
     None where TensorFlow sees no GPU (the caller records gpu_note()'s reason instead).
@@ -153,6 +170,6 @@ def measure_gpu(saved_model: Path, observations: np.ndarray, calls: int = 2000) 
     tf.config.experimental.reset_memory_stats(device)
     with tf.device(f"/{device}"):
         policy = SavedModelPolicy(saved_model)
-        latency = measure_latency(policy, observations, calls=calls)
+        latency = measure_latency(policy, observations, calls=calls, seconds=seconds)
     peak = int(tf.config.experimental.get_memory_info(device)["peak"])
     return {"latency_us": latency.to_dict(), "peak_bytes": peak, "device": device}

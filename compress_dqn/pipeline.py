@@ -393,6 +393,10 @@ def variant_stages(recipe: Recipe) -> list[Stage]:
     return [Stage(f"variant:{v.name}", partial(_variant_stage, v)) for v in recipe.variants]
 
 
+LATENCY_SECONDS = 0.5
+"""Timed calls per runtime and policy stop after this long, once 500 are in (measure_latency)."""
+
+
 def _measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
     """Batch-1 latency, inference memory per runtime, GPU figures and microcontroller cost of one policy."""
     from compress_dqn.measure import gpu_note, measure_gpu, measure_latency
@@ -400,11 +404,12 @@ def _measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
 
     folder = ctx.folder(name)
     latency = {
-        "tflite": measure_latency(TFLitePolicy(folder / "policy.tflite"), ctx.heldout).to_dict(),
-        "saved_model": measure_latency(SavedModelPolicy(folder / "saved_model"), ctx.heldout).to_dict(),
+        "tflite": measure_latency(TFLitePolicy(folder / "policy.tflite"), ctx.heldout, seconds=LATENCY_SECONDS).to_dict(),
+        "saved_model": measure_latency(SavedModelPolicy(folder / "saved_model"), ctx.heldout,
+                                       seconds=LATENCY_SECONDS).to_dict(),
     }
     memory = ctx.stages.done.get(f"memory:{name}") or _probe_memory(folder, probes_saved_model(ctx.recipe, name))
-    on_gpu = measure_gpu(folder / "saved_model", ctx.heldout)
+    on_gpu = measure_gpu(folder / "saved_model", ctx.heldout, seconds=LATENCY_SECONDS)
     tf_rss = memory["saved_model"] and f"{memory['saved_model']['peak_rss'] / 2**20:.0f} MiB"
     ctx.log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
             f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {tf_rss or 'not probed (measure.saved_model_memory)'}")

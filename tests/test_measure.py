@@ -1,6 +1,7 @@
 """Measurement on tiny artifacts: positive, consistent figures; the TFLite probe stays TensorFlow-free."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -45,6 +46,33 @@ def test_latency_is_positive_and_ordered(artifacts):
     assert 0 < stats.p50 <= stats.p99 and stats.calls == 300 and stats.batch256_obs_per_s > 0
     saved = measure_latency(load_policy(out / "sm"), obs, calls=300, warmup=20)
     assert saved.p50 > stats.p50  # TensorFlow's per-call overhead dwarfs a TFLite invoke
+
+
+class _SleepyPolicy:
+    """A policy whose every action takes ~1 ms, like a SavedModel call."""
+
+    def __init__(self) -> None:
+        self.acted = 0
+
+    def act(self, obs: np.ndarray) -> int:
+        self.acted += 1
+        time.sleep(0.001)
+        return 0
+
+    def actions(self, batch: np.ndarray) -> np.ndarray:
+        return np.zeros(len(batch), dtype=np.int64)
+
+
+def test_a_latency_budget_stops_slow_calls_early_but_keeps_at_least_min_calls():
+    obs = np.zeros((10, 4), dtype=np.float32)
+    slow = _SleepyPolicy()
+    stats = measure_latency(slow, obs, calls=2000, warmup=1000, seconds=0.2, min_calls=100)
+    assert 100 <= stats.calls < 400 and stats.p50 >= 1000  # ~0.2 s of ~1.1 ms calls, not 2,000
+    assert slow.acted < 500  # the warm-up stopped after ~0.05 s too
+    floor = measure_latency(_SleepyPolicy(), obs, calls=2000, warmup=5, seconds=0.01, min_calls=150)
+    assert floor.calls == 150  # the budget ran out first: min_calls still holds
+    unbudgeted = measure_latency(_SleepyPolicy(), obs, calls=120, warmup=5)
+    assert unbudgeted.calls == 120
 
 
 def test_tflite_memory_probe_does_not_import_tensorflow(artifacts):
