@@ -59,6 +59,22 @@ def exit_with_parent(parent: int, poll_seconds: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+def local_pool(workers: int) -> ProcessPoolExecutor:
+    """A process pool of `workers` spawned processes that exit with this one."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                               initializer=exit_with_parent, initargs=(os.getpid(),))
+
+
+def start_local_pool(workers: int, warm: Callable[[], Any]) -> ProcessPoolExecutor:
+    """local_pool(workers) with every worker started now and running warm() (e.g. its imports):
+    a caller starts the workers' ~5 s TensorFlow import while it does other work, and its units,
+    submitted later with map_units(pool=...), find them ready. Shut it down when done."""
+    pool = local_pool(workers)
+    for _ in range(workers):  # each submit spawns a worker while none is idle
+        pool.submit(warm)
+    return pool
+
+
 def map_units(
     fn: Callable[..., T],
     args: Sequence[tuple[Any, ...]],
@@ -66,10 +82,12 @@ def map_units(
     workers: int | None = None,
     address: str | None = None,
     on_result: Callable[[int, T], None] | None = None,
+    pool: ProcessPoolExecutor | None = None,
 ) -> list[T]:
     """fn(*a) for each a in args, in parallel; results in the order of args.
 
-    local with one worker runs in this process (no start-up cost, easy to debug). on_result(i, r)
+    local with one worker runs in this process (no start-up cost, easy to debug); with more, in
+    `pool` where given (start_local_pool; left running), else in a pool of its own. on_result(i, r)
     is called in this process as each unit finishes (in any order), so a caller can record it at
     once: a run killed later keeps it.
     """
@@ -82,15 +100,21 @@ def map_units(
                 results.append(fn(*a))
                 done(i, results[-1])
             return results
-        with ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn"),
-                                 initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
-            futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
-            for future in as_completed(futures):
-                done(futures[future], future.result())
-            return [f.result() for f in futures]
+        if pool is not None:
+            return _map_pool(pool, fn, args, done)
+        with local_pool(n) as own:
+            return _map_pool(own, fn, args, done)
     if executor == "ray":
         return _map_ray(fn, args, n, address, done)
     raise UserError(f"executor: {executor!r} is not one of local, ray")
+
+
+def _map_pool(pool: ProcessPoolExecutor, fn: Callable[..., T], args: Sequence[tuple[Any, ...]],
+              done: Callable[[int, T], None]) -> list[T]:
+    futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
+    for future in as_completed(futures):
+        done(futures[future], future.result())
+    return [f.result() for f in futures]
 
 
 def _map_ray(fn: Callable[..., T], args: Sequence[tuple[Any, ...]], n: int, address: str | None,

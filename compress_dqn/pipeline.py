@@ -25,6 +25,8 @@ import shutil
 import subprocess
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property, partial
 from pathlib import Path
@@ -522,7 +524,7 @@ def variant_and_memory_unit(recipe_data: dict[str, Any], run_dir: str, variant_d
     return {"variant": outputs, "memory": memory}
 
 
-def build_variants(ctx: RunContext, workers: int = 1) -> None:
+def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
     """Every variant stage not finished yet, `workers` at once (each variant reads only the
     baseline's files). Each is recorded as soon as it finishes, so a killed run keeps it.
 
@@ -530,7 +532,8 @@ def build_variants(ctx: RunContext, workers: int = 1) -> None:
     (a probe that fails is left to probe_memory), and the baseline's probe runs beside the
     builds: on the 2-core demo the probes (a TensorFlow import each, for the SavedModel) took
     ~40 s of wall time after the builds, part of it with one core idle. Ray units leave memory to
-    probe_memory, so every policy's figure comes from the same machine."""
+    probe_memory, so every policy's figure comes from the same machine. `pool`: a local pool
+    started ahead (build_pool), else map_units starts one."""
     from concurrent.futures import ThreadPoolExecutor
 
     from compress_dqn.compress.build import build_cost
@@ -559,7 +562,8 @@ def build_variants(ctx: RunContext, workers: int = 1) -> None:
     with ThreadPoolExecutor(1) as side:  # a thread: it waits on the probe's own process
         probing = [] if {"memory:baseline", "measure:baseline"} & set(ctx.stages.done) else [
             side.submit(_probe_memory, ctx.base, probes_saved_model(ctx.recipe, "baseline"))]
-        map_units(variant_and_memory_unit, units, ctx.recipe.executor, workers, ctx.recipe.address, on_result=record)
+        map_units(variant_and_memory_unit, units, ctx.recipe.executor, workers, ctx.recipe.address,
+                  on_result=record, pool=pool)
         for future in probing:
             try:
                 ctx.stages.finish("memory:baseline", future.result())
@@ -576,12 +580,12 @@ def variant_workers(ctx: RunContext) -> int:
     return resources.fits_at_once(resources.plan(ctx.recipe, ctx.info), wanted)
 
 
-def finish_run(ctx: RunContext, search: dict[str, Any] | None = None, workers: int = 1) -> RunResults:
+def finish_run(ctx: RunContext, search: dict[str, Any] | None = None, workers: int = 1, pool: Any = None) -> RunResults:
     """Build what is left of ctx.recipe's variants (`workers` at once), decide their verdicts,
     probe every policy's memory not probed yet (`workers` at once; parallel builds probe their
     own), measure its timings (one at a time), then write results.json, the report and the
-    manifest (last: its presence means finished)."""
-    build_variants(ctx, workers)
+    manifest (last: its presence means finished). `pool`: see build_variants."""
+    build_variants(ctx, workers, pool)
     episodes = decide(ctx, workers=workers)  # more episodes where a verdict is still open
     probe_memory(ctx, workers)
     run_stages(ctx, measure_stages(ctx.recipe))
@@ -599,8 +603,41 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     Resumes: training continues from its checkpoint, finished stages are skipped.
     """
     ctx, resumed = open_run(recipe, run_dir, quiet, log)
-    train_baseline(ctx)
-    return RunOutcome(run_dir=ctx.run_dir, results=finish_run(ctx, workers=variant_workers(ctx)), resumed=resumed)
+    workers = variant_workers(ctx)
+    with build_pool(ctx, workers) as pool:
+        train_baseline(ctx)
+        results = finish_run(ctx, workers=workers, pool=pool)
+    return RunOutcome(run_dir=ctx.run_dir, results=results, resumed=resumed)
+
+
+def warm_build_worker() -> None:
+    """A build worker's imports, TensorFlow's among them (~6 s of CPU). No TensorFlow op runs,
+    so variant_unit can still set the worker's thread count."""
+    import compress_dqn.compress.build  # noqa: F401
+    import compress_dqn.evaluate  # noqa: F401
+    import compress_dqn.export  # noqa: F401
+    import compress_dqn.policy  # noqa: F401
+
+
+@contextmanager
+def build_pool(ctx: RunContext, workers: int) -> Iterator[Any]:
+    """The local pool that will build ctx's variants, started now so that its workers import
+    TensorFlow while this process trains the baseline (one TensorFlow thread on the demo: a core
+    stays free); None where builds do not run in a local pool. On the 2-core demo each worker
+    spent ~12 s starting after training, before its first build."""
+    from compress_dqn.executors import start_local_pool
+
+    todo = [v for v in ctx.recipe.variants if f"variant:{v.name}" not in ctx.stages.done]
+    if ctx.recipe.executor != "local" or workers <= 1 or len(todo) <= 1:
+        yield None
+        return
+    pool = start_local_pool(min(workers, len(todo)), warm_build_worker)
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunResults:

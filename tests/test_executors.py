@@ -3,11 +3,14 @@
 import json
 import operator
 import os
+import time
+from functools import partial
+from pathlib import Path
 
 import pytest
 
 from compress_dqn.errors import UserError
-from compress_dqn.executors import map_units, threads_per_worker, worker_count
+from compress_dqn.executors import map_units, start_local_pool, threads_per_worker, worker_count
 from compress_dqn.manifest import run_fingerprint
 from compress_dqn.recipe import load_recipe
 
@@ -27,6 +30,25 @@ def test_local_pool_keeps_order_and_uses_other_processes():
     pids = map_units(os.getpid, [()] * 4, "local", workers=2)
     assert os.getpid() not in pids
     assert map_units(os.getpid, [()], "local", workers=1) == [os.getpid()]  # one unit: inline
+
+
+def _mark_warm(folder: str) -> None:
+    Path(folder, str(os.getpid())).touch()
+
+
+def test_a_started_pool_warms_every_worker_at_once_and_then_runs_the_units(tmp_path):
+    pool = start_local_pool(2, partial(_mark_warm, str(tmp_path)))
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        warmed = {int(p.name) for p in tmp_path.iterdir()}
+        assert len(warmed) == 2 and os.getpid() not in warmed  # two workers, warmed before any unit
+        pids = map_units(os.getpid, [()] * 6, "local", workers=2, pool=pool)
+        assert set(pids) <= warmed  # the units ran in the warmed workers, not in a pool of their own
+        assert map_units(operator.mul, [(2, 3), (4, 5)], "local", workers=2, pool=pool) == [6, 20]  # left running
+    finally:
+        pool.shutdown()
 
 
 def test_unknown_executor_and_bad_ray_address_are_clear_errors():

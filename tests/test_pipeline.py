@@ -189,6 +189,39 @@ def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path
                    for n in names[1:])
 
 
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("workers", [2, 1])
+def test_a_run_starts_its_build_workers_before_training_and_builds_in_them(tmp_path, monkeypatch, workers):
+    """The pool's workers import TensorFlow while the baseline trains (one core is free), not after."""
+    from compress_dqn import executors
+
+    events, started = [], []
+    real_start = executors.start_local_pool
+
+    def start(n, warm):
+        started.append(real_start(n, warm))
+        events.append(("start", n))
+        return started[-1]
+
+    def finish(ctx, search=None, workers=1, pool=None):
+        events.append(("finish", workers, pool is not None and pool is started[0]))
+        raise _Stop
+
+    monkeypatch.setattr(executors, "start_local_pool", start)
+    monkeypatch.setattr(pipeline, "train_baseline", lambda ctx: events.append(("train",)))
+    monkeypatch.setattr(pipeline, "finish_run", finish)
+    with pytest.raises(_Stop):
+        run(load_recipe(TINY, [VARIANTS, f"workers={workers}"]), tmp_path / "run", quiet=True, log=lambda m: None)
+    if workers == 1:
+        assert events == [("train",), ("finish", 1, False)]  # builds one at a time, in this process
+    else:
+        assert events == [("start", 2), ("train",), ("finish", 2, True)]
+        assert started[0]._shutdown_thread  # and it is shut down on the way out, here by an error
+
+
 def test_a_failed_memory_probe_keeps_the_variant_it_follows(monkeypatch):
     """A pool unit builds, then probes: a probe that fails (a killed or timed-out process) must
     not take the finished build down with it; probe_memory tries the probe again later."""
