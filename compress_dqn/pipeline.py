@@ -580,12 +580,12 @@ def variant_workers(ctx: RunContext) -> int:
     return resources.fits_at_once(resources.plan(ctx.recipe, ctx.info), wanted)
 
 
-def finish_run(ctx: RunContext, search: dict[str, Any] | None = None, workers: int = 1, pool: Any = None) -> RunResults:
+def finish_run(ctx: RunContext, search: dict[str, Any] | None = None, workers: int = 1) -> RunResults:
     """Build what is left of ctx.recipe's variants (`workers` at once), decide their verdicts,
     probe every policy's memory not probed yet (`workers` at once; parallel builds probe their
     own), measure its timings (one at a time), then write results.json, the report and the
-    manifest (last: its presence means finished). `pool`: see build_variants."""
-    build_variants(ctx, workers, pool)
+    manifest (last: its presence means finished)."""
+    build_variants(ctx, workers)
     episodes = decide(ctx, workers=workers)  # more episodes where a verdict is still open
     probe_memory(ctx, workers)
     run_stages(ctx, measure_stages(ctx.recipe))
@@ -604,10 +604,10 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     """
     ctx, resumed = open_run(recipe, run_dir, quiet, log)
     workers = variant_workers(ctx)
-    with build_pool(ctx, workers) as pool:
+    with build_pool(ctx, workers) as pool:  # its workers start while the baseline trains
         train_baseline(ctx)
-        results = finish_run(ctx, workers=workers, pool=pool)
-    return RunOutcome(run_dir=ctx.run_dir, results=results, resumed=resumed)
+        build_variants(ctx, workers, pool)
+    return RunOutcome(run_dir=ctx.run_dir, results=finish_run(ctx, workers=workers), resumed=resumed)
 
 
 def warm_build_worker() -> None:

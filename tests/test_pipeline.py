@@ -206,20 +206,23 @@ def test_a_run_starts_its_build_workers_before_training_and_builds_in_them(tmp_p
         events.append(("start", n))
         return started[-1]
 
-    def finish(ctx, search=None, workers=1, pool=None):
-        events.append(("finish", workers, pool is not None and pool is started[0]))
+    def build(ctx, workers=1, pool=None):
+        events.append(("build", workers, pool is not None and pool is started[0]))
+
+    def finish(ctx, search=None, workers=1):
+        events.append(("finish", workers, bool(started) and started[0]._shutdown_thread))
         raise _Stop
 
     monkeypatch.setattr(executors, "start_local_pool", start)
     monkeypatch.setattr(pipeline, "train_baseline", lambda ctx: events.append(("train",)))
+    monkeypatch.setattr(pipeline, "build_variants", build)
     monkeypatch.setattr(pipeline, "finish_run", finish)
     with pytest.raises(_Stop):
         run(load_recipe(TINY, [VARIANTS, f"workers={workers}"]), tmp_path / "run", quiet=True, log=lambda m: None)
     if workers == 1:
-        assert events == [("train",), ("finish", 1, False)]  # builds one at a time, in this process
-    else:
-        assert events == [("start", 2), ("train",), ("finish", 2, True)]
-        assert started[0]._shutdown_thread  # and it is shut down on the way out, here by an error
+        assert events == [("train",), ("build", 1, False), ("finish", 1, False)]  # one at a time, in this process
+    else:  # the pool is shut down once the builds are done: its idle workers hold TensorFlow's memory
+        assert events == [("start", 2), ("train",), ("build", 2, True), ("finish", 2, True)]
 
 
 def test_a_failed_memory_probe_keeps_the_variant_it_follows(monkeypatch):
