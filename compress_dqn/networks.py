@@ -239,6 +239,7 @@ class NumpyActor:
                 n_weighted += 1
         self._model = model
         self._weights: list[tuple[np.ndarray, np.ndarray]] = []
+        self._read_weights: Any = None
         self.refresh()
 
     @staticmethod
@@ -262,8 +263,17 @@ class NumpyActor:
         return isinstance(model, tf_keras.Sequential) and all(cls._layer_supported(layer) for layer in model.layers)
 
     def refresh(self) -> None:
-        """Copy the current weights (call after each training phase)."""
-        flat = self._model.get_weights()
+        """Copy the current weights (call after each training phase).
+
+        One compiled read of every variable, not model.get_weights() (one eager read each): a
+        LunarLander run refreshes after each of its 37,500 phases, and get_weights took ~1 ms of
+        each against ~0.2 ms (both on a busy 2-core machine). Same values, same order."""
+        if self._read_weights is None:
+            from compress_dqn._tf import tf
+
+            variables = list(self._model.weights)
+            self._read_weights = tf.function(lambda: [tf.identity(v) for v in variables]).get_concrete_function()
+        flat = [tensor.numpy() for tensor in self._read_weights()]
         self._weights = [(flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2)]
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
