@@ -31,7 +31,7 @@ def test_run_writes_results_and_rerun_resumes(tmp_path):
     assert size["saved_model_bytes"] > 0
     for runtime in ("tflite", "saved_model"):
         latency = baseline["latency_us"]["cpu"][runtime]
-        assert 0 < latency["p50"] <= latency["p99"] and latency["calls"] == 2000
+        assert 0 < latency["p50"] <= latency["p99"] and 500 <= latency["calls"] <= 2000  # 0.5 s of calls, >= 500
         memory = baseline["memory_bytes"]["cpu_rss"][runtime]
         assert memory["peak_rss"] >= memory["process_baseline_rss"] > 0
     assert baseline["memory_bytes"]["cpu_rss"]["tflite"]["imports_tensorflow"] is False
