@@ -359,22 +359,17 @@ BASELINE_STAGES = [Stage("train", _train_stage), Stage("export", _export_stage),
 
 
 def _variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
-    """Build one variant from the baseline, export it, evaluate it on the shared seeds."""
-    from compress_dqn._tf import set_seed, tf_keras
-    from compress_dqn.compress.build import build_variant
+    """Build one variant from the baseline (the best of its candidates where it has some), export
+    it, evaluate it on the shared seeds."""
     from compress_dqn.measure import measure_size
 
     started = time.perf_counter()
     out = ctx.folder(variant.name)
-    baseline = ctx.model
-    # Fresh Keras name counters and a seed from the recipe and the variant's name alone: a variant
-    # rebuilt after a crash, alone, or after other units in the same worker process gets the same
-    # weights and the same layer (so TFLite tensor) names, hence the same bytes.
-    tf_keras.backend.clear_session()
-    set_seed(variant_seed(ctx.recipe.seed, variant.name))
-    built = build_variant(variant, baseline, _load_replay(ctx.base / "replay.npz", ctx.info), ctx.recipe, ctx.info,
-                          quiet=ctx.quiet, shared=ctx.run_dir / "variants" / "_shared")
-    exported = _export(built.export_model, ctx.info, out, built, ctx.heldout[:500])
+    if variant.candidates is None:
+        built, exported = _build_and_export(variant, ctx, out, ctx.run_dir / "variants" / "_shared")
+        picked = {}
+    else:
+        built, exported, picked = _pick_candidate(variant, ctx, out)
     size = measure_size(built.params, built.nonzero_params, out / "policy.tflite", out / "saved_model")
     evaluated = _evaluate(out / "policy.tflite", ctx.recipe, ctx.heldout, *ctx.reference)
     ctx.log(f"[{variant.name}] return {evaluated['return']['mean']:.1f}, TFLite {size.tflite_bytes} bytes "
@@ -384,10 +379,68 @@ def _variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
                       "tflite": f"variants/{variant.name}/policy.tflite"},
         "size": size.to_dict(),
         **evaluated,
-        "compression": {**variant.model_dump(mode="json", exclude_none=True, exclude={"name"}),
+        "compression": {**variant.model_dump(mode="json", exclude_none=True, exclude={"name"}), **picked,
                         **built.details, "tflite_sparse_format": exported["sparse_format"],
                         "build_seconds": round(time.perf_counter() - started, 1)},  # with its evaluation
     }
+
+
+def _build_and_export(variant: Any, ctx: RunContext, out: Path, shared: Path | None) -> tuple[Any, dict[str, Any]]:
+    """Build `variant` from the baseline and export it into `out`: (BuiltVariant, _export's info)."""
+    from compress_dqn._tf import set_seed, tf_keras
+    from compress_dqn.compress.build import build_variant
+
+    # Fresh Keras name counters and a seed from the recipe and the variant's name alone: a variant
+    # rebuilt after a crash, alone, or after other units in the same worker process gets the same
+    # weights and the same layer (so TFLite tensor) names, hence the same bytes.
+    tf_keras.backend.clear_session()
+    set_seed(variant_seed(ctx.recipe.seed, variant.name))
+    built = build_variant(variant, ctx.model, _load_replay(ctx.base / "replay.npz", ctx.info), ctx.recipe, ctx.info,
+                          quiet=ctx.quiet, shared=shared)
+    return built, _export(built.export_model, ctx.info, out, built, ctx.heldout[:500])
+
+
+def candidate_name(name: str, k: int) -> str:
+    """Candidate k of variant `name`: built as a variant of that name would be (seeds follow it)."""
+    return f"{name}.c{k}"
+
+
+def _pick_candidate(variant: Any, ctx: RunContext, out: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Build each of variant.candidates.count candidates into out/candidates/, play each and the
+    baseline on the same fresh episodes, and move the best one's files into `out` (the first of
+    equals). Returns its (BuiltVariant, export info) and the pick's record for results.json."""
+    import numpy as np
+
+    from compress_dqn.evaluate import evaluate
+    from compress_dqn.policy import TFLitePolicy
+
+    cfg = variant.candidates
+
+    def play(tflite: Path) -> Any:
+        return np.asarray(evaluate(TFLitePolicy(tflite).act, ctx.recipe.env, cfg.episodes, cfg.seed).episodes)
+
+    baseline = play(ctx.base / "policy.tflite")
+    builds, differences = [], []
+    for k in range(cfg.count):
+        name = candidate_name(variant.name, k)
+        # No shared pruning: candidates that loaded one pruning would all be the same build.
+        builds.append(_build_and_export(variant.model_copy(update={"name": name, "candidates": None}),
+                                        ctx, out / "candidates" / name, shared=None))
+        differences.append(float(np.mean(play(out / "candidates" / name / "policy.tflite") - baseline)))
+        ctx.log(f"[{variant.name}] candidate {k}: {differences[-1]:+.1f} against the baseline on "
+                f"{cfg.episodes} fresh episodes")
+    k = int(np.argmax(differences))
+    chosen = out / "candidates" / candidate_name(variant.name, k)
+    for item in ("saved_model", "policy.tflite"):
+        target = out / item
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+        (chosen / item).replace(target)
+    shutil.rmtree(out / "candidates")
+    record = {**cfg.model_dump(mode="json"), "picked": k, "fresh_differences": [round(d, 3) for d in differences]}
+    return builds[k][0], builds[k][1], {"candidates": record}
 
 
 def variant_stages(recipe: Recipe) -> list[Stage]:

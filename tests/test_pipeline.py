@@ -189,6 +189,25 @@ def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path
                    for n in names[1:])
 
 
+def test_a_variant_with_candidates_keeps_the_best_on_fresh_episodes_the_same_bytes_as_built_alone(tmp_path):
+    """candidates: {count: 3}: three builds (NAME.c0..c2, seeded by those names), each played with
+    the baseline on the same fresh episodes; the best one's files are the variant's, byte for byte
+    what a variant of its name builds alone, and the losers' are gone."""
+    student = "student: {net_arch: [2]}, quantize: {mode: float16}, fine_tune: {steps: 2, learning_rate: 1e-4}"  # barely taught: seeds show
+    recipe = load_recipe(TINY, [f"variants=[{{name: s, {student}, candidates: {{count: 3, episodes: 8}}}}]"])
+    run(recipe, tmp_path / "picked", quiet=True, log=lambda m: None)
+    picked = json.loads((tmp_path / "picked" / "stages.json").read_text())["variant:s"]["compression"]["candidates"]
+    differences = picked["fresh_differences"]
+    assert len(differences) == 3 and len(set(differences)) > 1  # the candidates are different builds
+    assert picked["picked"] == differences.index(max(differences)) and picked["seed"] == 200000
+    assert not (tmp_path / "picked" / "variants" / "s" / "candidates").exists()
+    alone = load_recipe(TINY, [f"variants=[{{name: s.c{picked['picked']}, {student}}}]"])
+    run(alone, tmp_path / "alone", quiet=True, log=lambda m: None)
+    tflite = "variants/{}/policy.tflite"
+    assert (tmp_path / "picked" / tflite.format("s")).read_bytes() == \
+        (tmp_path / "alone" / tflite.format(f"s.c{picked['picked']}")).read_bytes()
+
+
 class _Stop(Exception):
     pass
 

@@ -86,6 +86,19 @@ def test_overlapping_selection_seeds_rejected(tmp_path):
     assert "overlaps eval.seed range" in error_of(path)
 
 
+def test_candidate_episodes_must_be_fresh(tmp_path):
+    """A variant's candidates are picked on episodes nothing else plays: not the evaluation's, not
+    the selection's (train.eval_seed..), not the held-out states'."""
+    student = "{name: s, student: {net_arch: [4]}, fine_tune: {select_interval: 50, select_episodes: 30}, candidates: "
+    base = "env: {id: CartPole-v1}\ntrain: {eval_seed: 1000}\neval: {seed: 0, episodes: 10, max_episodes: 40}\n"
+    for candidates, clash in (("{seed: 30}", "eval.seed's [0, 40)"), ("{seed: 1020, episodes: 5}", "train.eval_seed's [1000, 1030)"),
+                              ("{seed: 999995, episodes: 10}", "eval.heldout_seed's")):
+        message = error_of(write(tmp_path, base + f"variants: [{student}{candidates}}}]\n"))
+        assert message.startswith(str(tmp_path)) and "variants.0.candidates.seed: s's range" in message and clash in message
+    load_recipe(write(tmp_path, base + f"variants: [{student}{{seed: 2000, episodes: 50}}}}]\n"))  # apart: fine
+    assert "candidates.count: 1 must be >= 2" in error_of(write(tmp_path, base + f"variants: [{student}{{count: 1}}}}]\n"))
+
+
 def test_overrides(tmp_path):
     recipe = load_recipe(TINY, ["train.gamma=0.5", "seed=3"])
     assert recipe.train.gamma == 0.5 and recipe.seed == 3

@@ -123,7 +123,7 @@ def build_cost(variant: VariantConfig, recipe: Recipe) -> float:
     if q is not None and q.mode == "qat":
         kind = ("pqat" if variant.prune else "cqat" if variant.cluster else "qat") if q.preserve else "qat"
         cost += STEP_COST[kind] * _fine_tune_gradient_steps(qat_fine_tune(variant), recipe)
-    return cost
+    return cost * (variant.candidates.count if variant.candidates else 1)  # each candidate is a build
 
 
 def fine_tune(
