@@ -21,6 +21,7 @@ a half-written artifact behind, and rerunning the same command picks up where it
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -37,7 +38,7 @@ import yaml
 from compress_dqn import resources
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import (
-    load_arrays, load_dict, remove_stale_temporaries, save_arrays, write_bytes_atomic, write_text_atomic,
+    load_arrays, load_dict, remove_stale_temporaries, replace_dir, save_arrays, write_bytes_atomic, write_text_atomic,
 )
 from compress_dqn.manifest import MANIFEST, verify, write_manifest
 from compress_dqn.recipe import Recipe, recipe_from_data
@@ -420,27 +421,25 @@ def _pick_candidate(variant: Any, ctx: RunContext, out: Path) -> tuple[Any, dict
         return np.asarray(evaluate(TFLitePolicy(tflite).act, ctx.recipe.env, cfg.episodes, cfg.seed).episodes)
 
     baseline = play(ctx.base / "policy.tflite")
-    builds, differences = [], []
+    differences: list[float] = []
+    best: tuple[int, Any, dict[str, Any]] | None = None
     for k in range(cfg.count):
         name = candidate_name(variant.name, k)
         # No shared pruning: candidates that loaded one pruning would all be the same build.
-        builds.append(_build_and_export(variant.model_copy(update={"name": name, "candidates": None}),
-                                        ctx, out / "candidates" / name, shared=None))
+        built, exported = _build_and_export(variant.model_copy(update={"name": name, "candidates": None}),
+                                            ctx, out / "candidates" / name, shared=None)
         differences.append(float(np.mean(play(out / "candidates" / name / "policy.tflite") - baseline)))
         ctx.log(f"[{variant.name}] candidate {k}: {differences[-1]:+.1f} against the baseline on "
                 f"{cfg.episodes} fresh episodes")
-    k = int(np.argmax(differences))
+        if best is None or differences[-1] > differences[best[0]]:
+            best = (k, built, exported)
+    k, built, exported = best
     chosen = out / "candidates" / candidate_name(variant.name, k)
-    for item in ("saved_model", "policy.tflite"):
-        target = out / item
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
-        (chosen / item).replace(target)
+    replace_dir(chosen / "saved_model", out / "saved_model")
+    os.replace(chosen / "policy.tflite", out / "policy.tflite")
     shutil.rmtree(out / "candidates")
     record = {**cfg.model_dump(mode="json"), "picked": k, "fresh_differences": [round(d, 3) for d in differences]}
-    return builds[k][0], builds[k][1], {"candidates": record}
+    return built, exported, {"candidates": record}
 
 
 def variant_stages(recipe: Recipe) -> list[Stage]:
