@@ -391,12 +391,13 @@ def _build_and_export(variant: Any, ctx: RunContext, out: Path, shared: Path | N
     from compress_dqn._tf import set_seed, tf_keras
     from compress_dqn.compress.build import build_variant
 
+    baseline = ctx.model  # loaded (on first use) before the seed: loading draws initial weights
     # Fresh Keras name counters and a seed from the recipe and the variant's name alone: a variant
     # rebuilt after a crash, alone, or after other units in the same worker process gets the same
     # weights and the same layer (so TFLite tensor) names, hence the same bytes.
     tf_keras.backend.clear_session()
     set_seed(variant_seed(ctx.recipe.seed, variant.name))
-    built = build_variant(variant, ctx.model, _load_replay(ctx.base / "replay.npz", ctx.info), ctx.recipe, ctx.info,
+    built = build_variant(variant, baseline, _load_replay(ctx.base / "replay.npz", ctx.info), ctx.recipe, ctx.info,
                           quiet=ctx.quiet, shared=shared)
     return built, _export(built.export_model, ctx.info, out, built, ctx.heldout[:500])
 
