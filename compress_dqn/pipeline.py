@@ -577,6 +577,11 @@ def variant_and_memory_unit(recipe_data: dict[str, Any], run_dir: str, variant_d
     return {"variant": outputs, "memory": memory}
 
 
+def unbuilt_variants(ctx: RunContext) -> list[Any]:
+    """ctx.recipe's variants whose build stage has not finished."""
+    return [v for v in ctx.recipe.variants if f"variant:{v.name}" not in ctx.stages.done]
+
+
 def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
     """Every variant stage not finished yet, `workers` at once (each variant reads only the
     baseline's files). Each is recorded as soon as it finishes, so a killed run keeps it.
@@ -592,7 +597,7 @@ def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
     from compress_dqn.compress.build import build_cost
     from compress_dqn.executors import map_units
 
-    todo = [v for v in ctx.recipe.variants if f"variant:{v.name}" not in ctx.stages.done]
+    todo = unbuilt_variants(ctx)
     if workers <= 1 or len(todo) <= 1:
         run_stages(ctx, variant_stages(ctx.recipe))
         return
@@ -680,7 +685,7 @@ def build_pool(ctx: RunContext, workers: int) -> Iterator[Any]:
     spent ~12 s starting after training, before its first build."""
     from compress_dqn.executors import start_local_pool
 
-    todo = [v for v in ctx.recipe.variants if f"variant:{v.name}" not in ctx.stages.done]
+    todo = unbuilt_variants(ctx)
     if ctx.recipe.executor != "local" or workers <= 1 or len(todo) <= 1:
         yield None
         return

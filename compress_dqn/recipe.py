@@ -602,39 +602,42 @@ class Recipe(StrictModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"variants: names must be unique; repeated: {', '.join(duplicates)}")
-        selecting = [v.fine_tune.select_episodes for v in self.variants if v.fine_tune and v.fine_tune.select_interval]
-        if self.search is not None:
-            selecting += [ft.select_episodes for ft in (self.search.student_fine_tune, self.search.prune_fine_tune)
-                          if ft.select_interval]
-        if self.train.eval_interval or selecting:
-            lo = self.train.eval_seed
-            hi = lo + max([self.train.eval_episodes if self.train.eval_interval else 0, *selecting])
-            end = self.eval.seed + max(self.eval.episodes, self.eval.max_episodes or 0)  # every look's episodes
-            if lo < end and self.eval.seed < hi:
+        evaluation, selection = self._episode_ranges()
+        if selection is not None:
+            (lo, hi), (start, end) = selection, evaluation
+            if lo < end and start < hi:
                 raise ValueError(
                     f"train.eval_seed range [{lo}, {hi}) overlaps eval.seed range "
-                    f"[{self.eval.seed}, {end}); move train.eval_seed "
+                    f"[{start}, {end}); move train.eval_seed "
                     "so model selection never sees the final evaluation episodes"
                 )
-        self._candidates_apart(selecting)
-        return self
-
-    def _candidates_apart(self, selecting: list[int]) -> None:
-        """Each variant's candidate episodes must be fresh: no other use of those seeds."""
-        others = [("eval.seed", self.eval.seed, self.eval.seed + max(self.eval.episodes, self.eval.max_episodes or 0)),
-                  ("eval.heldout_seed", self.eval.heldout_seed, self.eval.heldout_seed + self.eval.heldout_episodes)]
-        if self.train.eval_interval or selecting:
-            width = max([self.train.eval_episodes if self.train.eval_interval else 0, *selecting])
-            others.append(("train.eval_seed", self.train.eval_seed, self.train.eval_seed + width))
-        for i, variant in enumerate(self.variants):
-            picked = variant.candidates
-            if picked is None:
+        others = [("eval.seed", *evaluation), ("eval.heldout_seed", self.eval.heldout_seed,
+                                               self.eval.heldout_seed + self.eval.heldout_episodes)]
+        if selection is not None:
+            others.append(("train.eval_seed", *selection))
+        for i, variant in enumerate(self.variants):  # a variant's candidates are picked on fresh episodes
+            if variant.candidates is None:
                 continue
-            lo, hi = picked.seed, picked.seed + picked.episodes
+            lo = variant.candidates.seed
+            hi = lo + variant.candidates.episodes
             for key, start, end in others:
                 if lo < end and start < hi:
                     raise ValueError(f"variants.{i}.candidates.seed: {variant.name}'s range [{lo}, {hi}) overlaps {key}'s "
                                      f"[{start}, {end}); move candidates.seed so the pick plays fresh episodes")
+        return self
+
+    def _episode_ranges(self) -> tuple[tuple[int, int], tuple[int, int] | None]:
+        """[first, end) seeds of the evaluation (every look's episodes) and of model selection
+        (train.eval_seed.., None where nothing selects: no periodic evaluation, no select_interval)."""
+        evaluation = (self.eval.seed, self.eval.seed + max(self.eval.episodes, self.eval.max_episodes or 0))
+        selecting = [v.fine_tune.select_episodes for v in self.variants if v.fine_tune and v.fine_tune.select_interval]
+        if self.search is not None:
+            selecting += [ft.select_episodes for ft in (self.search.student_fine_tune, self.search.prune_fine_tune)
+                          if ft.select_interval]
+        if not (self.train.eval_interval or selecting):
+            return evaluation, None
+        width = max([self.train.eval_episodes if self.train.eval_interval else 0, *selecting])
+        return evaluation, (self.train.eval_seed, self.train.eval_seed + width)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, as written to the run directory's recipe.yaml."""
