@@ -525,6 +525,9 @@ class SearchConfig(StrictModel):
     """How each student is quantized: qat (int8 after a quantization-aware fine-tune), int8, float16, none."""
     student_fine_tune: FineTuneConfig = _tuning(20_000, 1e-3)
     """Distillation of each student."""
+    student_candidates: CandidatesConfig | None = None
+    """Build each student this many times and keep the build that plays best on fresh episodes
+    (as a variant's `candidates:`); null: one build per student."""
     sparsities: list[_real(0.0, 1.0, lo_open=True, hi_open=True)] = Field(default_factory=list)
     """Magnitude-pruning targets to try on the baseline (each then post-training int8); [] leaves pruning out."""
     prune_exclude: list[str] = Field(default_factory=lambda: ["hidden_0", "q_values"])
@@ -615,14 +618,16 @@ class Recipe(StrictModel):
                                                self.eval.heldout_seed + self.eval.heldout_episodes)]
         if selection is not None:
             others.append(("train.eval_seed", *selection))
-        for i, variant in enumerate(self.variants):  # a variant's candidates are picked on fresh episodes
-            if variant.candidates is None:
+        picks = [(f"variants.{i}.candidates.seed", f"variant {v.name}", v.candidates) for i, v in enumerate(self.variants)]
+        if self.search is not None:
+            picks.append(("search.student_candidates.seed", "the search's students", self.search.student_candidates))
+        for where, whose, candidates in picks:  # candidates are picked on fresh episodes
+            if candidates is None:
                 continue
-            lo = variant.candidates.seed
-            hi = lo + variant.candidates.episodes
+            lo, hi = candidates.seed, candidates.seed + candidates.episodes
             for key, start, end in others:
                 if lo < end and start < hi:
-                    raise ValueError(f"variants.{i}.candidates.seed: {variant.name}'s range [{lo}, {hi}) overlaps {key}'s "
+                    raise ValueError(f"{where}: the fresh episodes [{lo}, {hi}) of {whose} overlap {key}'s "
                                      f"[{start}, {end}); move candidates.seed so the pick plays fresh episodes")
         return self
 

@@ -69,6 +69,8 @@ def _estimate(variant: VariantConfig, baseline_widths: list[int], n_inputs: int,
 def _student(widths: list[int], search: SearchConfig) -> VariantConfig:
     name = "student-" + "x".join(map(str, widths))
     data: dict[str, Any] = {"student": {"net_arch": widths}, "fine_tune": search.student_fine_tune.model_dump()}
+    if search.student_candidates is not None:
+        data["candidates"] = search.student_candidates.model_dump()
     if search.student_quantize == "qat":
         name += "-qat-int8"
         data["quantize"] = {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}

@@ -94,9 +94,13 @@ def test_candidate_episodes_must_be_fresh(tmp_path):
     for candidates, clash in (("{seed: 30}", "eval.seed's [0, 40)"), ("{seed: 1020, episodes: 5}", "train.eval_seed's [1000, 1030)"),
                               ("{seed: 999995, episodes: 10}", "eval.heldout_seed's")):
         message = error_of(write(tmp_path, base + f"variants: [{student}{candidates}}}]\n"))
-        assert message.startswith(str(tmp_path)) and "variants.0.candidates.seed: s's range" in message and clash in message
+        assert message.startswith(str(tmp_path)) and "variants.0.candidates.seed: the fresh episodes" in message and "of variant s overlap" in message and clash in message
     load_recipe(write(tmp_path, base + f"variants: [{student}{{seed: 2000, episodes: 50}}}}]\n"))  # apart: fine
     assert "candidates.count: 1 must be >= 2" in error_of(write(tmp_path, base + f"variants: [{student}{{count: 1}}}}]\n"))
+    search = "search: {students: [[4]], student_fine_tune: {select_interval: 50, select_episodes: 30}, student_candidates: "
+    message = error_of(write(tmp_path, base + search + "{seed: 1010}}\n"))
+    assert "search.student_candidates.seed: the fresh episodes [1010, 1210) of the search's students overlap train.eval_seed's" in message
+    load_recipe(write(tmp_path, base + search + "{seed: 2000}}\n"))
 
 
 def test_overrides(tmp_path):

@@ -86,6 +86,15 @@ def test_search_recipe_errors_are_one_line():
         load_recipe(TINY, ["search.sparsities=[1.5]"])
 
 
+def test_student_candidates_make_each_student_rung_a_best_of_k_build_and_leave_pruning_alone():
+    recipe = load_recipe(TINY, [STUDENTS, "search.sparsities=[0.9]", "search.student_candidates={count: 4, episodes: 50}"])
+    rungs = ladders(recipe, 4, 2)
+    assert [c.variant.candidates.count for c in rungs["student"]] == [4] * 5
+    assert {c.variant.candidates.episodes for c in rungs["student"]} == {50}
+    assert rungs["prune"][0].variant.candidates is None
+    assert all(c.variant.candidates is None for c in ladders(load_recipe(TINY, [STUDENTS]), 4, 2)["student"])
+
+
 def test_tiny_search_end_to_end_names_a_winner_among_the_variants_and_resumes(tmp_path, monkeypatch):
     from compress_dqn.search import run_search
 
