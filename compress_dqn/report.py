@@ -319,6 +319,7 @@ def _notes(results: RunResults) -> list[str]:
     ]
     if results.gpu and results.gpu != "visible":
         notes.append(f"GPU figures: {results.gpu}.")
+    notes += _candidate_notes(results)
     train = results.train or {}
     source = train.get("source")
     if train.get("env_steps") is not None and not source:
@@ -331,6 +332,20 @@ def _notes(results: RunResults) -> list[str]:
                else f"{data.get('transitions')} transitions from {data.get('path')}")
         notes.insert(0, f"Baseline: not trained here but loaded from {source['from']} (SHA-256 "
                         f"{source.get('sha256', '?')[:12]}...); calibration, distillation and fine-tuning used {how}.")
+    return notes
+
+
+def _candidate_notes(results: RunResults) -> list[str]:
+    """One line per variant built as the best of several candidates: what each scored, which was kept."""
+    notes = []
+    for v in results.variants:
+        picked = _get(v.compression, "candidates")
+        if picked is None:
+            continue
+        scores = ", ".join(f"{d:+.1f}" for d in picked["fresh_differences"])
+        notes.append(f"{v.name}: the best of {picked['count']} builds by their paired difference from the baseline on "
+                     f"{picked['episodes']} fresh episodes (seeds {picked['seed']}.., used by nothing else): {scores}; "
+                     f"kept build {picked['picked']}. Its verdict comes from the evaluation episodes, not these.")
     return notes
 
 

@@ -100,3 +100,21 @@ def test_a_run_that_probes_tensorflow_memory_for_the_baseline_only_says_so(tmp_p
     md = (tmp_path / "report.md").read_text()
     student_row = next(line for line in md.splitlines() if line.startswith("| student-32x32-qat-int8 |"))
     assert student_row.rstrip(" |").split("|")[-2].strip() == "-"  # TF RSS MiB, before the MCU arena column
+
+
+def test_a_variant_picked_among_candidates_says_what_each_build_scored_and_which_it_kept(tmp_path):
+    data = json.loads(FIXED.read_text())
+    student = next(v for v in data["variants"] if v["name"] == "student-32x32-qat-int8")
+    student.setdefault("compression", {})["candidates"] = {"count": 3, "episodes": 200, "seed": 200000, "picked": 1,
+                                                           "fresh_differences": [-4.25, 2.5, -30.0]}
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    write_report(tmp_path)
+    expected = ("student-32x32-qat-int8: the best of 3 builds by their paired difference from the baseline on 200 fresh "
+                "episodes (seeds 200000.., used by nothing else): -4.2, +2.5, -30.0; kept build 1.")
+    assert expected in (tmp_path / "report.md").read_text()
+    assert "student-32x32-qat-int8: the best of" in (tmp_path / "report.html").read_text()
+    shutil.rmtree(tmp_path)
+    tmp_path.mkdir()
+    (tmp_path / "results.json").write_text(FIXED.read_text())
+    write_report(tmp_path)
+    assert "the best of" not in (tmp_path / "report.md").read_text()
