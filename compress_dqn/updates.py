@@ -124,6 +124,23 @@ class Learner(Protocol):
     ckpt_dir: Path | None
 
 
+def call_update(update: UpdateFn, arrays: tuple[np.ndarray, ...]) -> tuple[tf.Tensor, tf.Tensor]:
+    """update(*arrays), through the concrete function traced for these shapes and dtypes.
+
+    A tf.function call binds and hashes its arguments to find its trace each time (~0.5 ms on a
+    2-core machine); a LunarLander run makes 37,500 calls of ~1.3 ms each with a [64, 64] network,
+    so the lookup is done once per shape here. The same graph runs, so results are identical.
+    """
+    if not hasattr(update, "get_concrete_function"):
+        return update(*arrays)
+    cache = update.__dict__.setdefault("_concrete_by_shape", {})
+    key = tuple((tuple(a.shape), str(a.dtype)) for a in arrays)
+    concrete = cache.get(key)
+    if concrete is None:
+        concrete = cache[key] = update.get_concrete_function(*arrays)
+    return concrete(*(tf.convert_to_tensor(a) for a in arrays))
+
+
 def run_updates(learner: Learner, update: UpdateFn, arrays: tuple[np.ndarray, ...]) -> tuple[float, float]:
     """Run the K gradient steps stacked in `arrays` (leading axis K) and return (loss, q_mean).
 
@@ -136,14 +153,14 @@ def run_updates(learner: Learner, update: UpdateFn, arrays: tuple[np.ndarray, ..
         losses, qs = [], []
         for k in range(k_steps):
             callbacks.on_gradient_step_begin(state.gradient_step)
-            loss_t, q_t = update(*(a[k : k + 1] for a in arrays))
+            loss_t, q_t = call_update(update, tuple(a[k : k + 1] for a in arrays))
             losses.append(float(loss_t))
             qs.append(float(q_t))
             callbacks.on_gradient_step_end(state.gradient_step, {"loss": losses[-1], "q_mean": qs[-1]})
             state.gradient_step += 1
         loss, q_mean = float(np.mean(losses)), float(np.mean(qs))
     else:
-        loss_t, q_t = update(*arrays)
+        loss_t, q_t = call_update(update, arrays)
         loss, q_mean = float(loss_t), float(q_t)
         state.gradient_step += k_steps
     if not (np.isfinite(loss) and np.isfinite(q_mean)):
