@@ -322,3 +322,24 @@ def test_tfmot_pruning_callback_plugs_in_and_a_fine_tune_keeps_the_baseline_targ
     assert all(s == pytest.approx(0.5, abs=0.02) for s in prune.kernel_sparsity(prune.strip(wrapped)).values())
     for kept, frozen in zip(trainer.target.get_weights(), baseline.get_weights()):
         np.testing.assert_array_equal(kept, frozen)
+
+
+def test_tensorboard_gets_the_phases_mean_once_per_interval_and_the_rest_at_close(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from compress_dqn.train import RunLog
+    from compress_dqn.train_state import TrainState
+
+    points: list[tuple[str, float, int]] = []
+    monkeypatch.setattr(RunLog, "scalar", lambda self, name, value, step: points.append((name, value, step)))
+    log = RunLog(SimpleNamespace(label="t", quiet=True, tb_dir=tmp_path), 100, TrainState())
+    log.phase_log_interval = 10
+    log._next_point = 10
+    for step, loss in zip(range(4, 29, 4), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]):  # steps 4, 8, ..., 28
+        log.phase(step, loss, 10 * loss, epsilon=1.0 / step)
+    log.close(28)
+    losses = [(value, step) for name, value, step in points if name == "train/loss"]
+    # Points at the first phase past each interval (12, then 12 + 10 = 22 -> 24), the rest at close.
+    assert losses == [(2.0, 12), (5.0, 24), (7.0, 28)]  # means of (1, 2, 3), (4, 5, 6), (7)
+    assert [(v, s) for n, v, s in points if n == "train/q_mean"] == [(20.0, 12), (50.0, 24), (70.0, 28)]
+    assert [(v, s) for n, v, s in points if n == "train/epsilon"] == [(1 / 12, 12), (1 / 24, 24), (1 / 28, 28)]
