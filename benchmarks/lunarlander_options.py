@@ -5,8 +5,10 @@ and a summary line per option set, from benchmarks/train_cartpole.py's per-seed 
     python benchmarks/lunarlander_options.py --only zoo-256x256-100k n3-double-64x64-200k --seeds 0 1 2
 
 Each option set is a list of recipe overrides on recipes/lunarlander.yaml (the RL Zoo's DQN
-hyperparameters). The final score is the kept weights' mean over the recipe's 100 evaluation
-episodes (seeds 0..99, never used for selection); "solved" is a mean >= 200. Not a test.
+hyperparameters with best-weights selection on held-out seeds). The final score is the kept
+weights' mean over the recipe's 100 evaluation episodes (seeds 0..99, never used for selection);
+"solved" is a mean >= 200. Every (option set, seed) pair is one fresh process, `--jobs` at once
+(one TensorFlow thread each), so train wall seconds are per seed with one core each. Not a test.
 """
 
 from __future__ import annotations
@@ -14,44 +16,68 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 _64 = ["train.net_arch=[64, 64]", "train.total_timesteps=2e5"]
+_N3D = ["train.n_steps=3", "train.double_dqn=true"]
 OPTIONS: dict[str, list[str]] = {
     # The Zoo's DQN as published: [256, 256], 100k steps, one gradient step per env step.
     "zoo-256x256-100k": ["train.net_arch=[256, 256]", "train.total_timesteps=1e5", "train.n_steps=1",
                          "train.double_dqn=false"],
-    # On this 2-core CPU a [256, 256] update costs ~2.6 ms: 200 s buys ~70k of them. A [64, 64]
-    # network costs ~0.75 ms, so 200k steps fit; [128, 128] ~1.4 ms, 120k steps.
+    # One core, one seed: a phase of 4 gradient steps (batch 128) costs ~1.3 ms with [64, 64],
+    # ~2.2 ms with [128, 128] and ~7 ms with [256, 256]; an env step and its action ~0.15 ms.
+    # So ~200 s buys 200k steps of [64, 64], 150k of [128, 128] at 4 gradient steps per 4 env
+    # steps, or [256, 256] at one gradient step per 4 env steps (SB3's default gradient_steps: 1).
     "64x64-200k": _64 + ["train.n_steps=1", "train.double_dqn=false"],
     "double-64x64-200k": _64 + ["train.n_steps=1", "train.double_dqn=true"],
     "n3-64x64-200k": _64 + ["train.n_steps=3", "train.double_dqn=false"],
-    "n3-double-64x64-200k": _64 + ["train.n_steps=3", "train.double_dqn=true"],
-    "n3-double-linlr-64x64-200k": _64 + ["train.n_steps=3", "train.double_dqn=true", "train.learning_rate_schedule=linear"],
-    "n3-double-128x128-120k": ["train.net_arch=[128, 128]", "train.total_timesteps=1.2e5", "train.n_steps=3",
-                               "train.double_dqn=true"],
+    "n3-double-64x64-200k": _64 + _N3D,
+    "n3-double-linlr-64x64-200k": _64 + _N3D + ["train.learning_rate_schedule=linear"],
+    "n3-double-eval20-64x64-200k": _64 + _N3D + ["train.eval_episodes=20"],
+    "n3-double-128x128-150k": ["train.net_arch=[128, 128]", "train.total_timesteps=1.5e5"] + _N3D,
+    "n3-double-256x256-gs1-250k": ["train.net_arch=[256, 256]", "train.total_timesteps=2.5e5",
+                                   "train.gradient_steps=1"] + _N3D,
+    "n3-double-256x256-gs1-200k": ["train.net_arch=[256, 256]", "train.total_timesteps=2e5",
+                                   "train.gradient_steps=1"] + _N3D,
+    "double-256x256-gs1-200k": ["train.net_arch=[256, 256]", "train.total_timesteps=2e5", "train.gradient_steps=1",
+                                "train.n_steps=1", "train.double_dqn=true"],
+    "n3-double-256x256-gs2-150k": ["train.net_arch=[256, 256]", "train.total_timesteps=1.5e5",
+                                   "train.gradient_steps=2"] + _N3D,
+    # The shipped recipe (n3, double, [256, 256], 150k steps, 4 gradient steps per 4 env steps).
+    "shipped-256x256-150k": [],
 }
 
 
 def main() -> None:
-    from train_cartpole import run_seeds, summary
+    from train_cartpole import child_row, summary
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default=str(ROOT / "recipes" / "lunarlander.yaml"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--only", nargs="+", choices=list(OPTIONS), help="option sets to run (default: all)")
-    parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once (one process each)")
+    parser.add_argument("--jobs", type=int, default=1, help="(option set, seed) pairs trained at once")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="extra override for every option set")
     args = parser.parse_args()
-    for name in args.only or list(OPTIONS):
-        overrides = OPTIONS[name] + args.overrides
-        rows = run_seeds(args.recipe, args.seeds, overrides, args.jobs,
-                         lambda row, name=name: print(json.dumps({"option": name, **row}), flush=True))
-        print(json.dumps({"option": name, **summary(rows, 200.0), "overrides": overrides}), flush=True)
+    names = args.only or list(OPTIONS)
+    pairs = [(name, seed) for name in names for seed in args.seeds]
+
+    def run(pair: tuple[str, int]) -> dict:
+        name, seed = pair
+        row = {"option": name, **child_row(args.recipe, seed, OPTIONS[name] + args.overrides)}
+        print(json.dumps(row), flush=True)
+        return row
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        rows = list(pool.map(run, pairs))
+    for name in names:
+        mine = [r for r in rows if r["option"] == name]
+        print(json.dumps({"option": name, **summary(mine, 200.0), "overrides": OPTIONS[name] + args.overrides}),
+              flush=True)
 
 
 if __name__ == "__main__":

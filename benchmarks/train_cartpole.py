@@ -101,22 +101,23 @@ def summary(rows: list[dict], solved_at: float) -> dict:
     }
 
 
+def child_row(recipe: str, seed: int, overrides: list[str]) -> dict:
+    """One seed trained in a fresh process: its result row, or {"seed", "error"} if it failed."""
+    extra = [x for o in overrides for x in ("--set", o)]
+    done = subprocess.run([sys.executable, __file__, "--recipe", recipe, "--one", str(seed), *extra],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"seed": seed, "error": done.stderr.strip().splitlines()[-1:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def run_seeds(recipe: str, seeds: list[int], overrides: list[str], jobs: int, report=lambda row: None) -> list[dict]:
     """Train each seed in a fresh process (`jobs` at once); one result row per seed, in seed order."""
     from concurrent.futures import ThreadPoolExecutor
 
-    extra = [x for o in overrides for x in ("--set", o)]
-
-    def child(seed: int) -> dict:
-        done = subprocess.run([sys.executable, __file__, "--recipe", recipe, "--one", str(seed), *extra],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            return {"seed": seed, "error": done.stderr.strip().splitlines()[-1:]}
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
     rows = []
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        for row in pool.map(child, seeds):
+        for row in pool.map(lambda seed: child_row(recipe, seed, overrides), seeds):
             report(row)
             rows.append(row)
     return rows
