@@ -78,6 +78,9 @@ def rows(results: RunResults) -> list[dict[str, Any]]:
     return out
 
 
+NO_VARIANTS = "No variants: the recipe lists none, so this run trained and evaluated the baseline only."
+
+
 def headline(results: RunResults) -> list[str]:
     """The findings a reader should see first, as sentences."""
     table = rows(results)
@@ -104,6 +107,8 @@ def headline(results: RunResults) -> list[str]:
                 f"{base['tflite_p50_us']:.1f} us for the fp32 TFLite baseline and "
                 f"{base['saved_model_p50_us']:.0f} us through TensorFlow."
             )
+    elif len(table) == 1:
+        lines.append(NO_VARIANTS)
     else:
         lines.append("No variant kept the baseline's return (see the verdicts below).")
     losses = [r["name"] for r in table[1:] if r["verdict"] == "worse"]
@@ -425,7 +430,10 @@ def render_aggregate_markdown(results: SeedsResults) -> str:
             f"{', '.join(f'{x:.1f}' for x in a.per_seed_mean_return)} | {verdicts} | {a.tflite_gzip_bytes:,} |"
         )
     kept = [a.name for a in results.aggregate[1:] if all(keeps_return(v) for v in a.per_seed_verdict)]
-    lines += ["", f"Within tolerance on every seed: {', '.join(kept) if kept else 'none'}."]
+    if len(results.aggregate) > 1:
+        lines += ["", f"Within tolerance on every seed: {', '.join(kept) if kept else 'none'}."]
+    elif not results.search:
+        lines += ["", NO_VARIANTS]
     if results.search:
         lines += [""] + render_search_markdown(results.search)
     return "\n".join(lines) + "\n"

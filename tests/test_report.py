@@ -118,3 +118,12 @@ def test_a_variant_picked_among_candidates_says_what_each_build_scored_and_which
     (tmp_path / "results.json").write_text(FIXED.read_text())
     write_report(tmp_path)
     assert "the best of" not in (tmp_path / "report.md").read_text()
+
+
+def test_a_baseline_only_run_says_it_has_no_variants_not_that_none_kept_the_return():
+    from compress_dqn.report import NO_VARIANTS
+
+    data = json.loads(FIXED.read_text())
+    data["variants"] = [v for v in data["variants"] if v["name"] == "baseline"]
+    lines = headline(RunResults.from_dict(data))
+    assert NO_VARIANTS in lines and not any("No variant kept" in line for line in lines)
