@@ -128,8 +128,9 @@ def call_update(update: UpdateFn, arrays: tuple[np.ndarray, ...]) -> tuple[tf.Te
     """update(*arrays), through the concrete function traced for these shapes and dtypes.
 
     A tf.function call binds and hashes its arguments to find its trace each time (~0.5 ms on a
-    2-core machine); a LunarLander run makes 37,500 calls of ~1.3 ms each with a [64, 64] network,
-    so the lookup is done once per shape here. The same graph runs, so results are identical.
+    2-core machine). A LunarLander run calls once per 4 env steps, 37,500-50,000 times, and a call
+    with a [64, 64] network costs ~1.3 ms without that lookup, so it is done once per shape here.
+    The same graph runs, so results are identical.
     """
     if not hasattr(update, "get_concrete_function"):
         return update(*arrays)
