@@ -107,10 +107,8 @@ def headline(results: RunResults) -> list[str]:
                 f"{base['tflite_p50_us']:.1f} us for the fp32 TFLite baseline and "
                 f"{base['saved_model_p50_us']:.0f} us through TensorFlow."
             )
-    elif len(table) == 1:
-        lines.append(NO_VARIANTS)
     else:
-        lines.append("No variant kept the baseline's return (see the verdicts below).")
+        lines.append(NO_VARIANTS if len(table) == 1 else "No variant kept the baseline's return (see the verdicts below).")
     losses = [r["name"] for r in table[1:] if r["verdict"] == "worse"]
     if losses:
         lines.append(f"Worse than the tolerance: {', '.join(losses)}.")
