@@ -24,6 +24,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 _64 = ["train.net_arch=[64, 64]", "train.total_timesteps=2e5"]
 _N3D = ["train.n_steps=3", "train.double_dqn=true"]
+
+
+def _256(total_timesteps: str, gradient_steps: int) -> list[str]:
+    """[256, 256] with K gradient steps per train_freq (4) env steps."""
+    return ["train.net_arch=[256, 256]", f"train.total_timesteps={total_timesteps}", f"train.gradient_steps={gradient_steps}"]
+
+
 OPTIONS: dict[str, list[str]] = {
     # The Zoo's DQN as published: [256, 256], 100k steps, one gradient step per env step.
     "zoo-256x256-100k": ["train.net_arch=[256, 256]", "train.total_timesteps=1e5", "train.n_steps=1",
@@ -39,14 +46,10 @@ OPTIONS: dict[str, list[str]] = {
     "n3-double-linlr-64x64-200k": _64 + _N3D + ["train.learning_rate_schedule=linear"],
     "n3-double-eval20-64x64-200k": _64 + _N3D + ["train.eval_episodes=20"],
     "n3-double-128x128-150k": ["train.net_arch=[128, 128]", "train.total_timesteps=1.5e5"] + _N3D,
-    "n3-double-256x256-gs1-250k": ["train.net_arch=[256, 256]", "train.total_timesteps=2.5e5",
-                                   "train.gradient_steps=1"] + _N3D,
-    "n3-double-256x256-gs1-200k": ["train.net_arch=[256, 256]", "train.total_timesteps=2e5",
-                                   "train.gradient_steps=1"] + _N3D,
-    "double-256x256-gs1-200k": ["train.net_arch=[256, 256]", "train.total_timesteps=2e5", "train.gradient_steps=1",
-                                "train.n_steps=1", "train.double_dqn=true"],
-    "n3-double-256x256-gs2-150k": ["train.net_arch=[256, 256]", "train.total_timesteps=1.5e5",
-                                   "train.gradient_steps=2"] + _N3D,
+    "n3-double-256x256-gs1-250k": _256("2.5e5", 1) + _N3D,
+    "n3-double-256x256-gs1-200k": _256("2e5", 1) + _N3D,
+    "double-256x256-gs1-200k": _256("2e5", 1) + ["train.n_steps=1", "train.double_dqn=true"],
+    "n3-double-256x256-gs2-150k": _256("1.5e5", 2) + _N3D,
     # The shipped recipe (n3, double, [256, 256], 150k steps, 4 gradient steps per 4 env steps).
     "shipped-256x256-150k": [],
 }

@@ -332,9 +332,8 @@ def test_tensorboard_gets_the_phases_mean_once_per_interval_and_the_rest_at_clos
 
     points: list[tuple[str, float, int]] = []
     monkeypatch.setattr(RunLog, "scalar", lambda self, name, value, step: points.append((name, value, step)))
+    monkeypatch.setattr(RunLog, "phase_log_interval", 10)
     log = RunLog(SimpleNamespace(label="t", quiet=True, tb_dir=tmp_path), 100, TrainState())
-    log.phase_log_interval = 10
-    log._next_point = 10
     for step, loss in zip(range(4, 29, 4), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]):  # steps 4, 8, ..., 28
         log.phase(step, loss, 10 * loss, epsilon=1.0 / step)
     log.close(28)
