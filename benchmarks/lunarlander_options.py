@@ -50,6 +50,9 @@ OPTIONS: dict[str, list[str]] = {
     "n3-double-256x256-gs1-200k": _256("2e5", 1) + _N3D,
     "double-256x256-gs1-200k": _256("2e5", 1) + ["train.n_steps=1", "train.double_dqn=true"],
     "n3-double-256x256-gs2-150k": _256("1.5e5", 2) + _N3D,
+    # A dueling head (train.dueling) on the two sets that solved 3/3 in ~200 s.
+    "double-dueling-64x64-200k": _64 + ["train.n_steps=1", "train.double_dqn=true", "train.dueling=true"],
+    "n3-double-dueling-256x256-gs1-200k": _256("2e5", 1) + _N3D + ["train.dueling=true"],
     # The shipped recipe (n3, double, [256, 256], 150k steps, 4 gradient steps per 4 env steps).
     "shipped-256x256-150k": [],
 }

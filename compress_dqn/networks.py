@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn._tf import tf_keras
+from compress_dqn._tf import tf, tf_keras
 
 
 def build_q_network(
@@ -25,7 +25,8 @@ def build_q_network(
     conv: Sequence[Any] = (),
     input_scale: float | None = None,
     init: str = "fan_in_uniform",
-) -> tf_keras.Sequential:
+    dueling: bool = False,
+) -> tf_keras.Model:
     """Observations to one Q-value per action: optional Conv2D layers, then Dense layers.
 
     conv: layers with .filters, .kernel, .stride (a recipe's train.conv), channels-last input.
@@ -35,6 +36,8 @@ def build_q_network(
     init: "fan_in_uniform" draws kernels and biases from U(+-1/sqrt(fan_in)) (PyTorch's nn.Linear
     and nn.Conv2d default, so SB3/CleanRL hyperparameters transfer); "glorot_uniform" is Keras'
     default (Glorot kernels, zero biases).
+    dueling: end in a value head and an advantage head, Q = V + A - mean_a A (a Functional model
+    for training only: `fold_dueling` turns it into this function's plain Sequential, exactly).
     """
     if init not in INITIALIZERS:
         raise ValueError(f"unknown init {init!r}; choose from {', '.join(INITIALIZERS)}")
@@ -57,8 +60,67 @@ def build_q_network(
         model.add(tf_keras.layers.Flatten(name="flatten"))
     for i, width in enumerate(net_arch):
         weighted(tf_keras.layers.Dense, int(width), activation=activation, name=f"hidden_{i}")
+    if dueling:
+        return _dueling_model(model, int(n_actions), init, name)
     weighted(tf_keras.layers.Dense, int(n_actions), name="q_values")
     return model
+
+
+@tf_keras.utils.register_keras_serializable(package="compress_dqn")
+class DuelingCombine(tf_keras.layers.Layer):
+    """Q = V + A - mean_a A from [value (batch, 1), advantage (batch, n_actions)] (Wang et al. 2016)."""
+
+    def call(self, inputs: list[tf.Tensor]) -> tf.Tensor:
+        value, advantage = inputs
+        return value + advantage - tf.reduce_mean(advantage, axis=1, keepdims=True)
+
+
+def _dueling_model(body: tf_keras.Sequential, n_actions: int, init: str, name: str) -> tf_keras.Model:
+    """The body's layers (weights kept), then a value head and an advantage head, combined."""
+    inputs = tf_keras.Input(shape=body.input_shape[1:], name="obs")
+    x = inputs
+    for layer in body.layers:
+        if not isinstance(layer, tf_keras.layers.InputLayer):
+            x = layer(x)
+    fan_in = int(x.shape[-1])
+    value = tf_keras.layers.Dense(1, name="value", **_initializers(init, fan_in))(x)
+    advantage = tf_keras.layers.Dense(n_actions, name="advantage", **_initializers(init, fan_in))(x)
+    return tf_keras.Model(inputs, DuelingCombine(name="q_values")([value, advantage]), name=name)
+
+
+def dueling_heads(model: tf_keras.Model) -> tuple[tf_keras.layers.Dense, tf_keras.layers.Dense] | None:
+    """(value, advantage) layers of a network built with dueling=True, else None."""
+    if isinstance(model, tf_keras.Sequential) or not model.layers or not isinstance(model.layers[-1], DuelingCombine):
+        return None
+    return model.get_layer("value"), model.get_layer("advantage")
+
+
+def _body_layers(model: tf_keras.Model) -> list[tf_keras.layers.Layer]:
+    """The layers before the Q head (all but the InputLayer and the output layer or dueling heads)."""
+    heads = 3 if dueling_heads(model) is not None else 1
+    return [layer for layer in model.layers if not isinstance(layer, tf_keras.layers.InputLayer)][:-heads]
+
+
+def _folded_head(value: tuple[np.ndarray, np.ndarray], advantage: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
+    """One Dense layer's (kernel, bias) equal to V + A - mean_a A: the combination is linear."""
+    (wv, bv), (wa, ba) = value, advantage
+    return [wv + wa - wa.mean(axis=1, keepdims=True), bv + ba - ba.mean()]
+
+
+def fold_dueling(model: tf_keras.Model) -> tf_keras.Model:
+    """A dueling network as the plain Sequential network (one Dense Q head) computing the same
+    Q-values; other models are returned as they are. What is exported and compressed is this
+    network: the dueling head shapes learning, not the policy's size or speed."""
+    heads = dueling_heads(model)
+    if heads is None:
+        return model
+    plain = tf_keras.Sequential([tf_keras.layers.InputLayer(input_shape=model.input_shape[1:], name="obs")], name=model.name)
+    for layer in _body_layers(model):
+        plain.add(layer.__class__.from_config(layer.get_config()))
+    plain.add(tf_keras.layers.Dense(heads[1].units, name="q_values"))
+    weights = [w for layer in _body_layers(model) for w in layer.get_weights()]
+    plain.set_weights(weights + _folded_head(*(layer.get_weights() for layer in heads)))
+    return plain
 
 
 INITIALIZERS = ("fan_in_uniform", "glorot_uniform")
@@ -76,12 +138,14 @@ def _initializers(init: str, fan_in: int) -> dict[str, Any]:
     }
 
 
-def network_for(info: Any, cfg: Any, name: str = "q_network") -> tf_keras.Sequential:
+def network_for(info: Any, cfg: Any, name: str = "q_network", dueling: bool = False) -> tf_keras.Model:
     """The network a recipe section describes (train or student: .net_arch, .activation, .conv)
-    for an environment (an EnvInfo: .obs_shape, .n_actions, .input_scale)."""
+    for an environment (an EnvInfo: .obs_shape, .n_actions, .input_scale). Plain unless dueling is
+    asked for: only training builds the dueling form (train.dueling); the baseline it leaves is plain."""
     return build_q_network(
         info.obs_shape, info.n_actions, cfg.net_arch, cfg.activation, name=name,
         conv=getattr(cfg, "conv", ()), input_scale=info.input_scale, init=getattr(cfg, "init", "fan_in_uniform"),
+        dueling=dueling,
     )
 
 
@@ -228,7 +292,9 @@ class NumpyActor:
             raise TypeError(f"NumpyActor supports Rescaling/Conv2D/Flatten/Dense layers only, not {', '.join(unsupported)}")
         self._ops: list[tuple[Any, ...]] = []  # (kind, weight index or scale, stride, activation)
         n_weighted = 0
-        for layer in model.layers:
+        heads = dueling_heads(model)
+        layers = _body_layers(model) if heads is not None else model.layers
+        for layer in layers:
             if isinstance(layer, tf_keras.layers.Rescaling):
                 self._ops.append(("scale", float(layer.scale), 0, "linear"))
             elif isinstance(layer, tf_keras.layers.Conv2D):
@@ -237,7 +303,11 @@ class NumpyActor:
             elif isinstance(layer, tf_keras.layers.Dense):
                 self._ops.append(("dense", n_weighted, 0, layer.activation.__name__))
                 n_weighted += 1
-        self._model = model
+        self._variables = list(model.weights)
+        if heads is not None:  # the heads run folded into one Dense layer (see fold_dueling)
+            self._ops.append(("dense", n_weighted, 0, "linear"))
+            self._variables = [v for layer in layers + list(heads) if layer.weights for v in (layer.kernel, layer.bias)]
+        self._dueling = heads is not None
         self._weights: list[tuple[np.ndarray, np.ndarray]] = []
         self._read_weights: Any = None
         self.refresh()
@@ -259,7 +329,9 @@ class NumpyActor:
 
     @classmethod
     def supports(cls, model: tf_keras.Model) -> bool:
-        """Whether this actor can run the model (plain layers, no tfmot wrappers or split heads)."""
+        """Whether this actor can run the model (plain layers or a dueling head; no tfmot wrappers or split heads)."""
+        if dueling_heads(model) is not None:
+            return all(cls._layer_supported(layer) for layer in _body_layers(model))
         return isinstance(model, tf_keras.Sequential) and all(cls._layer_supported(layer) for layer in model.layers)
 
     def refresh(self) -> None:
@@ -269,12 +341,13 @@ class NumpyActor:
         LunarLander run refreshes after each of its 37,500 phases, and get_weights took ~1 ms of
         each against ~0.2 ms (both on a busy 2-core machine). Same values, same order."""
         if self._read_weights is None:
-            from compress_dqn._tf import tf
-
-            variables = list(self._model.weights)
+            variables = self._variables
             self._read_weights = tf.function(lambda: [tf.identity(v) for v in variables]).get_concrete_function()
         flat = [tensor.numpy() for tensor in self._read_weights()]
         self._weights = [(flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2)]
+        if self._dueling:
+            *self._weights, value, advantage = self._weights
+            self._weights.append(tuple(_folded_head(value, advantage)))
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Q-values for a batch of observations, shape (batch, n_actions)."""

@@ -219,6 +219,10 @@ class TrainConfig(StrictModel):
     """Pick next actions with the online network, value them with the target (van Hasselt 2016)."""
     n_steps: _count(1) = 1
     """Bootstrap after n rewards (n-step returns, SB3's n_steps), sooner at an episode's end."""
+    dueling: bool = False
+    """Train with a value head and a mean-zero advantage head, Q = V + A - mean A (Wang et al.
+    2016; Dopamine's and Tianshou's `dueling`). The combination is linear, so the trained network is
+    folded back into one Dense head: the baseline, its exports and every variant keep the plain shape."""
     loss: Literal["huber", "mse"] = "huber"
     """TD loss; SB3 uses Huber (smooth L1)."""
     checkpoint_interval: PositiveCount = 10_000

@@ -30,7 +30,7 @@ from compress_dqn.callbacks import Interrupt, LoopCallbacks
 from compress_dqn.envs import EnvInfo, env_info, make_env_from, rng_state, seed_env, set_rng_state
 from compress_dqn.evaluate import run_episodes
 from compress_dqn.fileio import load_arrays, load_dict, save_arrays, write_text_atomic
-from compress_dqn.networks import make_actor, network_for
+from compress_dqn.networks import fold_dueling, make_actor, network_for
 from compress_dqn.progress import Progress
 from compress_dqn.recipe import EnvConfig, ReplayConfig, TrainConfig
 from compress_dqn.replay import ReplayBuffer
@@ -45,7 +45,8 @@ __all__ = [
 
 @dataclass
 class TrainResult:
-    """What training produced; the model holds the kept (best or last) weights."""
+    """What training produced; the model holds the kept (best or last) weights, as a plain Q-network
+    (a dueling network folded into one Dense head, see networks.fold_dueling)."""
 
     model: tf_keras.Model
     replay: ReplayBuffer
@@ -263,7 +264,7 @@ class DQNTrainer:
             self.model.set_weights(self.best_weights)
         self.env.close()
         return TrainResult(
-            model=self.model, replay=self.replay, info=self.info,
+            model=fold_dueling(self.model), replay=self.replay, info=self.info,
             env_steps=state.step, gradient_steps=state.gradient_step, episodes=state.episodes,
             wall_seconds=self.elapsed_before + run_seconds,
             env_steps_per_second=(state.step - start_step) / run_seconds if run_seconds > 0 else 0.0,
@@ -302,11 +303,11 @@ def _networks(
     tf_keras.mixed_precision.set_global_policy(policy)
     try:
         if model is None:
-            model = network_for(info, cfg)
+            model = network_for(info, cfg, dueling=cfg.dueling)
         if target_template is not None:  # a fine-tune of a network not built from cfg
             target = tf_keras.models.clone_model(target_template)
         else:
-            target = network_for(info, cfg, name="target")
+            target = network_for(info, cfg, name="target", dueling=cfg.dueling)
     finally:
         tf_keras.mixed_precision.set_global_policy(previous_policy)
     target.set_weights(frozen_target if frozen_target is not None else model.get_weights())

@@ -148,3 +148,45 @@ def test_action_head_chooses_the_advantages_argmax_within_its_range():
     top = head.max(1) > 0
     np.testing.assert_allclose(head.max(1)[inside & top] * (calibrated * 1.125) / 6 - calibrated / 8,
                                advantage.max(1)[inside & top], rtol=1e-4, atol=1e-4)
+
+
+def _conv(filters, kernel, stride):
+    return type("Conv", (), {"filters": filters, "kernel": kernel, "stride": stride})()
+
+
+@pytest.mark.parametrize("cnn", [False, True])
+def test_a_dueling_network_folds_into_the_plain_network_with_the_same_q_values(cnn):
+    """Q = V + A - mean A is linear in the heads, so one Dense head computes it exactly: the
+    folded network has the plain network's layers and shapes, and NumpyActor runs the dueling one."""
+    from compress_dqn.networks import dueling_heads, fold_dueling, make_actor
+
+    rng = np.random.default_rng(7)
+    if cnn:
+        shape, kwargs = (10, 10, 2), {"conv": [_conv(4, 3, 2)], "input_scale": 1 / 255}
+        obs = rng.integers(0, 256, size=(64,) + shape).astype(np.uint8)
+    else:
+        shape, kwargs = (6,), {}
+        obs = rng.normal(size=(64, 6)).astype(np.float32)
+    dueling = build_q_network(shape, 3, [16, 16], dueling=True, **kwargs)
+    value, advantage = dueling_heads(dueling)
+    # Give the heads weights whose advantages are far from mean-zero, so the combination matters.
+    advantage.set_weights([w + rng.normal(size=w.shape).astype(np.float32) for w in advantage.get_weights()])
+    value_out = tf_model_output(dueling, "value", obs)
+    advantage_out = tf_model_output(dueling, "advantage", obs)
+    q = dueling(obs).numpy()
+    np.testing.assert_allclose(q, value_out + advantage_out - advantage_out.mean(1, keepdims=True), rtol=1e-5, atol=1e-5)
+    folded = fold_dueling(dueling)
+    plain = build_q_network(shape, 3, [16, 16], **kwargs)
+    assert [layer.name for layer in folded.layers] == [layer.name for layer in plain.layers]
+    assert [w.shape for w in folded.get_weights()] == [w.shape for w in plain.get_weights()]
+    np.testing.assert_allclose(folded(obs).numpy(), q, rtol=1e-5, atol=1e-5)
+    actor = make_actor(dueling)
+    assert isinstance(actor, NumpyActor)
+    np.testing.assert_allclose(actor.q_values(obs), q, rtol=1e-5, atol=1e-5)
+    assert dueling_heads(folded) is None and fold_dueling(plain) is plain
+
+
+def tf_model_output(model, layer_name, obs):
+    from compress_dqn._tf import tf_keras
+
+    return tf_keras.Model(model.input, model.get_layer(layer_name).output)(obs).numpy()

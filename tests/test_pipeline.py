@@ -292,3 +292,23 @@ def test_parallel_builds_start_the_costliest_first_counting_a_clustering_step_de
         "student-32x32-qat-int8", "pqat-90-int8", "cluster-16", "prune-80", "prune-90-int8", "qat-int8",
         "ptq-dynamic", "ptq-float16", "ptq-int8",
     ]
+
+
+def test_a_dueling_baseline_is_exported_and_compressed_as_the_plain_network(tmp_path):
+    """train.dueling changes how the baseline learns, not what it is: weights.npz holds the plain
+    network (one Dense head), which the TFLite policy computes and a variant compresses."""
+    from compress_dqn.envs import env_info
+    from compress_dqn.fileio import load_arrays
+    from compress_dqn.networks import network_for
+
+    recipe = load_recipe(TINY, ["train.dueling=true", "train.total_timesteps=300",
+                                "variants=[{name: ptq-float16, quantize: {mode: float16}}]"])
+    run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
+    base = tmp_path / "run" / "baseline"
+    env = make_env_from(recipe.env)
+    plain = network_for(env_info(env, recipe.env.id), recipe.train)
+    plain.set_weights(load_arrays(base / "weights.npz"))
+    states = np.load(base / "heldout_obs.npz")["observations"][:100]
+    np.testing.assert_allclose(TFLitePolicy(base / "policy.tflite").q_values(states), plain(states).numpy(), rtol=1e-4, atol=1e-4)
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [v["name"] for v in results["variants"]] == ["baseline", "ptq-float16"]

@@ -81,7 +81,7 @@ def test_training_changes_weights_and_same_seed_same_result():
     assert any(not np.array_equal(x, y) for x, y in zip(a.model.get_weights(), c.model.get_weights()))
 
 
-@pytest.mark.parametrize("variant", [{}, {"train.double_dqn": "true", "train.tau": 0.5}])
+@pytest.mark.parametrize("variant", [{}, {"train.double_dqn": "true", "train.tau": 0.5}, {"train.dueling": "true"}])
 def test_resume_after_crash_equals_uninterrupted_run(tmp_path, variant):
     recipe = tiny(**variant)
     reference = train(recipe)
@@ -342,3 +342,20 @@ def test_tensorboard_gets_the_phases_mean_once_per_interval_and_the_rest_at_clos
     assert losses == [(2.0, 12), (5.0, 24), (7.0, 28)]  # means of (1, 2, 3), (4, 5, 6), (7)
     assert [(v, s) for n, v, s in points if n == "train/q_mean"] == [(20.0, 12), (50.0, 24), (70.0, 28)]
     assert [(v, s) for n, v, s in points if n == "train/epsilon"] == [(1 / 12, 12), (1 / 24, 24), (1 / 28, 28)]
+
+
+def test_dueling_training_learns_through_two_heads_and_returns_the_plain_network():
+    """train.dueling trains V and A heads (other weights than the plain head), and the result is the
+    plain Sequential the pipeline rebuilds from the recipe, computing the dueling network's Q-values."""
+    from compress_dqn.networks import dueling_heads, network_for
+
+    recipe = tiny(**{"train.dueling": "true"})
+    trainer = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=0, quiet=True)
+    assert dueling_heads(trainer.model) is not None and dueling_heads(trainer.target) is not None
+    result = trainer.train()
+    plain = network_for(result.info, recipe.train)
+    plain.set_weights(result.model.get_weights())
+    obs = np.random.default_rng(0).normal(size=(200,) + result.info.obs_shape).astype(np.float32)
+    np.testing.assert_allclose(plain(obs).numpy(), trainer.model(obs).numpy(), rtol=1e-5, atol=1e-5)
+    unlike = train(tiny())
+    assert any(not np.array_equal(a, b) for a, b in zip(result.model.get_weights(), unlike.model.get_weights()))
