@@ -150,10 +150,6 @@ def test_action_head_chooses_the_advantages_argmax_within_its_range():
                                advantage.max(1)[inside & top], rtol=1e-4, atol=1e-4)
 
 
-def _conv(filters, kernel, stride):
-    return type("Conv", (), {"filters": filters, "kernel": kernel, "stride": stride})()
-
-
 @pytest.mark.parametrize("cnn", [False, True])
 def test_a_dueling_network_folds_into_the_plain_network_with_the_same_q_values(cnn):
     """Q = V + A - mean A is linear in the heads, so one Dense head computes it exactly: the
@@ -162,7 +158,7 @@ def test_a_dueling_network_folds_into_the_plain_network_with_the_same_q_values(c
 
     rng = np.random.default_rng(7)
     if cnn:
-        shape, kwargs = (10, 10, 2), {"conv": [_conv(4, 3, 2)], "input_scale": 1 / 255}
+        shape, kwargs = (10, 10, 2), {"conv": [_Conv(4, 3, 2)], "input_scale": 1 / 255}
         obs = rng.integers(0, 256, size=(64,) + shape).astype(np.uint8)
     else:
         shape, kwargs = (6,), {}
@@ -171,8 +167,8 @@ def test_a_dueling_network_folds_into_the_plain_network_with_the_same_q_values(c
     value, advantage = dueling_heads(dueling)
     # Give the heads weights whose advantages are far from mean-zero, so the combination matters.
     advantage.set_weights([w + rng.normal(size=w.shape).astype(np.float32) for w in advantage.get_weights()])
-    value_out = tf_model_output(dueling, "value", obs)
-    advantage_out = tf_model_output(dueling, "advantage", obs)
+    value_out = _head_output(dueling, "value", obs)
+    advantage_out = _head_output(dueling, "advantage", obs)
     q = dueling(obs).numpy()
     np.testing.assert_allclose(q, value_out + advantage_out - advantage_out.mean(1, keepdims=True), rtol=1e-5, atol=1e-5)
     folded = fold_dueling(dueling)
@@ -186,7 +182,7 @@ def test_a_dueling_network_folds_into_the_plain_network_with_the_same_q_values(c
     assert dueling_heads(folded) is None and fold_dueling(plain) is plain
 
 
-def tf_model_output(model, layer_name, obs):
+def _head_output(model, layer_name, obs):
     from compress_dqn._tf import tf_keras
 
     return tf_keras.Model(model.input, model.get_layer(layer_name).output)(obs).numpy()
