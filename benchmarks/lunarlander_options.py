@@ -48,6 +48,7 @@ OPTIONS: dict[str, list[str]] = {
     "n3-double-128x128-150k": ["train.net_arch=[128, 128]", "train.total_timesteps=1.5e5"] + _N3D,
     "n3-double-256x256-gs1-250k": _256("2.5e5", 1) + _N3D,
     "n3-double-256x256-gs1-200k": _256("2e5", 1) + _N3D,
+    "n3-double-eval20-256x256-gs1-200k": _256("2e5", 1) + _N3D + ["train.eval_episodes=20"],
     "double-256x256-gs1-200k": _256("2e5", 1) + ["train.n_steps=1", "train.double_dqn=true"],
     "n3-double-256x256-gs2-150k": _256("1.5e5", 2) + _N3D,
     # A dueling head (train.dueling) on the two sets that solved 3/3 in ~200 s.
