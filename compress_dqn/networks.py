@@ -114,11 +114,12 @@ def fold_dueling(model: tf_keras.Model) -> tf_keras.Model:
     heads = dueling_heads(model)
     if heads is None:
         return model
+    body = _body_layers(model)
     plain = tf_keras.Sequential([tf_keras.layers.InputLayer(input_shape=model.input_shape[1:], name="obs")], name=model.name)
-    for layer in _body_layers(model):
+    for layer in body:
         plain.add(layer.__class__.from_config(layer.get_config()))
     plain.add(tf_keras.layers.Dense(heads[1].units, name="q_values"))
-    weights = [w for layer in _body_layers(model) for w in layer.get_weights()]
+    weights = [w for layer in body for w in layer.get_weights()]
     plain.set_weights(weights + _folded_head(*(layer.get_weights() for layer in heads)))
     return plain
 
@@ -174,8 +175,7 @@ def split_value_advantage(model: tf_keras.Model) -> tf_keras.Model:
     int8 output with one range for all Q-values rounds the gap away. Separate heads get separate
     quantization ranges, and the action is taken from the advantage head's fine one.
     """
-    layers = [layer for layer in model.layers if not isinstance(layer, tf_keras.layers.InputLayer)]
-    *body, head = layers
+    body, head = _body_layers(model), model.layers[-1]
     if not isinstance(head, tf_keras.layers.Dense):
         raise TypeError(f"the last layer must be Dense to split it, not {type(head).__name__}")
     inputs = tf_keras.Input(shape=model.input_shape[1:], name="obs")
@@ -303,10 +303,10 @@ class NumpyActor:
             elif isinstance(layer, tf_keras.layers.Dense):
                 self._ops.append(("dense", n_weighted, 0, layer.activation.__name__))
                 n_weighted += 1
-        self._variables = list(model.weights)
         if heads is not None:  # the heads run folded into one Dense layer (see fold_dueling)
             self._ops.append(("dense", n_weighted, 0, "linear"))
-            self._variables = [v for layer in layers + list(heads) if layer.weights for v in (layer.kernel, layer.bias)]
+            layers = [*layers, *heads]
+        self._variables = [v for layer in layers if layer.weights for v in (layer.kernel, layer.bias)]
         self._dueling = heads is not None
         self._weights: list[tuple[np.ndarray, np.ndarray]] = []
         self._read_weights: Any = None
