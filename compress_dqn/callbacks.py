@@ -73,10 +73,12 @@ class KeepBestPolicy(PhaseCallback):
     disjoint from the final evaluation's, so the verdict is not selected on.
     """
 
-    def __init__(self, env: Any, seeds: Sequence[int], every: int) -> None:
+    def __init__(self, env: Any, seeds: Sequence[int], every: int, first_step: int = 0) -> None:
+        """first_step: consider no weights from before this gradient step (a pruning fine-tune's
+        model reaches its target sparsity there; the end of training is always considered)."""
         super().__init__()
-        self.env, self.seeds, self.every = env, list(seeds), every
-        self.next_at = every
+        self.env, self.seeds, self.every, self.first_step = env, list(seeds), every, first_step
+        self.next_at = max(every, first_step)
         self.best: tuple[float, int, list[Any]] | None = None
         self.history: list[tuple[int, float]] = []
 
@@ -95,7 +97,8 @@ class KeepBestPolicy(PhaseCallback):
             self.best = (score, gradient_step, self.model.get_weights())
 
     def on_train_begin(self, logs: Logs | None = None) -> None:
-        self._consider(0)  # the weights it starts from (a QAT fine-tune can make a good student worse)
+        if self.first_step == 0:  # the weights it starts from (a QAT fine-tune can make a good student worse)
+            self._consider(0)
 
     def on_phase_end(self, logs: Logs | None = None) -> None:
         if logs["gradient_step"] >= self.next_at:

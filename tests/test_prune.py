@@ -155,3 +155,25 @@ def test_a_td_fine_tune_or_a_pruned_student_does_not_share_its_pruning(trained_t
                                   result.replay, recipe, result.info, quiet=True, shared=tmp_path)
             assert "shared" not in built.details["fine_tune"]
     assert not list(tmp_path.iterdir())
+
+
+def test_selection_keeps_only_fully_pruned_weights(trained_tiny, monkeypatch):
+    """A pruning fine-tune with selection (select_interval) must hand back a model at the target
+    sparsity even where its earlier, denser weights play better: here every evaluation scores
+    lower than the one before, so without the guard the unpruned start would be kept. And the
+    kept snapshot, taken after a gradient step, is masked again before the wrappers go."""
+    import compress_dqn.evaluate as evaluate
+    from compress_dqn.compress.prune import pruned_from_step
+
+    scores = iter(range(1000, 0, -1))
+    monkeypatch.setattr(evaluate, "run_episodes", lambda act, env, seeds: [next(scores)] * len(seeds))
+    monkeypatch.setattr(evaluate, "run_episodes_side_by_side", lambda q, env, seeds: [next(scores)] * len(seeds))
+    recipe, result = trained_tiny
+    v = variant(recipe, prune={"sparsity": 0.8, "frequency": 10, "exclude": ["q_values"]},
+                fine_tune={"steps": 400, "select_interval": 50, "select_episodes": 2})
+    built = build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
+    selection = built.details["fine_tune"]["selection"]
+    assert selection["evaluations"][0][0] >= pruned_from_step(v.prune, 400) > 200
+    assert selection["selected_step"] == selection["evaluations"][0][0] < 400  # the first eligible, not the last
+    assert built.details["sparsity"]["hidden_0"] == pytest.approx(0.8, abs=0.01)
+    assert built.details["sparsity"]["hidden_1"] == pytest.approx(0.8, abs=0.01)

@@ -137,16 +137,18 @@ def fine_tune(
     label: str = "fine-tune",
     quiet: bool = False,
     seed_label: str | None = None,
+    select_from: int = 0,
 ) -> dict[str, Any]:
     """Recover return after compression: distillation to the baseline, or more TD learning.
-    label names the progress; seed_label (default: label) seeds the fine-tune's environment."""
+    label names the progress; seed_label (default: label) seeds the fine-tune's environment;
+    select_from: the first gradient step whose weights a selection may keep."""
     # tfmot wrappers update masks/quantizer ranges with tf.cond and assign ops; keep them out of XLA.
     convolutional = any(isinstance(layer, tf_keras.layers.Conv2D) for layer in model.submodules)
     jit = use_xla(recipe.train.jit_compile, convolutional) and not wrapped
     selection = None
     if ft.select_interval:
         seeds = range(recipe.train.eval_seed, recipe.train.eval_seed + ft.select_episodes)
-        selection = KeepBestPolicy(recipe.env, seeds, ft.select_interval)
+        selection = KeepBestPolicy(recipe.env, seeds, ft.select_interval, first_step=select_from)
         callbacks = (*callbacks, selection)
     details = _fine_tune(model, ft, recipe, baseline, replay, callbacks, jit, label, quiet, seed_label or label)
     if selection is not None:
@@ -227,9 +229,11 @@ def _pruned_and_recovered(variant: VariantConfig, model: tf_keras.Model, recipe:
     ft = variant.fine_tune
 
     def prune_and_recover(seed_label: str | None = None) -> tf_keras.Model:
-        wrapped = prune.prune_model(model, variant.prune, _fine_tune_gradient_steps(ft, recipe))
+        steps = _fine_tune_gradient_steps(ft, recipe)
+        wrapped = prune.prune_model(model, variant.prune, steps)
         details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
-                                         wrapped=True, label=variant.name, quiet=quiet, seed_label=seed_label)
+                                         wrapped=True, label=variant.name, quiet=quiet, seed_label=seed_label,
+                                         select_from=prune.pruned_from_step(variant.prune, steps))
         return prune.strip(wrapped)
 
     if shared is None or variant.student or ft.method != "distill":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow_model_optimization as tfmot
+from tensorflow_model_optimization.python.core.sparsity.keras import pruning_wrapper
 
 from compress_dqn._tf import tf_keras
 from compress_dqn.errors import UserError
@@ -26,17 +27,31 @@ def _check_names(model: tf_keras.Model, names: list[str], key: str) -> None:
         raise UserError(f"{key}: no Dense or Conv2D layer named {', '.join(unknown)}; layers are {', '.join(known)}")
 
 
-def schedule(cfg: PruneConfig, total_steps: int) -> _sparsity.PruningSchedule:
-    """The tfmot schedule over a fine-tune of total_steps gradient steps."""
+def _ramp(cfg: PruneConfig, total_steps: int) -> tuple[int, int, int]:
+    """(begin, end, frequency) of the pruning over a fine-tune of total_steps gradient steps."""
     begin = int(cfg.begin_fraction * total_steps)
     if cfg.schedule == "constant":
-        return _sparsity.ConstantSparsity(cfg.sparsity, begin_step=begin, frequency=cfg.frequency)
+        return begin, begin, cfg.frequency
     span = max(1, int(cfg.end_fraction * total_steps) - begin)
     # tfmot only prunes on steps begin + n * frequency: end on one, or a short fine-tune (fewer steps
     # than the frequency) would never reach the target sparsity.
     frequency = min(cfg.frequency, span)
-    end = begin + (span // frequency) * frequency
+    return begin, begin + (span // frequency) * frequency, frequency
+
+
+def schedule(cfg: PruneConfig, total_steps: int) -> _sparsity.PruningSchedule:
+    """The tfmot schedule over a fine-tune of total_steps gradient steps."""
+    begin, end, frequency = _ramp(cfg, total_steps)
+    if cfg.schedule == "constant":
+        return _sparsity.ConstantSparsity(cfg.sparsity, begin_step=begin, frequency=frequency)
     return _sparsity.PolynomialDecay(0.0, cfg.sparsity, begin_step=begin, end_step=end, frequency=frequency)
+
+
+def pruned_from_step(cfg: PruneConfig, total_steps: int) -> int:
+    """The first gradient step count after which every pruned layer is at its target sparsity: a
+    snapshot kept by selection (fine_tune.select_interval) must come from then on, or the
+    fine-tune could hand back a less pruned model than the recipe asks for."""
+    return _ramp(cfg, total_steps)[1] + 1  # tfmot's step counter starts at 1: the mask update at `end` is in step end + 1
 
 
 def prune_model(model: tf_keras.Model, cfg: PruneConfig, total_steps: int) -> tf_keras.Model:
@@ -59,7 +74,14 @@ def update_pruning_step() -> tf_keras.callbacks.Callback:
 
 
 def strip(model: tf_keras.Model) -> tf_keras.Model:
-    """Remove the pruning wrappers: plain layers holding the masked weights."""
+    """Remove the pruning wrappers: plain layers holding the masked weights.
+
+    The masks are applied first. tfmot's strip_pruning keeps the kernels as they are, and a
+    gradient step after the last mask multiply (or weights a selection restored) leaves small
+    values where the mask is zero."""
+    for layer in model.submodules:
+        if isinstance(layer, pruning_wrapper.PruneLowMagnitude):
+            layer.pruning_obj.weight_mask_op()
     return _sparsity.strip_pruning(model)
 
 
