@@ -1,7 +1,7 @@
 """Train a recipe for given seeds and print one JSON line per seed.
 
     python benchmarks/train_cartpole.py --recipe recipes/cartpole.yaml --seeds 0 1 2 3
-    python benchmarks/train_cartpole.py --recipe recipes/cartpole-zoo.yaml --seeds $(seq 0 19) --jobs 2
+    python benchmarks/train_cartpole.py --recipe recipes/cartpole-zoo.yaml --seeds $(seq 0 19)
 
 The last line counts the seeds whose final greedy return is >= --solved (475, CartPole's bar).
 
