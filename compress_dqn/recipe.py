@@ -241,8 +241,8 @@ class TrainConfig(StrictModel):
     """Compile the update step with XLA (null: yes, except convolutional networks on a CPU, where
     XLA's convolutions were 2.4x (MinAtar) to 5.7x (Atari) slower than TensorFlow's own)."""
     intra_op_threads: Annotated[int | None, BeforeValidator(_parse_count)] = None
-    """TensorFlow intra-op threads (null: TensorFlow's default; in a run, the CPUs divided
-    among the seeds training at once). Units that run side by side want one each; one seed
+    """TensorFlow intra-op threads (null: TensorFlow's default; a multi-seed run divides the
+    CPUs among the seeds training at once). Units that run side by side want one each; one seed
     alone trains faster on all: the Zoo's CartPole update (256x256, batch 64) took 14.1-16.4 s a
     seed on two threads against 18.6-20.5 s on one, on 2 cores."""
     mixed_precision: bool = False
