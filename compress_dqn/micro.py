@@ -167,7 +167,8 @@ def _index_problem(model: Any, schema: Any) -> str | None:
                 return f"tensor {t} has shape {shape}"
             data = model.buffers[tensor.buffer].data if n_buffers else None
             size = _ITEM_BYTES.get(types.get(tensor.type, ""))
-            if data is not None and len(data) and size and len(data) < size * int(np.prod(shape, dtype=np.int64)):
+            dense = tensor.sparsity is None  # a sparse-format tensor holds only its nonzero blocks
+            if dense and data is not None and len(data) and size and len(data) < size * int(np.prod(shape, dtype=np.int64)):
                 return f"tensor {t} holds {len(data)} bytes for shape {shape}"
         for i, op in enumerate(graph.operators or []):
             if not 0 <= op.opcodeIndex < n_codes:
@@ -189,6 +190,9 @@ def _index_problem(model: Any, schema: Any) -> str | None:
 
 
 def _refuse_missing(info: ModelInfo, label: str) -> None:
+    if "DENSIFY" in info.missing:  # the converter's sparse weight format, expanded at load
+        raise UserError(f"{label}: its pruned weights are in TFLite's sparse format, whose DENSIFY op "
+                        "TFLite Micro has no kernel for: set the variant's prune.sparse_format: false")
     if info.missing:
         raise UserError(f"{label}: TFLite Micro has no kernel for op {', '.join(info.missing)}; "
                         "it cannot run on a microcontroller: export the policy without it")

@@ -352,6 +352,10 @@ class PruneConfig(StrictModel):
     """Gradient steps between mask updates."""
     exclude: list[str] = Field(default_factory=list)
     """Layer names kept dense, e.g. [q_values] for the output layer."""
+    sparse_format: bool = True
+    """Store pruned kernels in TFLite's sparse format where that makes the file smaller and acts the
+    same. The full runtime expands them at load (a DENSIFY op); TFLite Micro has no such kernel,
+    so set false for a microcontroller policy."""
 
     @model_validator(mode="after")
     def _ordered(self) -> PruneConfig:

@@ -54,6 +54,9 @@ def policies(tmp_path_factory):
             levels = np.quantile(kernel, np.linspace(0, 1, 16))
             layer.set_weights([levels[np.abs(kernel[..., None] - levels).argmin(-1)].astype(np.float32), bias])
     paths["clustered"] = _export(clustered, out / "clustered.tflite")
+    pruned = build_q_network((4,), 2, [64, 64])  # 90% zeros, stored as the pipeline does when smaller
+    pruned.set_weights([np.where(np.random.default_rng(1).random(w.shape) < 0.9, 0.0, w) for w in pruned.get_weights()])
+    paths["sparse"] = _export(pruned, out / "sparse.tflite", converter_setup(None, sparse=True))
 
     class Prod(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32, name="observations")])
@@ -98,6 +101,10 @@ def test_summary_never_raises_for_models_tflm_cannot_run(policies, tmp_path):
     assert prod["arena_bytes"] is None and prod["fits"] == {"32KB": False, "256KB": False}
     dynamic = micro.micro_summary(policies["dynamic"])
     assert not dynamic["runs"] and "FULLY_CONNECTED" in dynamic["reason"] and "int8" in dynamic["reason"]
+    # The sparse format's kernels hold only their nonzero blocks: not damaged, but TFLM cannot expand them.
+    sparse = micro.micro_summary(policies["sparse"])
+    assert not sparse["runs"] and "DENSIFY" in sparse["ops"], sparse
+    assert "damaged" not in sparse["reason"] and "prune.sparse_format: false" in sparse["reason"]
     (tmp_path / "junk.tflite").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
     junk = micro.micro_summary(tmp_path / "junk.tflite")
     assert not junk["runs"] and "not a TFLite flatbuffer" in junk["reason"]

@@ -177,3 +177,16 @@ def test_selection_keeps_only_fully_pruned_weights(trained_tiny, monkeypatch):
     assert selection["selected_step"] == selection["evaluations"][0][0] < 400  # the first eligible, not the last
     assert built.details["sparsity"]["hidden_0"] == pytest.approx(0.8, abs=0.01)
     assert built.details["sparsity"]["hidden_1"] == pytest.approx(0.8, abs=0.01)
+
+
+def test_sparse_format_is_an_export_choice_that_keeps_the_shared_pruning(trained_tiny):
+    """prune.sparse_format: false keeps the TFLite kernels dense (TFLite Micro cannot expand the sparse
+    format), and it changes nothing upstream: both settings load the same shared pruning."""
+    from compress_dqn.compress.build import pruning_key
+
+    recipe, result = trained_tiny
+    dense, sparse = (variant(recipe, prune={"sparsity": 0.5, "frequency": 5, "sparse_format": kept}, fine_tune={"steps": 10})
+                     for kept in (False, True))
+    assert pruning_key(dense, recipe, result.model) == pruning_key(sparse, recipe, result.model)
+    assert not build_variant(dense, result.model, result.replay, recipe, result.info, quiet=True).try_sparse_format
+    assert build_variant(sparse, result.model, result.replay, recipe, result.info, quiet=True).try_sparse_format

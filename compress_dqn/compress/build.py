@@ -202,7 +202,8 @@ resumed with newer code does not load pruned models the older code made."""
 def pruning_key(variant: VariantConfig, recipe: Recipe, baseline: tf_keras.Model) -> str:
     """What a variant's pruned and recovered baseline depends on, hashed: the pruning, its
     fine-tune, the recipe's seed, task and training, and the baseline's weights."""
-    depends = {"format": SHARED_PRUNING_FORMAT, "prune": variant.prune.model_dump(mode="json"),
+    prune = variant.prune.model_dump(mode="json", exclude={"sparse_format"})  # an export setting
+    depends = {"format": SHARED_PRUNING_FORMAT, "prune": prune,
                "fine_tune": variant.fine_tune.model_dump(mode="json"), "seed": recipe.seed,
                "env": recipe.env.model_dump(mode="json"), "train": recipe.train.model_dump(mode="json")}
     digest = hashlib.sha256(json.dumps(depends, sort_keys=True).encode())
@@ -374,7 +375,7 @@ def build_variant(
         nonzero_params=nonzero,
         quantize=q,
         calibration=calibration,
-        try_sparse_format=bool(variant.prune),
+        try_sparse_format=bool(variant.prune and variant.prune.sparse_format),
         details=details,
         input_normalization=normalization,
         normalized_model=normalized_model,
