@@ -192,7 +192,8 @@ def _index_problem(model: Any, schema: Any) -> str | None:
 def _refuse_missing(info: ModelInfo, label: str) -> None:
     if "DENSIFY" in info.missing:  # the converter's sparse weight format, expanded at load
         raise UserError(f"{label}: its pruned weights are in TFLite's sparse format, whose DENSIFY op "
-                        "TFLite Micro has no kernel for: set the variant's prune.sparse_format: false")
+                        "TFLite Micro has no kernel for: set the variant's prune.sparse_format: false "
+                        "(or convert without Optimize.EXPERIMENTAL_SPARSITY)")
     if info.missing:
         raise UserError(f"{label}: TFLite Micro has no kernel for op {', '.join(info.missing)}; "
                         "it cannot run on a microcontroller: export the policy without it")

@@ -180,8 +180,9 @@ def test_selection_keeps_only_fully_pruned_weights(trained_tiny, monkeypatch):
 
 
 def test_sparse_format_is_an_export_choice_that_keeps_the_shared_pruning(trained_tiny):
-    """prune.sparse_format: false keeps the TFLite kernels dense (TFLite Micro cannot expand the sparse
-    format), and it changes nothing upstream: both settings load the same shared pruning."""
+    """prune.sparse_format reaches the build's export choice (try_sparse_format: whether the exporter
+    may keep TFLite's sparse format, which TFLite Micro cannot expand) and changes nothing upstream:
+    both settings have the same shared-pruning key."""
     from compress_dqn.compress.build import pruning_key
 
     recipe, result = trained_tiny
