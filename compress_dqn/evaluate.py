@@ -122,14 +122,17 @@ def paired_difference(
 
 def episodes_to_decide(n: int, lo: float, hi: float, mean: float, margin: float) -> int | None:
     """About how many paired episodes would decide an inconclusive verdict if the mean difference
-    and its spread held: the CI's half-width shrinks as 1/sqrt(n) until the CI clears -margin.
+    and its spread held: the CI's arm on the margin's side (mean - lo above the margin, hi - mean
+    below it) shrinks as 1/sqrt(n) until the CI clears -margin. One arm, not the half-width: a
+    bootstrap CI of skewed differences (mostly 0, a few large losses) is lopsided.
     Why: "inconclusive" should say what it would take (LunarLander's paired differences spread by
     50-130 points, so a 1% margin of ~4 points can need thousands of episodes). None where the
     mean sits on the margin itself."""
-    distance, half_width = abs(mean + margin), (hi - lo) / 2
-    if distance <= 0 or half_width <= 0:
+    distance = mean + margin  # > 0: within would be decided; < 0: worse would
+    arm = mean - lo if distance > 0 else hi - mean
+    if distance == 0 or arm <= 0:
         return None
-    return int(np.ceil(n * (half_width / distance) ** 2))
+    return int(np.ceil(n * (arm / abs(distance)) ** 2))
 
 
 def random_returns(env: EnvConfig, seeds: Iterable[int], n_actions: int) -> list[float]:

@@ -153,3 +153,15 @@ def test_inconclusive_says_how_many_episodes_would_decide():
     assert 200 < needed < 5000
     later = paired_difference(variant[:2 * needed], baseline, 0.05, random)
     assert later["verdict"] in ("within 5%", "better") and "episodes_to_decide" not in later
+
+
+def test_episodes_to_decide_reads_the_arm_that_must_clear_the_margin():
+    """A lopsided CI (the demo's pqat-90-int8: -1.2 [-4.8, 0.0] after 400 episodes, margin 4.78)
+    is decided by its lower arm: the estimate must exceed the episodes already played (the
+    half-width said ~180). Below the margin, the upper arm decides."""
+    from compress_dqn.evaluate import episodes_to_decide
+
+    needed = episodes_to_decide(400, -4.8, 0.0, -1.2, 4.78)
+    assert needed == int(np.ceil(400 * (3.6 / 3.58) ** 2)) and needed > 400
+    assert episodes_to_decide(100, -9.0, -4.0, -6.0, 5.0) == 400  # worse needs hi: -4 -> below -5
+    assert episodes_to_decide(100, -9.0, -1.0, -5.0, 5.0) is None  # the mean on the margin
