@@ -10,6 +10,7 @@ of transitions, checked for shapes and dtypes.
 from __future__ import annotations
 
 import hashlib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,12 @@ def _shape(value: Any) -> tuple:
 def load_model(path: str | Path, info: Any) -> Any:
     """A tf_keras model from .keras, .h5 or a Keras SavedModel directory, checked against the env.
 
-    safe_mode stays on: a .keras file with Python lambdas is refused rather than executed.
+    Safe mode is forced on for every format: tf_keras honours `safe_mode` only for zip .keras
+    files, and an .h5 file (or HDF5 bytes named .keras) with a Lambda layer would otherwise run the
+    Python code stored in it while loading.
     """
+    from tf_keras.src.saving.serialization_lib import SafeModeScope
+
     from compress_dqn._tf import quiet_stderr, tf_keras
 
     path = Path(path)
@@ -37,10 +42,16 @@ def load_model(path: str | Path, info: Any) -> Any:
         raise UserError(f"baseline.from: {path}: no such file or directory; check the path")
     if path.is_file() and path.suffix not in (".keras", ".h5"):
         raise UserError(f"baseline.from: {path}: expected a .keras or .h5 file or a SavedModel directory")
+    if path.is_file() and path.suffix == ".keras" and not zipfile.is_zipfile(path):
+        raise UserError(f"baseline.from: {path}: not a zip-format .keras file (a damaged file, or HDF5 bytes "
+                        "under a .keras name); save it again with model.save('q.keras'), or name an HDF5 file .h5")
     try:
-        with quiet_stderr():
+        with quiet_stderr(), SafeModeScope(True):
             model = tf_keras.models.load_model(str(path), compile=False)
     except Exception as exc:  # tf_keras raises many kinds for bad files; all mean "cannot load"
+        if "Lambda layer" in str(exc):
+            raise UserError(f"baseline.from: {path}: it has a Lambda layer, which would run Python code stored in "
+                            "the file; rebuild the network from standard layers (Dense, Conv2D, ...)") from None
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         hint = ("; a SavedModel must be a Keras one (model.save(dir)): a bare tf.Module has no layers to compress"
                 if path.is_dir() else "")

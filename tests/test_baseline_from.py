@@ -95,7 +95,7 @@ def test_mismatched_models_and_data_are_refused(saved_model_file, tmp_path):
             load_model(bad, cartpole)
     broken = tmp_path / "broken.keras"
     broken.write_bytes(path.read_bytes()[:300])
-    with pytest.raises(UserError, match="tf_keras cannot load it"):
+    with pytest.raises(UserError, match="not a zip-format .keras file"):
         load_model(broken, cartpole)
 
     good = {"observations": np.zeros((5, 4), np.float32), "actions": np.zeros(5, np.int64),
@@ -120,6 +120,29 @@ def test_mismatched_models_and_data_are_refused(saved_model_file, tmp_path):
     assert result.exit_code == 2 and "input shape is (4,)" in result.output and not (tmp_path / "r").exists()
     result = CliRunner().invoke(main, ["compress", str(path), "--env", "CartPole-v1", "--variants", "ptq-int9"])
     assert result.exit_code == 2 and "unknown preset ptq-int9; choose from ptq-dynamic" in result.output
+
+
+def test_a_lambda_layer_is_refused_without_running_its_code(tmp_path, monkeypatch):
+    """tf_keras applies safe_mode only to zip .keras files: an .h5 Lambda ran its stored code on load."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.baseline import load_model
+    from compress_dqn.envs import env_info, make_env
+
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("COMPRESS_DQN_TEST_MARKER", str(marker))
+    inputs = tf_keras.Input((4,))
+    touch = tf_keras.layers.Lambda(lambda t: (open(__import__("os").environ["COMPRESS_DQN_TEST_MARKER"], "w").close(), t)[1])
+    model = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(touch(inputs)))
+    for name in ("q.h5", "q.keras"):
+        model.save(str(tmp_path / name))
+    (tmp_path / "h5-bytes.keras").write_bytes((tmp_path / "q.h5").read_bytes())
+    marker.unlink()  # building the model called the Lambda once
+    cartpole = env_info(make_env("CartPole-v1"), "CartPole-v1")
+    for name, fragment in [("q.h5", "it has a Lambda layer"), ("q.keras", "it has a Lambda layer"),
+                           ("h5-bytes.keras", "not a zip-format .keras file")]:
+        with pytest.raises(UserError, match=fragment):
+            load_model(tmp_path / name, cartpole)
+        assert not marker.exists(), f"loading {name} ran the Lambda's code"
 
 
 def test_a_missing_baseline_file_is_refused_before_anything_is_written(tmp_path):
