@@ -266,12 +266,15 @@ def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) 
 @_user_errors
 def report(run_dir: Path) -> None:
     """Re-render results.csv, report.md, report.html and the plots from RUN_DIR/results.json."""
-    from compress_dqn.manifest import MANIFEST, check_artifact, write_manifest
+    from compress_dqn.manifest import MANIFEST, verify as verify_run, write_manifest
     from compress_dqn.report import write_report
 
     finished = (run_dir / MANIFEST).is_file()
-    if finished:
-        check_artifact(run_dir / "results.json")  # never render a report from altered results
+    if finished:  # the manifest is rewritten below: never sign altered artifacts into it
+        problems = verify_run(run_dir)
+        if problems:
+            raise UserError(f"{run_dir}: {len(problems)} artifact(s) no longer match manifest.json ({problems[0]}); "
+                            "restore them, or rerun the recipe with another --out")
     for path in write_report(run_dir):
         click.echo(str(path))
     if finished:

@@ -18,9 +18,16 @@ from compress_dqn.fileio import write_text_atomic
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
-# Scratch that is not part of a finished run: checkpoints are deleted once training ends, and
-# .tmp-/.old- names are the leftovers of a killed process.
-_SKIP_DIRS = {"checkpoints"}
+# Scratch that is not part of a finished run: the baseline's checkpoints are deleted once
+# training ends, and .tmp-/.old- names are the leftovers of a killed process. Only
+# baseline/checkpoints is skipped: a variant may be named "checkpoints".
+_SKIP_DIR = ("baseline", "checkpoints")
+
+
+def _scratch(rel: Path) -> bool:
+    parts = rel.parts
+    return (any(part.startswith((".tmp-", ".old-")) for part in parts)
+            or any(parts[i : i + 2] == _SKIP_DIR for i in range(len(parts) - 1)))
 
 
 def sha256_of(path: Path) -> str:
@@ -37,7 +44,7 @@ def _artifacts(run_dir: Path) -> list[Path]:
         rel = path.relative_to(run_dir)
         if path.is_dir() or rel.as_posix() == MANIFEST:
             continue
-        if any(part.startswith((".tmp-", ".old-")) or part in _SKIP_DIRS for part in rel.parts):
+        if _scratch(rel):
             continue
         files.append(path)
     return files
@@ -116,8 +123,9 @@ def run_fingerprint(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def find_run_dir(path: Path, levels: int = 4) -> Path | None:
-    """The run directory (holding manifest.json) that contains path, if any."""
-    path = Path(path).absolute()
+    """The run directory (holding manifest.json) that contains path, if any (links resolved, so a
+    link to a run's file is checked as the file)."""
+    path = Path(path).resolve()
     for candidate in [path, *path.parents][: levels + 1]:
         if (candidate / MANIFEST).is_file():
             return candidate
@@ -130,7 +138,7 @@ def check_artifact(path: Path) -> None:
     Files outside any run directory (a policy copied elsewhere) are not checked here; their own
     loaders refuse truncated or foreign files.
     """
-    path = Path(path).absolute()
+    path = Path(path).resolve()
     run_dir = find_run_dir(path)
     if run_dir is None:
         return

@@ -436,7 +436,7 @@ class MicroPolicy:
         self.input_dtype = np.dtype(details["dtype"])
         self.input_quantization = _quant(details)
         self._quantized_input = self.input_quantization is not None and self.input_dtype.kind in "iu"
-        self.input_normalization = input_normalization(data, label)  # (mean, std) or None
+        self.input_normalization = input_normalization(data, label, features=int(np.prod(self.obs_shape)))  # (mean, std) or None
         self._q_index, self._action_index = info.outputs["q_values"], info.outputs["action"]
         q_details = self._interp.get_output_details(self._q_index)
         self.n_actions = int(q_details["shape"][-1])

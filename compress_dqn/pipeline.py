@@ -44,6 +44,7 @@ from compress_dqn.manifest import MANIFEST, verify, write_manifest
 from compress_dqn.recipe import Recipe, recipe_from_data
 from compress_dqn.report import write_report
 from compress_dqn.results import RunResults, SeedAggregate, SeedsResults, VariantResult, save_results
+from compress_dqn.safe_yaml import read_yaml
 
 
 @dataclass
@@ -79,7 +80,7 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
     new = recipe.to_dict()
     if recipe_file.exists():
         try:
-            old = recipe_from_data(yaml.safe_load(recipe_file.read_text()), str(recipe_file)).to_dict()
+            old = recipe_from_data(read_yaml(recipe_file), str(recipe_file)).to_dict()
         except (UserError, yaml.YAMLError):
             raise UserError(f"{run_dir}: its recipe.yaml is unreadable; pass another --out or delete the directory") from None
         # Where units run does not change what they compute: a sweep may resume on another engine.
@@ -167,7 +168,7 @@ def _export(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any 
 
     export_saved_model(model, info.obs_shape, info.obs_dtype, out / "saved_model")
     source = out / "saved_model"
-    with tempfile.TemporaryDirectory(dir=out) as scratch:
+    with tempfile.TemporaryDirectory(dir=out, prefix=".tmp-export-") as scratch:
         if built is not None and built.converts_own_model:
             dtype = np.float32 if built.input_normalization is not None else info.obs_dtype
             source = export_saved_model(built.tflite_model(), info.obs_shape, dtype, Path(scratch) / "converted")

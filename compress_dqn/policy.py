@@ -46,7 +46,7 @@ class TFLitePolicy:
                 self._interp = Interpreter(model_content=content, num_threads=num_threads)
         except (ValueError, RuntimeError) as exc:
             raise UserError(f"{label}: the TFLite runtime cannot load it ({str(exc).splitlines()[0]}); is it truncated?") from None
-        path = label
+        path = self._label = label
         signatures = self._interp.get_signature_list()
         if SIGNATURE not in signatures:
             raise UserError(f"{path}: no {SIGNATURE!r} signature (has {sorted(signatures)}); export it with compress-dqn")
@@ -65,11 +65,8 @@ class TFLitePolicy:
         self.n_actions = int(self._q["shape_signature"][-1])
         self.input_dtype = np.dtype(self._in["dtype"])
         self._quantized_input = bool(self._in["quantization"][0]) and self.input_dtype.kind in "iu"
-        self.input_normalization = input_normalization(content, label)
+        self.input_normalization = input_normalization(content, label, features=int(np.prod(self.obs_shape)))
         self._needs_prepare = self._quantized_input or self.input_normalization is not None
-        if self.input_normalization is not None and self.input_normalization[0].size != int(np.prod(self.obs_shape)):
-            raise UserError(f"{path}: its input normalization has {self.input_normalization[0].size} features but "
-                            f"its input has shape {self.obs_shape}; re-export the policy")
         self._one_shape = (1, *self.obs_shape)
         self._in_index, self._action_index = self._in["index"], self._action["index"]
         # Bound methods of the Python wrapper: they do not pin the interpreter's buffers.
@@ -82,8 +79,14 @@ class TFLitePolicy:
             from compress_dqn._quiet import quiet_stderr
 
             self._interp.resize_tensor_input(self._in["index"], [batch, *self.obs_shape])
-            with quiet_stderr():  # XNNPACK announces itself on stderr at allocation
-                self._interp.allocate_tensors()
+            try:
+                with quiet_stderr():  # XNNPACK announces itself on stderr at allocation
+                    self._interp.allocate_tensors()
+            except RuntimeError as exc:  # an op LiteRT lacks, or one whose Prepare fails
+                reason = (str(exc).strip().splitlines() or ["RuntimeError"])[0]
+                hint = ("; it was exported for TFLite Micro (--compress): play it with --runtime micro"
+                        if "TFLM_DECODE" in str(exc) else "; re-export it with compress-dqn export")
+                raise UserError(f"{self._label}: the TFLite runtime cannot prepare it ({reason}){hint}") from None
             self._batch = batch
 
     def _prepare(self, obs: np.ndarray) -> np.ndarray:

@@ -73,8 +73,10 @@ def add_metadata(data: bytes, name: str, payload: bytes) -> bytes:
     return _pack(model, len(data) + len(payload))
 
 
-def input_normalization(data: bytes, label: str = "<bytes>") -> tuple[np.ndarray, np.ndarray] | None:
-    """(mean, std) per input feature, if the model expects normalized observations."""
+def input_normalization(data: bytes, label: str = "<bytes>", features: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(mean, std) per input feature, if the model expects normalized observations; checked to be
+    finite, with std > 0 and (given `features`, the model's input size) one pair per feature, so
+    every loader refuses what would otherwise play quietly on wrongly scaled inputs."""
     if INPUT_NORMALIZATION.encode() not in data:  # the entry's name is stored verbatim: no need to parse
         return None
     try:
@@ -88,8 +90,12 @@ def input_normalization(data: bytes, label: str = "<bytes>") -> tuple[np.ndarray
         mean, std = np.asarray(spec["mean"], np.float32), np.asarray(spec["std"], np.float32)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         mean = std = None
-    if mean is None or mean.ndim != 1 or mean.shape != std.shape or not np.all(std > 0):
+    if (mean is None or mean.ndim != 1 or mean.shape != std.shape or not np.all(std > 0)
+            or not np.all(np.isfinite(mean)) or not np.all(np.isfinite(std))):
         raise UserError(f"{label}: its input normalization metadata is unreadable; re-export the policy")
+    if features is not None and mean.size != features:
+        raise UserError(f"{label}: its input normalization has {mean.size} features but its input has {features}; "
+                        "re-export the policy")
     return mean, std
 
 

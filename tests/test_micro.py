@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from compress_dqn import micro
 from compress_dqn.cli import main
+from compress_dqn.errors import UserError
 
 needs_tflm = pytest.mark.skipif(not micro.available(), reason="tflite-micro not installed: pip install 'compress-dqn[micro]'")
 
@@ -272,6 +273,15 @@ def test_unsupported_op_and_bad_files_get_one_line(policies, tmp_path):
 
 
 @needs_tflm
+def test_a_normalization_that_does_not_fit_the_input_is_refused(policies):
+    """MicroPolicy normalized an 8-feature observation with a 4-feature mean, reshaped, and played on."""
+    from compress_dqn.tflite_metadata import with_input_normalization
+
+    bad = with_input_normalization(policies["fp32"].read_bytes(), np.zeros(2), np.ones(2))
+    with pytest.raises(UserError, match="2 features but its input has 4"):
+        micro.MicroPolicy(bad)
+
+
 def test_damaged_models_are_refused_not_crashed(policies):
     """TFLM follows the flatbuffer's offsets unchecked; flipped bytes must give an error, not a segfault."""
     code = (
@@ -310,6 +320,9 @@ def test_tflm_compression_kept_only_when_smaller_and_identical(policies, tmp_pat
     assert report["compression"]["applied"] and report["flash_bytes"] == len(packed.data)
     assert "TFLM_DECODE" in report["ops"]
     assert "resolver.AddDecode()" in (tmp_path / "c" / f"{report['name']}_example.cc").read_text()
+    # LiteRT has no TFLM_DECODE kernel: one line naming the runtime to use, not a traceback
+    code, _, err = _cli("evaluate", str(tmp_path / "c" / f"{report['name']}.tflite"), "--env", "CartPole-v1", "--episodes", "1")
+    assert code == 2 and "cannot prepare it" in err and "--runtime micro" in err and "Traceback" not in err
 
 
 def test_without_tflite_micro_the_command_says_how_to_install(monkeypatch, tmp_path):

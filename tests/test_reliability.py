@@ -137,6 +137,36 @@ def test_report_rerender_keeps_the_run_verified(finished_run, tmp_path):
     assert runner.invoke(main, ["verify", str(run_dir)]).exit_code == 0
 
 
+def test_report_does_not_sign_an_altered_policy_into_the_manifest(finished_run, tmp_path):
+    """`report` rewrites manifest.json; it re-hashed every file, so one byte flipped in a policy
+    became 'verified' after a routine re-render."""
+    runner = CliRunner()
+    run_dir = _copy(finished_run, tmp_path)
+    policy = run_dir / "baseline" / "policy.tflite"
+    data = bytearray(policy.read_bytes())
+    data[200] ^= 0xFF
+    policy.write_bytes(bytes(data))
+    result = runner.invoke(main, ["report", str(run_dir)])
+    assert result.exit_code == 2 and "baseline/policy.tflite does not match its SHA-256" in result.output
+    assert runner.invoke(main, ["verify", str(run_dir)]).exit_code == 2
+    link = tmp_path / "link"  # the same file reached through a link is checked against its run too
+    link.symlink_to(run_dir / "baseline")
+    result = runner.invoke(main, ["evaluate", str(link / "policy.tflite"), "--env", "CartPole-v1", "--episodes", "1"])
+    assert result.exit_code == 2 and "does not match its SHA-256" in result.output
+
+
+def test_only_the_baselines_checkpoints_are_left_out_of_the_manifest(tmp_path):
+    from compress_dqn.manifest import verify, write_manifest
+
+    for rel in ["baseline/checkpoints/step-1/weights.npz", "variants/checkpoints/policy.tflite",
+                "variants/x/.tmp-export-1/saved_model.pb", "results.json"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    assert sorted(write_manifest(tmp_path)["files"]) == ["results.json", "variants/checkpoints/policy.tflite"]
+    (tmp_path / "variants" / "checkpoints" / "policy.tflite").write_bytes(b"y")
+    assert verify(tmp_path) == ["variants/checkpoints/policy.tflite does not match its SHA-256 (modified or corrupted)"]
+
+
 def test_divergence_stops_with_a_clear_message_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     import compress_dqn.train as train_module
 

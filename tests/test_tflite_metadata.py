@@ -77,6 +77,9 @@ def test_a_normalization_that_does_not_fit_the_input_is_refused(policies):
         TFLitePolicy(bad)
     with pytest.raises(UserError, match="unreadable"):
         TFLitePolicy(add_metadata(fp32, "compress_dqn.input_normalization", b"{not json"))
+    for mean, std in [([float("nan"), 0, 0, 0], [1, 1, 1, 1]), ([0, 0, 0, 0], [1, float("inf"), 1, 1])]:
+        with pytest.raises(UserError, match="unreadable"):  # a NaN mean played every action on NaN inputs
+            TFLitePolicy(with_input_normalization(fp32, np.array(mean), np.array(std)))
 
 
 def test_normalization_metadata_is_exact_and_short(policies):
