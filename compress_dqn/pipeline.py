@@ -733,13 +733,14 @@ def aggregate_seeds(runs: list[RunResults]) -> list[SeedAggregate]:
 
     from compress_dqn.evaluate import iqm, stratified_bootstrap_ci
 
-    baseline = np.array([run.baseline.returns["mean"] for run in runs])
     out = []
     # A search drops a candidate at its first losing seed: aggregate what every seed played.
     for name in [v.name for v in runs[0].variants if all(v.name in {w.name for w in run.variants} for run in runs)]:
         entries = [run.variant(name) for run in runs]
         means = np.array([v.returns["mean"] for v in entries])
-        diffs = means - baseline
+        # Paired, on the episodes the variant played: the seed's baseline mean covers the most
+        # episodes any variant of that seed needed, which may be many more than this one played.
+        diffs = np.array([(v.return_vs_baseline or {}).get("mean", 0.0) for v in entries])
         out.append(SeedAggregate(
             name=name,
             per_seed_mean_return=means.tolist(),

@@ -56,10 +56,13 @@ def rows(results: RunResults) -> list[dict[str, Any]]:
             "diff_mean": _get(versus, "mean") if versus else 0.0,
             "diff_ci_low": (_get(versus, "ci") or [0.0, 0.0])[0],
             "diff_ci_high": (_get(versus, "ci") or [0.0, 0.0])[1],
-            "normalized_score": _get(versus, "normalized_score") if versus else 1.0,
+            "normalized_score": _get(versus, "normalized_score") if versus else _baseline_normalized(results),
+            "margin": _get(versus, "margin"),
+            "baseline_same_episodes": v.returns["mean"] - versus["mean"] if versus else None,
             "episodes": v.episodes,
+            "episodes_differing": _get(versus, "episodes_differing"),
             "verdict": v.verdict,
-            "episodes_to_decide": _get(versus, "episodes_to_decide") if versus else None,
+            "episodes_to_decide": _to_decide(versus),
             "action_agreement": v.action_agreement,
             "action_agreement_decisive": v.action_agreement_decisive,
             "params": v.size["params"],
@@ -78,6 +81,33 @@ def rows(results: RunResults) -> list[dict[str, Any]]:
     return out
 
 
+def _baseline_normalized(results: RunResults) -> float | None:
+    """1.0, the baseline's own normalized score, unless it does not beat the random policy (no scale)."""
+    return 1.0 if _lead_over_random(results) > 0 else None
+
+
+def _lead_over_random(results: RunResults) -> float:
+    return results.baseline.returns["mean"] - results.random["return"]["mean"]
+
+
+def _to_decide(versus: dict | None) -> int | None:
+    """The episode estimate of an inconclusive verdict, recomputed from its CI (an estimate stored by
+    an older version of the rule would otherwise be re-rendered as it was)."""
+    from compress_dqn.evaluate import episodes_to_decide
+
+    if not versus or versus.get("verdict") != "inconclusive":
+        return None
+    lo, hi = versus["ci"]
+    return episodes_to_decide(versus["episodes"], lo, hi, versus["mean"], versus["margin"])
+
+
+def _times(ratio: float, smaller: str = "smaller", larger: str = "larger") -> str:
+    """'60x smaller', '1.3x smaller', '1.2x larger': a ratio below 10 keeps a decimal, below 1 turns around."""
+    if ratio < 1:
+        return f"{1 / ratio:.1f}x {larger}"
+    return f"{ratio:.0f}x {smaller}" if ratio >= 10 else f"{ratio:.1f}x {smaller}"
+
+
 NO_VARIANTS = "No variants: the recipe lists none, so this run trained and evaluated the baseline only."
 
 
@@ -86,27 +116,42 @@ def headline(results: RunResults) -> list[str]:
     table = rows(results)
     base = table[0]
     keepers = [r for r in table[1:] if keeps_return(r["verdict"])]
-    lines = [
+    lines = []
+    if len(table) > 1 and _lead_over_random(results) <= 0:
+        lines.append(
+            f"Warning: the baseline ({base['return_mean']:.1f}) does not beat a uniform-random policy "
+            f"({results.random['return']['mean']:.1f}), so the tolerance has no scale (a margin of 0) and no "
+            "verdict says the compression kept anything worth keeping; train a stronger baseline first."
+        )
+    lines.append(
         f"Baseline return {base['return_mean']:.1f} over {base['episodes']} episodes; a uniform-random policy gets "
         f"{results.random['return']['mean']:.1f} on the same episodes (the 0% of normalized scores)."
-    ]
+    )
     if keepers:
         small = min(keepers, key=lambda r: r["tflite_gzip_bytes"])
         lines.append(
             f"Smallest policy that keeps the baseline's return: {small['name']}, "
-            f"{small['tflite_gzip_bytes']:,} bytes gzipped, {base['tflite_gzip_bytes'] / small['tflite_gzip_bytes']:.0f}x "
-            f"smaller than the fp32 baseline's {base['tflite_gzip_bytes']:,} gzipped bytes "
-            f"({base['tflite_bytes'] / small['tflite_bytes']:.1f}x raw to raw), return {small['return_mean']:.1f} "
-            f"vs {base['return_mean']:.1f} ({small['verdict']}, {small['episodes']} episodes)."
+            f"{small['tflite_gzip_bytes']:,} bytes gzipped, {_times(base['tflite_gzip_bytes'] / small['tflite_gzip_bytes'])} "
+            f"than the fp32 baseline's {base['tflite_gzip_bytes']:,} gzipped bytes "
+            f"({_times(base['tflite_bytes'] / small['tflite_bytes'])} raw to raw), return {small['return_mean']:.1f} "
+            f"vs the baseline's {small['baseline_same_episodes']:.1f} on the same {small['episodes']} episodes "
+            f"({small['verdict']})."
         )
         timed = [r for r in keepers if r["tflite_p50_us"] is not None]
         if timed and base["tflite_p50_us"] is not None:
             fast = min(timed, key=lambda r: r["tflite_p50_us"])
-            lines.append(
-                f"Fastest: {fast['name']}, {fast['tflite_p50_us']:.1f} us per action (TFLite, batch 1, p50) vs "
-                f"{base['tflite_p50_us']:.1f} us for the fp32 TFLite baseline and "
-                f"{base['saved_model_p50_us']:.0f} us through TensorFlow."
-            )
+            if fast["tflite_p50_us"] < base["tflite_p50_us"]:
+                lines.append(
+                    f"Fastest: {fast['name']}, {fast['tflite_p50_us']:.1f} us per action (TFLite, batch 1, p50) vs "
+                    f"{base['tflite_p50_us']:.1f} us for the fp32 TFLite baseline and "
+                    f"{base['saved_model_p50_us']:.0f} us through TensorFlow."
+                )
+            else:
+                lines.append(
+                    f"None of the policies that keep the return is faster than the fp32 TFLite baseline "
+                    f"({base['tflite_p50_us']:.1f} us per action, batch 1, p50; the quickest of them, {fast['name']}, "
+                    f"{fast['tflite_p50_us']:.1f} us)."
+                )
     else:
         lines.append(NO_VARIANTS if len(table) == 1 else "No variant kept the baseline's return (see the verdicts below).")
     losses = [r["name"] for r in table[1:] if r["verdict"] == "worse"]
@@ -266,7 +311,7 @@ def make_plots(results: RunResults) -> dict[str, bytes]:
 
 _COLUMNS = [
     ("variant", "name", "{}"), ("return", "return_mean", "{:.1f}"), ("vs baseline", "diff_mean", "{:+.1f}"),
-    ("CI of difference", None, None), ("verdict", "verdict", "{}"), ("episodes", "episodes", "{}"),
+    ("CI of difference", None, None), ("verdict", "verdict", "{}"), ("episodes (differed)", "episodes", "{}"),
     ("normalized", "normalized_score", "{:.1%}"), ("agreement", "action_agreement", "{:.3f}"),
     ("decisive", "action_agreement_decisive", "{:.3f}"),
     ("nonzero / params", None, None), ("TFLite bytes", "tflite_bytes", "{:,}"), ("gzipped", "tflite_gzip_bytes", "{:,}"),
@@ -280,8 +325,10 @@ def _cells(r: dict) -> list[str]:
     cells = []
     for _, key, fmt in _COLUMNS:
         if key is None and fmt is None:
-            cells.append(f"[{r['diff_ci_low']:.1f}, {r['diff_ci_high']:.1f}]" if len(cells) == 3
-                         else f"{r['nonzero_params']:,} / {r['params']:,}")
+            cells.append(_ci_cell(r) if len(cells) == 3 else f"{r['nonzero_params']:,} / {r['params']:,}")
+            continue
+        if key == "episodes" and r["episodes_differing"] is not None:
+            cells.append(f"{r['episodes']} ({r['episodes_differing']})")
             continue
         value = r[key]
         if value is None:
@@ -291,6 +338,15 @@ def _cells(r: dict) -> list[str]:
         else:
             cells.append(fmt.format(value))
     return cells
+
+
+def _ci_cell(r: dict) -> str:
+    """The difference's CI with as many decimals (1-3) as it takes to tell its ends from -margin."""
+    lo, hi, margin = r["diff_ci_low"], r["diff_ci_high"], r["margin"]
+    digits = 1
+    while margin and digits < 3 and any(round(end, digits) == round(-margin, digits) for end in (lo, hi)):
+        digits += 1
+    return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
 def _notes(results: RunResults) -> list[str]:
@@ -303,12 +359,19 @@ def _notes(results: RunResults) -> list[str]:
         f"episodes, at looks {', '.join(map(str, looks))}; each CI is at {ev['confidence']:.2%} so the {len(looks)} "
         "looks keep a 5% error rate overall." if len(looks) > 1 else ""
     )
+    margins = sorted(m for r in rows(results)[1:] if (m := r["margin"]) is not None)
+    margin_text = ("" if not margins else f", a margin of -{margins[0]:.2f}" + (
+        f" to -{margins[-1]:.2f} (each on the variant's own episodes)" if margins[-1] - margins[0] >= 0.005 else ""))
     notes = [
         f"Every variant plays the baseline's episode seeds (from {ev['seed']}), so differences are paired. The verdict "
-        f"is a non-inferiority test: 'within {100 * ev['tolerance']:g}%' means the {ev['confidence']:.0%} bootstrap CI "
+        f"is a non-inferiority test: 'within {100 * ev['tolerance']:g}%' means the {ev['confidence']:.2%} bootstrap CI "
         f"of the per-episode difference stays above -{100 * ev['tolerance']:g}% of the baseline's lead over a "
-        f"uniform-random policy ({base:.1f} vs {random:.1f} on the same episodes); 'better' means it is above 0, "
-        f"'worse' below the margin, 'inconclusive' neither.{sequential}",
+        f"uniform-random policy ({base:.1f} vs {random:.1f} on the same episodes){margin_text}; 'better' means it is "
+        f"above 0, 'worse' below the margin, 'inconclusive' neither. The CI's lower end counts one more episode that "
+        "loses the baseline's whole lead (or the largest loss seen) times the share of episodes whose returns were "
+        "identical: a bootstrap cannot see a rare failure it has not sampled, so identical episodes decide 'within' "
+        "only once there are enough of them to make such a failure rare (~400 at 1%). 'Episodes (differed)': how many were played, and on how many the returns differed. "
+        f"'vs baseline' is paired: the baseline's mean on the variant's own episodes.{sequential}",
         "Normalized score: (return - random) / (baseline - random) on the variant's episodes; 100% is the baseline.",
         f"Agreement is the share of greedy actions equal to the baseline's on {ev['heldout_episodes']} held-out episodes "
         f"(seeds {ev['heldout_seed']}..), which no calibration, fine-tune or return evaluation used; a policy can keep "
@@ -414,7 +477,9 @@ def render_aggregate_markdown(results: SeedsResults) -> str:
         f"seeds {seeds} of each seed's mean return (over {results.eval['episodes']} episodes, or more where a "
         "verdict needed them: the number is next to each verdict), with 95% "
         "stratified-bootstrap CIs (Agarwal et al., 2021); the difference is taken per seed against that "
-        "seed's own baseline.",
+        "seed's own baseline, paired on the episodes the variant played."
+        + (f" With {len(seeds)} seeds the IQM trims nothing (it is the mean) and the CI spans about the lowest to the "
+           "highest seed: read it as the seeds' range, not as a 95% interval." if len(seeds) < 4 else ""),
         "",
         "| variant | IQM return | 95% CI | IQM difference vs baseline | 95% CI | per-seed mean returns | "
         "per-seed verdicts (episodes) | gzipped bytes |",

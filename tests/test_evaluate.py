@@ -60,15 +60,15 @@ def test_paired_difference_verdicts_are_a_non_inferiority_test():
     from compress_dqn.evaluate import keeps_return, paired_difference
 
     rng = np.random.default_rng(0)
-    base = rng.normal(100, 30, 100)
-    random = np.full(100, 20.0)  # the margin is 1% of (100 - 20) = 0.8
+    base = rng.normal(100, 30, 1000)  # enough identical episodes to rule out a rare whole-lead loss
+    random = np.full(1000, 20.0)  # the margin is 1% of (100 - 20) = 0.8
     assert paired_difference(base + 0.0, base, random=random)["verdict"] == "within 1%"
-    assert paired_difference(base - 0.5, base, random=random)["verdict"] == "within 1%"
-    assert paired_difference(base - 0.5, base, random=np.full(100, 99.9))["verdict"] == "worse"  # margin 0.001
+    assert paired_difference(base - 0.3, base, random=random)["verdict"] == "within 1%"
+    assert paired_difference(base - 0.5, base, random=np.full(1000, 99.9))["verdict"] == "worse"  # margin 0.001
     assert paired_difference(base + 5.0, base, random=random)["verdict"] == "better"
     assert paired_difference(base - 20.0, base, random=random)["verdict"] == "worse"
     assert paired_difference(base - 20.0, base, tolerance=0.3, random=random)["verdict"] == "within 30%"
-    noisy = base + rng.normal(0, 60, 100)  # same mean, huge per-episode noise
+    noisy = base + rng.normal(0, 60, 1000) - 2.0  # per-episode noise that 1,000 episodes cannot place
     result = paired_difference(noisy, base, random=random)
     assert result["verdict"] == "inconclusive"
     assert result["ci"][0] < -result["margin"] < result["ci"][1]
@@ -79,12 +79,46 @@ def test_paired_difference_verdicts_are_a_non_inferiority_test():
     assert shifted["normalized_score"] == pytest.approx((base.mean() - 3.0 - 20.0) / (base.mean() - 20.0))
 
 
+def test_identical_episodes_decide_within_only_once_a_rare_whole_lead_loss_is_ruled_out():
+    """CartPole-like differences: 0 on most episodes, the baseline's whole lead on a few. The
+    percentile bootstrap gave 100 identical episodes the CI [0, 0], a certain 'within 1%', although
+    a variant losing 478 points on 2% of episodes (-9.6, twice the margin) shows no loss in its first
+    100 episodes 13% of the time."""
+    from compress_dqn.evaluate import paired_difference
+
+    def verdict(variant, n, confidence=1 - 0.05 / 3):
+        return paired_difference(variant, [500.0] * n, 0.01, [22.0] * n, confidence)  # margin 4.78
+
+    for n in (1, 5, 100, 200):
+        assert verdict([500.0] * n, n)["verdict"] == "inconclusive", n
+    assert verdict([500.0] * 1, 1)["ci"][0] == -478.0  # one episode decides nothing
+    assert verdict([500.0] * 400, 400)["verdict"] == "within 1%"  # the rule of three's order: ~3-5 / tolerance
+    one_loss = verdict([500.0] * 399 + [22.0], 400)
+    assert one_loss["verdict"] == "inconclusive" and one_loss["episodes_differing"] == 1
+    # The unseen loss is weighted by the share of identical episodes: where every episode differs
+    # (LunarLander) the observed spread carries the tails and the CI is the plain bootstrap's.
+    rng = np.random.default_rng(0)
+    base, spread = rng.normal(250, 30, 3200), rng.normal(0, 80, 3200)
+    out = paired_difference(base + spread, base, 0.01, rng.normal(-180, 100, 3200), 1 - 0.05 / 6)
+    assert out["ci"] == pytest.approx(bootstrap_ci(spread, 1 - 0.05 / 6)) and out["unseen_loss"] == 0.0
+    half = paired_difference(np.where(np.arange(3200) % 2, base + spread, base), base, 0.01, np.full(3200, -180.0))
+    assert half["episodes_differing"] == 1600 and half["unseen_loss"] == pytest.approx(0.5 * (base.mean() + 180))
+
+
+def test_a_nan_return_is_refused_in_one_line():
+    from compress_dqn.errors import UserError
+    from compress_dqn.evaluate import paired_difference
+
+    with pytest.raises(UserError, match="NaN or infinite"):
+        paired_difference([1.0, float("nan")], [1.0, 2.0], 0.01, [0.0, 0.0])
+
+
 def test_negative_returns_get_a_margin_from_the_lead_over_random():
     """Returns below zero (LunarLander-like): 1% of |mean| would be tiny; the lead over random is not."""
     from compress_dqn.evaluate import paired_difference
 
-    base = np.random.default_rng(1).normal(-50, 5, 200)
-    random = np.full(200, -250.0)
+    base = np.random.default_rng(1).normal(-50, 5, 2000)
+    random = np.full(2000, -250.0)
     out = paired_difference(base - 1.0, base, random=random)
     assert out["margin"] == pytest.approx(0.01 * (base.mean() + 250.0))
     assert out["verdict"] == "within 1%"  # 1.0 < 2.0, the margin
@@ -99,7 +133,7 @@ def test_sequential_looks_and_partial_pairs():
     assert looks(100, 300) == [100, 200, 300]
     base = list(np.arange(400.0))
     out = paired_difference(base[:100], base, random=[0.0] * 400, confidence=0.99)
-    assert out["episodes"] == 100 and out["confidence"] == 0.99 and out["ci"] == [0.0, 0.0]
+    assert out["episodes"] == 100 and out["confidence"] == 0.99 and out["ci"][1] == 0.0
     with pytest.raises(ValueError):
         paired_difference(base, base[:100])
 

@@ -28,9 +28,12 @@ def test_rows_and_headline_from_fixed_results():
     assert lines[1].startswith("Smallest policy that keeps the baseline's return: ptq-int8")  # the others are open
     # Like with like: gzip to gzip, and raw to raw.
     base, ptq = table[0], table[1]
-    assert f"{base['tflite_gzip_bytes'] / ptq['tflite_gzip_bytes']:.0f}x smaller than the fp32 baseline's" in lines[1]
-    assert f"({base['tflite_bytes'] / ptq['tflite_bytes']:.1f}x raw to raw)" in lines[1]
-    assert any("Not decided within 100 episodes: prune-80, student-32x32-qat-int8" in line for line in lines)
+    assert f"{base['tflite_gzip_bytes'] / ptq['tflite_gzip_bytes']:.1f}x smaller than the fp32 baseline's" in lines[1]
+    assert f"({base['tflite_bytes'] / ptq['tflite_bytes']:.1f}x smaller raw to raw)" in lines[1]
+    # Paired: the baseline's mean on the variant's own episodes, not over however many the longest verdict used.
+    assert f"vs the baseline's {ptq['return_mean'] - ptq['diff_mean']:.1f} on the same {ptq['episodes']} episodes" in lines[1]
+    assert any(line.startswith("Not decided within 100 episodes: prune-80") and "student-32x32-qat-int8" in line
+               for line in lines)
     assert [r["verdict"] for r in table] == ["reference", "better", "inconclusive", "inconclusive"]
     assert table[1]["normalized_score"] > 1.0 and table[0]["normalized_score"] == 1.0
     assert any("MiB" in line for line in lines)
@@ -61,11 +64,32 @@ def test_report_cli(tmp_path):
 
 
 def test_headline_says_how_many_episodes_would_decide_an_open_verdict():
+    from compress_dqn.evaluate import episodes_to_decide
+
     results = RunResults.from_dict(json.loads(FIXED.read_text()))
-    results.variant("prune-80").return_vs_baseline["episodes_to_decide"] = 1234
+    versus = results.variant("prune-80").return_vs_baseline
+    versus["episodes_to_decide"] = 1234  # as stored by an older rule: the report recomputes it from the CI
+    expected = episodes_to_decide(versus["episodes"], *versus["ci"], versus["mean"], versus["margin"])
+    assert expected != 1234
     lines = headline(results)
-    assert any("Not decided within 100 episodes: prune-80 (~1,234 would decide it), student-32x32-qat-int8 "
-               "(paired episodes, if the mean difference and its spread hold)." in line for line in lines)
+    assert any(f"Not decided within 100 episodes: prune-80 (~{expected:,} would decide it)" in line
+               and "(paired episodes, if the mean difference and its spread hold)." in line for line in lines)
+
+
+def test_headline_does_not_call_slower_faster_or_larger_smaller_or_a_random_level_baseline_a_reference():
+    results = RunResults.from_dict(json.loads(FIXED.read_text()))
+    ptq = results.variant("ptq-int8")
+    ptq.latency_us["cpu"]["tflite"]["p50"] = 2 * results.baseline.latency_us["cpu"]["tflite"]["p50"]
+    ptq.size["tflite_gzip_bytes"] = 2 * results.baseline.size["tflite_gzip_bytes"]
+    lines = headline(results)
+    assert not any(line.startswith("Fastest:") for line in lines)
+    assert any(line.startswith("None of the policies that keep the return is faster than the fp32 TFLite baseline")
+               for line in lines)
+    assert any("2.0x larger than the fp32 baseline's" in line for line in lines)
+    results.random["return"]["mean"] = results.baseline.returns["mean"] + 1.0
+    lines = headline(results)
+    assert lines[0].startswith("Warning: the baseline") and "does not beat a uniform-random policy" in lines[0]
+    assert rows(results)[0]["normalized_score"] is None
 
 
 def test_notes_say_how_long_the_baseline_trained_and_which_weights_it_kept(tmp_path):
