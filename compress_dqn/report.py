@@ -111,6 +111,36 @@ def _times(ratio: float, smaller: str = "smaller", larger: str = "larger") -> st
 NO_VARIANTS = "No variants: the recipe lists none, so this run trained and evaluated the baseline only."
 
 
+def _keeper_lines(base: dict[str, Any], keepers: list[dict[str, Any]]) -> list[str]:
+    """The smallest and the fastest of the policies that keep the return, against the baseline."""
+    lines = []
+    small = min(keepers, key=lambda r: r["tflite_gzip_bytes"])
+    lines.append(
+        f"Smallest policy that keeps the baseline's return: {small['name']}, "
+        f"{small['tflite_gzip_bytes']:,} bytes gzipped, {_times(base['tflite_gzip_bytes'] / small['tflite_gzip_bytes'])} "
+        f"than the fp32 baseline's {base['tflite_gzip_bytes']:,} gzipped bytes "
+        f"({_times(base['tflite_bytes'] / small['tflite_bytes'])} raw to raw), return {small['return_mean']:.1f} "
+        f"vs the baseline's {small['baseline_same_episodes']:.1f} on the same {small['episodes']} episodes "
+        f"({small['verdict']})."
+    )
+    timed = [r for r in keepers if r["tflite_p50_us"] is not None]
+    if timed and base["tflite_p50_us"] is not None:
+        fast = min(timed, key=lambda r: r["tflite_p50_us"])
+        if fast["tflite_p50_us"] < base["tflite_p50_us"]:
+            lines.append(
+                f"Fastest: {fast['name']}, {fast['tflite_p50_us']:.1f} us per action (TFLite, batch 1, p50) vs "
+                f"{base['tflite_p50_us']:.1f} us for the fp32 TFLite baseline and "
+                f"{base['saved_model_p50_us']:.0f} us through TensorFlow."
+            )
+        else:
+            lines.append(
+                f"None of the policies that keep the return is faster than the fp32 TFLite baseline "
+                f"({base['tflite_p50_us']:.1f} us per action, batch 1, p50; the quickest of them, {fast['name']}, "
+                f"{fast['tflite_p50_us']:.1f} us)."
+            )
+    return lines
+
+
 def headline(results: RunResults) -> list[str]:
     """The findings a reader should see first, as sentences."""
     table = rows(results)
@@ -128,30 +158,7 @@ def headline(results: RunResults) -> list[str]:
         f"{results.random['return']['mean']:.1f} on the same episodes (the 0% of normalized scores)."
     )
     if keepers:
-        small = min(keepers, key=lambda r: r["tflite_gzip_bytes"])
-        lines.append(
-            f"Smallest policy that keeps the baseline's return: {small['name']}, "
-            f"{small['tflite_gzip_bytes']:,} bytes gzipped, {_times(base['tflite_gzip_bytes'] / small['tflite_gzip_bytes'])} "
-            f"than the fp32 baseline's {base['tflite_gzip_bytes']:,} gzipped bytes "
-            f"({_times(base['tflite_bytes'] / small['tflite_bytes'])} raw to raw), return {small['return_mean']:.1f} "
-            f"vs the baseline's {small['baseline_same_episodes']:.1f} on the same {small['episodes']} episodes "
-            f"({small['verdict']})."
-        )
-        timed = [r for r in keepers if r["tflite_p50_us"] is not None]
-        if timed and base["tflite_p50_us"] is not None:
-            fast = min(timed, key=lambda r: r["tflite_p50_us"])
-            if fast["tflite_p50_us"] < base["tflite_p50_us"]:
-                lines.append(
-                    f"Fastest: {fast['name']}, {fast['tflite_p50_us']:.1f} us per action (TFLite, batch 1, p50) vs "
-                    f"{base['tflite_p50_us']:.1f} us for the fp32 TFLite baseline and "
-                    f"{base['saved_model_p50_us']:.0f} us through TensorFlow."
-                )
-            else:
-                lines.append(
-                    f"None of the policies that keep the return is faster than the fp32 TFLite baseline "
-                    f"({base['tflite_p50_us']:.1f} us per action, batch 1, p50; the quickest of them, {fast['name']}, "
-                    f"{fast['tflite_p50_us']:.1f} us)."
-                )
+        lines += _keeper_lines(base, keepers)
     else:
         lines.append(NO_VARIANTS if len(table) == 1 else "No variant kept the baseline's return (see the verdicts below).")
     losses = [r["name"] for r in table[1:] if r["verdict"] == "worse"]
