@@ -136,6 +136,10 @@ def load_transitions(path: str | Path, info: Any, capacity: int, seed: int) -> t
                             f"({n} transitions of {info.env_id} observations)")
         if arrays[key].dtype.kind not in "fiub":
             raise UserError(f"baseline.transitions: {path}: {key} has dtype {arrays[key].dtype}; expected numbers")
+        if arrays[key].dtype.kind == "f" and not np.isfinite(arrays[key]).all():
+            row = int(np.argwhere(~np.isfinite(arrays[key]))[0][0])
+            raise UserError(f"baseline.transitions: {path}: {key} holds NaN or infinite values (first at row {row}); "
+                            "drop or fix those transitions")
     for key in ("actions", "rewards", "terminated", "truncated"):
         if arrays[key].shape != (n,):
             raise UserError(f"baseline.transitions: {path}: {key} has shape {arrays[key].shape}, expected ({n},)")

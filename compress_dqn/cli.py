@@ -18,6 +18,9 @@ from compress_dqn.errors import UserError
 from compress_dqn.presets import VARIANT_PRESETS, preset_for
 
 EXIT_USAGE = 2
+_MAX_MESSAGE = 1000
+# OS errors that say a path the user gave cannot be used as asked: one line, not a traceback.
+_PATH_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG)
 
 
 def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -30,12 +33,18 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except UserError as exc:
             # One line, always: a key or value from the user may itself hold a line break.
             message = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(exc))
+            if len(message) > _MAX_MESSAGE:  # a pasted value must not turn one line into a screenful
+                message = message[: _MAX_MESSAGE - 3] + "..."
             click.echo(f"error: {message}", err=True)
             sys.exit(EXIT_USAGE)
         except KeyboardInterrupt:
             click.echo("interrupted; rerun the same command to resume", err=True)
             sys.exit(130)
         except OSError as exc:
+            if exc.errno in _PATH_ERRNOS and exc.filename:  # an --out, a path in the recipe, a run directory
+                click.echo(f"error: {exc.filename}: {exc.strerror}; check the path and its permissions, "
+                           "or pass another one (e.g. --out)", err=True)
+                sys.exit(EXIT_USAGE)
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             where = f" writing {exc.filename}" if exc.filename else ""
@@ -58,7 +67,11 @@ def _load(recipe: str, seed: int | None, overrides: tuple[str, ...]):
     extra = list(overrides)
     if seed is not None:
         extra.append(f"seed={seed}")
-    return load_recipe(recipe, extra)
+    loaded = load_recipe(recipe, extra)
+    if seed is not None and loaded.seeds is not None:
+        raise UserError(f"--seed {seed}: {recipe} trains every seed in its seeds: {loaded.seeds}; "
+                        f"use --set 'seeds=[{seed}]' to train only that one")
+    return loaded
 
 
 def _echo_outcome(outcome: Any, baseline_return: float) -> None:
@@ -115,6 +128,8 @@ def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_step
     keep_dense = [layers[-1]] + ([layers[0]] if len(layers) > 2 else [])
     baseline: dict = {"from": str(model.absolute())}
     if transitions is not None:
+        if not transitions.is_file():  # before the run directory exists: a typo must not block the rerun
+            raise UserError(f"--transitions: {transitions}: no such file; pass an .npz of transitions")
         baseline["transitions"] = str(transitions.absolute())
     else:
         baseline["rollout"] = {"steps": rollout_steps, "epsilon": epsilon}

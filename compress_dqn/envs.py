@@ -139,8 +139,11 @@ def make_env(
             env = gym.make(env_id, **options)
     except gym.error.DependencyNotInstalled as exc:
         raise UserError(f"env.id: {env_id!r} needs an extra package: {str(exc).splitlines()[0]}") from None
-    except TypeError as exc:
-        raise UserError(f"env.kwargs: {env_id!r} rejected them: {exc}") from None
+    except gym.error.Error as exc:  # unregistered versions, bad render modes: gymnasium's own
+        raise UserError(f"env: {env_id!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    except Exception as exc:  # TypeError for unknown kwargs; Assertion/Value/RuntimeError for bad values
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"env.kwargs: {env_id!r} rejected them ({reason}); fix env.kwargs or env.max_episode_steps") from None
     if not isinstance(env.action_space, gym.spaces.Discrete):
         space = env.action_space
         env.close()

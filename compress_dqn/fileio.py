@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import socket
 from pathlib import Path
 
@@ -100,6 +101,8 @@ def read_user_file(path: str | Path, expected: str) -> bytes:
     """
     path = Path(path)
     try:
+        if path.exists() and not path.is_dir() and not stat.S_ISREG(path.stat().st_mode):
+            raise UserError(f"{path}: not a regular file (a device, pipe or socket); pass {expected}")
         return path.read_bytes()
     except FileNotFoundError:
         raise UserError(f"{path}: no such file; check the path") from None

@@ -78,7 +78,8 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         ):
             raise ValueError
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise UserError(f"{path}: unreadable or malformed manifest; rerun compress-dqn run on the directory to rebuild it") from None
+        raise UserError(f"{path}: unreadable or malformed manifest; restore it, or delete it and rerun compress-dqn run "
+                        "on the directory to check and finish the run again") from None
     return manifest
 
 
@@ -127,7 +128,8 @@ def find_run_dir(path: Path, levels: int = 4) -> Path | None:
     link to a run's file is checked as the file)."""
     path = Path(path).resolve()
     for candidate in [path, *path.parents][: levels + 1]:
-        if (candidate / MANIFEST).is_file():
+        # A run's manifest sits beside its recipe.yaml: a web app's manifest.json above a copied policy is not one.
+        if (candidate / MANIFEST).is_file() and (candidate / "recipe.yaml").is_file():
             return candidate
     return None
 

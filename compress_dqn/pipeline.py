@@ -87,6 +87,9 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
         for key in _PLACEMENT_KEYS:
             old.pop(key, None)
         diff = _first_difference(old, {k: v for k, v in new.items() if k not in _PLACEMENT_KEYS})
+        if diff and not _started(run_dir):  # a run refused before its first stage: take the corrected recipe
+            write_text_atomic(recipe_file, yaml.safe_dump(new, sort_keys=False))
+            return False
         if diff:
             raise UserError(
                 f"{run_dir}: holds a run of a different recipe ({diff}); pass another --out or delete the directory"
@@ -108,12 +111,31 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
     return False
 
 
+def _started(run_dir: Path) -> bool:
+    """Whether anything but the recipe (and a killed process's temporaries) was written in run_dir."""
+    for path in run_dir.iterdir():
+        if path.name == "recipe.yaml" or path.name.startswith((".tmp-", ".old-")):
+            continue
+        if path.name == "stages.json" and path.read_text().strip() in ("", "{}"):
+            continue
+        if path.is_dir() and not any(path.iterdir()):
+            continue
+        return True
+    return False
+
+
 class Stages:
     """stages.json: each finished stage's outputs; written atomically after every stage."""
 
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / "stages.json"
-        self.done: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        try:
+            self.done: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        except (ValueError, UnicodeDecodeError):
+            self.done = None  # type: ignore[assignment]
+        if not isinstance(self.done, dict):
+            raise UserError(f"{self.path}: unreadable (not the JSON compress-dqn writes); pass another --out, "
+                            "or delete the directory to start the run again")
 
     def finish(self, name: str, outputs: dict[str, Any]) -> None:
         self.done[name] = outputs
@@ -525,11 +547,13 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
 
     run_dir = Path(run_dir)
     info = probe_env(recipe.env)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir}: is a file, not a run directory; pass another --out")
     stages = Stages(run_dir)
     if "train" not in stages.done:
         resources.check(resources.plan(recipe, info), run_dir)
+    device = configure_device(recipe.device)  # a device that is not there: refused before anything is written
     resumed = prepare_run_dir(recipe, run_dir)
-    device = configure_device(recipe.device)
     return RunContext(recipe, run_dir, info, stages, log, quiet, device), resumed
 
 

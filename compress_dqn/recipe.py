@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pydantic
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -28,7 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from compress_dqn.errors import UserError
-from compress_dqn.safe_yaml import read_yaml
+from compress_dqn.safe_yaml import read_yaml, read_yaml_text
 
 # ---------------------------------------------------------------------------------------------
 # Value types: counts written as 1e6 and numbers as 1e-3 (YAML reads those as strings); bounds
@@ -83,6 +82,8 @@ def _real(lo: float | None, hi: float | None, lo_open: bool = False, hi_open: bo
 
 Count = _count(0)
 PositiveCount = _count(1)
+Seed = Annotated[int, BeforeValidator(_parse_count), Field(ge=0, le=2**32 - 1)]
+"""A training seed: NumPy's legacy global seed (which TensorFlow's seeding sets) takes 0..2**32-1."""
 Probability = _real(0.0, 1.0)
 ByteSize = Annotated[pydantic.ByteSize, BeforeValidator(_not_bool)]
 """536870912, "512MiB", "1.5 GB" (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024): pydantic's ByteSize."""
@@ -144,7 +145,7 @@ class EnvConfig(StrictModel):
     """A registered gymnasium id, e.g. CartPole-v1 or LunarLander-v3. Discrete actions only."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to gymnasium.make."""
-    max_episode_steps: Annotated[int | None, BeforeValidator(_parse_count)] = None
+    max_episode_steps: PositiveCount | None = None
     """Override the environment's time limit (episodes end truncated, and bootstrap)."""
     atari: AtariConfig | None = None
     """Atari preprocessing for ALE/ ids (always applied to them; None: the DQN defaults)."""
@@ -579,9 +580,9 @@ class Recipe(StrictModel):
 
     name: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     """Run name (letters, digits, '.', '_' and '-'); defaults to the recipe file's stem."""
-    seed: Count = 0
+    seed: Seed = 0
     """Seeds the environment, exploration, replay sampling and network initialisation."""
-    seeds: list[Count] | None = None
+    seeds: list[Seed] | None = None
     """Train and compress once per seed (RUN_DIR/seed-N) and aggregate over seeds with the
     interquartile mean and stratified-bootstrap CIs (rliable); overrides `seed`."""
     env: EnvConfig
@@ -686,7 +687,7 @@ def _format_error(error: Any) -> str:
         return f"{loc}: {value!r} is not allowed; expected {ctx.get('expected', message)}"
     if kind in _BOUNDS:
         ((bound, limit),) = ctx.items()
-        return f"{loc}: {value!r} must be {_BOUNDS[kind]} {limit:g}"
+        return f"{loc}: {value!r} must be {_BOUNDS[kind]} {limit if isinstance(limit, int) else format(limit, 'g')}"
     if kind in ("byte_size", "byte_size_unit"):
         return (f"{loc}: {value!r} is not a size; write a whole number of bytes or a number with a unit from "
                 "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (e.g. 512MiB)")
@@ -708,8 +709,10 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
     if not sep or not key.strip():
         raise UserError(f"--set {override!r}: write KEY=VALUE, e.g. --set train.total_timesteps=1000")
     try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
+        value = read_yaml_text(raw, f"--set {key.strip()}")
+    except UserError:
+        if raw.lstrip().startswith(("&", "*", "[", "{")):  # YAML that failed a guard, not a plain string
+            raise
         value = raw
     node = data
     parts = key.strip().split(".")
@@ -744,7 +747,7 @@ def load_recipe(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
     path = Path(path)
     data = read_yaml(path)
     if isinstance(data, dict) and "name" not in data:
-        data["name"] = re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem) or "run"
+        data["name"] = re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem).lstrip(".-_") or "run"
     recipe = recipe_from_data(data, str(path), tuple(overrides))
     if recipe.baseline is not None:  # files named in a recipe are relative to the recipe
         here = path.absolute().parent

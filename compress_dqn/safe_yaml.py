@@ -68,6 +68,29 @@ def _check_expansion(root: yaml.Node | None, path: Path) -> None:
         size(root)
 
 
+def _check_duplicates(root: yaml.Node | None, path: Path | str) -> None:
+    """Refuse a mapping that repeats a key: YAML loaders keep the last one silently, so a second
+    `train:` section would drop the first without a word."""
+    seen_nodes: set[int] = set()
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[str] = set()
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in keys:
+                        raise UserError(f"{path}: duplicate key {key.value!r} at line {key.start_mark.line + 1}; "
+                                        "merge the two entries (YAML would keep only the last)")
+                    keys.add(key.value)
+                stack += [key, value]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+
+
 def read_yaml(path: str | Path) -> Any:
     """Read YAML data safely, turning every way a file can be bad into one-line UserErrors."""
     path = Path(path)
@@ -78,9 +101,18 @@ def read_yaml(path: str | Path) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
+    return read_yaml_text(text, path)
+
+
+def read_yaml_text(text: str, path: Path | str) -> Any:
+    """YAML text (a file's, or a --set value) through the same guards; `path` names it in errors."""
+    if len(text) > _MAX_RECIPE_BYTES:
+        raise UserError(f"{path}: {len(text)} characters is too long (at most {_MAX_RECIPE_BYTES})")
     try:
         _check_depth(text, path)
-        _check_expansion(yaml.compose(text, Loader=yaml.SafeLoader), path)
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_expansion(root, path)
+        _check_duplicates(root, path)
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark

@@ -106,6 +106,7 @@ def test_mismatched_models_and_data_are_refused(saved_model_file, tmp_path):
         ({"actions": np.full(5, 7)}, r"actions range over \[7, 7\] but CartPole-v1 has actions 0..1"),
         ({"actions": np.zeros(5, np.float32)}, "actions have dtype float32; expected integers"),
         ({"rewards": np.full(5, np.nan)}, "rewards must be finite"),
+        ({"observations": np.full((5, 4), np.nan, np.float32)}, "observations holds NaN or infinite values"),
         ({"terminated": np.full(5, 3)}, "terminated must be booleans"),
     ]
     for change, fragment in cases:

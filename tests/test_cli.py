@@ -100,3 +100,55 @@ def test_bad_inputs_exit_2_without_traceback(tmp_path):
     result = cli("run", str(bad_env), "--out", str(tmp_path / "never"))
     assert result.returncode == 2 and "Discrete action space" in result.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_more_bad_inputs_get_one_line_and_exit_2(tmp_path):
+    """Found by trying to break the CLI: each of these gave a traceback (exit 1) or was accepted."""
+    from click.testing import CliRunner
+
+    from compress_dqn.cli import main
+
+    def run(*args: str):
+        result = CliRunner().invoke(main, list(args))
+        assert result.exit_code == 2, (args, result.output, result.exception)
+        assert "Traceback" not in result.output and result.stderr.count("\n") == 1, result.stderr
+        return result.stderr
+
+    def recipe(name: str, text: str) -> str:
+        (tmp_path / name).write_text(text)
+        return str(tmp_path / name)
+
+    assert "env.max_episode_steps: 0 must be >= 1" in run("validate", recipe("a.yaml", "env: {id: CartPole-v1, max_episode_steps: 0}\n"))
+    assert "rejected them (gravity" in run("validate", recipe("b.yaml", "env: {id: LunarLander-v3, kwargs: {gravity: 5}}\n"))
+    assert "must be <= 4294967295" in run("validate", recipe("c.yaml", "env: {id: CartPole-v1}\nseed: 4294967296\n"))
+    assert "duplicate key 'train' at line 3" in run(
+        "validate", recipe("d.yaml", "env: {id: CartPole-v1}\ntrain: {total_timesteps: 1000}\ntrain: {batch_size: 8}\n"))
+    assert "--set env.kwargs.x: a YAML anchor refers to itself" in run("validate", str(TINY), "--set", "env.kwargs.x=&a [*a]")
+    assert "not a regular file" in run("validate", "/dev/zero")
+    assert "use --set 'seeds=[7]'" in run("validate", recipe("e.yaml", "env: {id: CartPole-v1}\nseeds: [0, 1]\n"), "--seed", "7")
+    (tmp_path / "afile").write_text("x")
+    assert "afile: is a file, not a run directory" in run("run", str(TINY), "--out", str(tmp_path / "afile"))
+    assert "Not a directory; check the path" in run("run", str(TINY), "--out", str(tmp_path / "afile" / "sub"))
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "stages.json").write_text("garbage{")
+    assert "stages.json: unreadable" in run("run", str(TINY), "--out", str(tmp_path / "r"))
+
+
+def test_a_run_refused_before_its_first_stage_takes_the_corrected_recipe(tmp_path):
+    """`--set device=gpu` without a GPU, or a typo found after recipe.yaml was written, used to leave a
+    directory that refused the corrected rerun as 'a run of a different recipe'."""
+    import pytest
+
+    from compress_dqn.errors import UserError
+    from compress_dqn.pipeline import prepare_run_dir
+    from compress_dqn.recipe import load_recipe
+
+    first, fixed = load_recipe(TINY, ["eval.episodes=3"]), load_recipe(TINY, ["eval.episodes=4"])
+    run_dir = tmp_path / "r"
+    assert prepare_run_dir(first, run_dir) is False
+    assert prepare_run_dir(fixed, run_dir) is False  # nothing started: the corrected recipe replaces it
+    assert "episodes: 4" in (run_dir / "recipe.yaml").read_text()
+    (run_dir / "baseline").mkdir()
+    (run_dir / "baseline" / "weights.npz").write_bytes(b"x")
+    with pytest.raises(UserError, match="holds a run of a different recipe"):
+        prepare_run_dir(first, run_dir)

@@ -279,3 +279,15 @@ def test_variant_names_cannot_leave_the_run_directory():
     for name in ("../../x", "a/b", "/abs", ".hidden", "..", ""):
         with pytest.raises(UserError, match="variants.0.name"):
             load_recipe(TINY, [f"variants=[{{name: '{name}', quantize: {{mode: dynamic}}}}]"])
+
+
+def test_a_foreign_manifest_above_a_copied_policy_is_not_a_run(finished_run, tmp_path):
+    """A web app's manifest.json above a copied policy made evaluate refuse it as a damaged run."""
+    import shutil
+
+    models = tmp_path / "webapp" / "public" / "models"
+    models.mkdir(parents=True)
+    (tmp_path / "webapp" / "manifest.json").write_text('{"name": "My PWA", "start_url": "/"}')
+    shutil.copy(finished_run / "baseline" / "policy.tflite", models / "policy.tflite")
+    result = CliRunner().invoke(main, ["evaluate", str(models / "policy.tflite"), "--env", "CartPole-v1", "--episodes", "1"])
+    assert result.exit_code == 0, result.output
