@@ -227,10 +227,13 @@ def plot_return_vs(results: RunResults, cost_key: str, xlabel: str, title: str) 
     costs = [r[cost_key] for r in table]
     means = [r["return_mean"] for r in table]
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
-    front = pareto_front(costs, means)
+    # The front is drawn over the baseline and the variants that keep its return: a worse or undecided
+    # variant's point estimate is not a trade-off the report offers.
+    eligible = [i for i, r in enumerate(table) if r["verdict"] == "reference" or keeps_return(r["verdict"])]
+    front = [eligible[j] for j in pareto_front([costs[i] for i in eligible], [means[i] for i in eligible])]
     ax.plot([costs[i] for i in front], [means[i] for i in front], "-", color="#bbbbbb", lw=6, alpha=0.6, zorder=1)
     ax.plot([costs[i] for i in front], [means[i] for i in front], "o", ms=16, mfc="none", mec="#888888", mew=2,
-            zorder=2, label="Pareto front")
+            zorder=2, label="Pareto front (policies that keep the return)")
     # Stagger labels left to right so points at the same return (CartPole's 500s) stay readable.
     order = sorted(range(len(table)), key=lambda i: costs[i])
     offsets = [(6, 8), (6, -14), (6, 20), (6, -26)]
@@ -519,7 +522,7 @@ def render_search_markdown(search: dict[str, Any]) -> list[str]:
         "## Search: the smallest policy within tolerance on every seed",
         "",
         f"- Winner: {winner}.",
-        f"- Front (objective vs mean normalized score, candidates played on every seed): {', '.join(search['front']) or 'none'}.",
+        f"- Front (objective vs mean normalized score, among the kept candidates): {', '.join(search['front']) or 'none'}.",
         f"- Cost: {cost['wall_seconds']:,.0f} s wall, {cost['candidates_played']} candidates played, "
         f"{cost['units']} (seed, candidate) units.",
         "",

@@ -220,10 +220,11 @@ def bisect_family(rungs: list[Candidate], plan: _Plan, log: SearchLog, budget: C
 
 
 def pareto_names(tried: dict[str, dict[str, Any]], seeds: int) -> list[str]:
-    """Candidates played on every seed that no other beats on both objective and mean normalized score."""
+    """Kept candidates (within tolerance on every seed) that no other kept one beats on both objective
+    and mean normalized score: a lost candidate's higher point estimate is not a trade-off to offer."""
     from compress_dqn.report import pareto_front
 
-    full = [t for t in tried.values() if len(t["per_seed"]) == seeds]
+    full = [t for t in tried.values() if len(t["per_seed"]) == seeds and t["outcome"] == "kept"]
     scores = [statistics.fmean((o["normalized_score"] or 0.0) for o in t["per_seed"].values()) for t in full]
     return [full[i]["name"] for i in pareto_front([t["objective"] for t in full], scores)]
 

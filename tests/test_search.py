@@ -190,3 +190,17 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
     assert search_fingerprint(tmp_path / "w2") == search_fingerprint(tmp_path / "w1")
     stages = json.loads((tmp_path / "w2" / "seed-0" / "stages.json").read_text())
     assert len(stages["look:20:student-8-float16"]["episodes"]) == 10  # the looks were played
+
+
+def test_the_front_offers_only_kept_candidates():
+    """A lost candidate with a higher point estimate made the front, and left the winner off it."""
+    from compress_dqn.search import pareto_names
+
+    def tried(name, outcome, objective, score):
+        return {"name": name, "outcome": outcome, "objective": objective,
+                "per_seed": {"0": {"normalized_score": score}, "1": {"normalized_score": score}}}
+
+    log = {t["name"]: t for t in [tried("big", "kept", 100.0, 1.00), tried("small", "kept", 50.0, 0.99),
+                                  tried("tiny-lost", "lost", 10.0, 1.02), tried("partial", "lost", 5.0, 1.0)]}
+    log["partial"]["per_seed"].pop("1")
+    assert pareto_names(log, seeds=2) == ["small", "big"]
