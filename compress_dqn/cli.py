@@ -238,6 +238,10 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
         f"{needed.replay_bytes / 2**20:.1f} MiB; needs ~{needed.memory_bytes / 2**30:.1f} GiB of memory and "
         f"~{needed.disk_bytes / 2**30:.2f} GiB of disk per seed"
     )
+    try:  # the recipe is valid; whether this machine can run it is a warning, not an error
+        resources.check(needed, Path("runs") / loaded.name)
+    except UserError as exc:
+        click.echo(f"warning: on this machine, {exc}", err=True)
 
 
 @main.command()

@@ -3,15 +3,39 @@ interrupted run never leaves a half-written file; arrays go to npz, never pickle
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import stat
 import socket
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
 from compress_dqn.errors import UserError
+
+
+LOCK = ".lock"
+_held: dict[Path, IO[bytes]] = {}
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Hold an exclusive lock on run_dir for this process's lifetime. A second compress-dqn process
+    on the same directory would delete the first one's temporaries on its resume and interleave
+    stages.json writes; it is refused instead. The OS drops the lock when the process ends, however
+    it ends (kill -9 included)."""
+    key = Path(run_dir).resolve()
+    if key in _held:
+        return
+    handle = open(key / LOCK, "ab")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise UserError(f"{run_dir}: another compress-dqn process is using this run directory; wait for it to "
+                        "finish (or stop it), or pass another --out") from None
+    _held[key] = handle
 
 
 def _tmp_name(path: Path) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from compress_dqn.errors import UserError
-from compress_dqn.fileio import write_text_atomic
+from compress_dqn.fileio import LOCK, write_text_atomic
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
@@ -26,7 +26,7 @@ _SKIP_DIR = ("baseline", "checkpoints")
 
 def _scratch(rel: Path) -> bool:
     parts = rel.parts
-    return (any(part.startswith((".tmp-", ".old-")) for part in parts)
+    return (parts[-1] == LOCK or any(part.startswith((".tmp-", ".old-")) for part in parts)
             or any(parts[i : i + 2] == _SKIP_DIR for i in range(len(parts) - 1)))
 
 

@@ -38,7 +38,8 @@ import yaml
 from compress_dqn import resources
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import (
-    load_arrays, load_dict, remove_stale_temporaries, replace_dir, save_arrays, write_bytes_atomic, write_text_atomic,
+    LOCK, load_arrays, load_dict, lock_run_dir, remove_stale_temporaries, replace_dir, save_arrays, write_bytes_atomic,
+    write_text_atomic,
 )
 from compress_dqn.manifest import MANIFEST, verify, write_manifest
 from compress_dqn.recipe import Recipe, recipe_from_data
@@ -79,6 +80,7 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
     recipe_file = run_dir / "recipe.yaml"
     new = recipe.to_dict()
     if recipe_file.exists():
+        lock_run_dir(run_dir)
         try:
             old = recipe_from_data(read_yaml(recipe_file), str(recipe_file)).to_dict()
         except (UserError, yaml.YAMLError):
@@ -107,6 +109,7 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
     if run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"{run_dir}: exists and is not a compress-dqn run directory; pass another --out")
     run_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(run_dir)
     write_text_atomic(recipe_file, yaml.safe_dump(new, sort_keys=False))
     return False
 
@@ -114,7 +117,7 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
 def _started(run_dir: Path) -> bool:
     """Whether anything but the recipe (and a killed process's temporaries) was written in run_dir."""
     for path in run_dir.iterdir():
-        if path.name == "recipe.yaml" or path.name.startswith((".tmp-", ".old-")):
+        if path.name in ("recipe.yaml", LOCK) or path.name.startswith((".tmp-", ".old-")):
             continue
         if path.name == "stages.json" and path.read_text().strip() in ("", "{}"):
             continue
@@ -140,6 +143,30 @@ class Stages:
     def finish(self, name: str, outputs: dict[str, Any]) -> None:
         self.done[name] = outputs
         write_text_atomic(self.path, json.dumps(self.done, indent=2))
+
+    def forget_missing(self, run_dir: Path) -> list[str]:
+        """Forget every finished stage whose files are gone (a variant folder deleted to rebuild it,
+        a lost baseline), with the stages built on it, so that a resume redoes them instead of
+        finishing a run whose results point at nothing. Returns the stages forgotten."""
+        def missing(name: str, outputs: Any) -> bool:
+            files = ["baseline/weights.npz", "baseline/replay.npz"] if name == "train" else []
+            if isinstance(outputs, dict) and isinstance(outputs.get("artifacts"), dict):
+                files += [f for f in outputs["artifacts"].values() if isinstance(f, str)]
+            return any(not (run_dir / f).exists() for f in files)
+
+        gone = [name for name, outputs in self.done.items() if missing(name, outputs)]
+        if not gone:
+            return []
+        if any(name in ("train", "export") for name in gone):  # everything else starts from the baseline
+            forget = [name for name in self.done if name != "train" or "train" in gone]
+        else:
+            variants = {name.split(":", 1)[1] for name in gone if name.startswith("variant:")}
+            forget = [name for name in self.done if name.split(":", 1)[0] in ("variant", "memory", "measure", "look")
+                      and name.rsplit(":", 1)[-1] in variants]
+        for name in forget:
+            self.done.pop(name, None)
+        write_text_atomic(self.path, json.dumps(self.done, indent=2))
+        return forget
 
 
 def _load_replay(path: Path, info: Any) -> Any:
@@ -554,6 +581,9 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
         resources.check(resources.plan(recipe, info), run_dir)
     device = configure_device(recipe.device)  # a device that is not there: refused before anything is written
     resumed = prepare_run_dir(recipe, run_dir)
+    if resumed and (forgotten := stages.forget_missing(run_dir)):
+        log(f"{run_dir}: files of {len(forgotten)} finished stage(s) are missing ({', '.join(forgotten[:3])}"
+            f"{', ...' if len(forgotten) > 3 else ''}); redoing them")
     return RunContext(recipe, run_dir, info, stages, log, quiet, device), resumed
 
 

@@ -214,8 +214,10 @@ def _figure_bytes(fig: Any) -> bytes:
     return buffer.getvalue()
 
 
-def plot_return_vs(results: RunResults, cost_key: str, xlabel: str, title: str) -> bytes | None:
-    """Return (with 95% CI) against a cost on a log axis; Pareto front highlighted; points labelled."""
+def plot_return_vs(results: RunResults, cost_key: str, what: str, unit: str, title: str, scale: float = 1.0) -> bytes | None:
+    """Return (with 95% CI) against a cost (divided by scale), on a log axis where the costs span more
+    than 20x (a linear one otherwise: log ticks over 48-51 MiB read as 4.8x10^7); Pareto front
+    highlighted; points labelled."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,7 +226,7 @@ def plot_return_vs(results: RunResults, cost_key: str, xlabel: str, title: str) 
     table = [r for r in rows(results) if r[cost_key]]
     if not table:
         return None
-    costs = [r[cost_key] for r in table]
+    costs = [r[cost_key] / scale for r in table]
     means = [r["return_mean"] for r in table]
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     # The front is drawn over the baseline and the variants that keep its return: a worse or undecided
@@ -250,8 +252,10 @@ def plot_return_vs(results: RunResults, cost_key: str, xlabel: str, title: str) 
     for verdict in dict.fromkeys(r["verdict"] for r in table):
         if verdict:
             ax.plot([], [], "o", color=_color(verdict), label=verdict)
-    ax.set_xscale("log")
-    ax.set_xlabel(xlabel)
+    wide = max(costs) > 20 * min(costs)
+    if wide:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"{what} ({unit}{', log' if wide else ''})")
     ax.set_ylabel(f"mean return over {results.eval['episodes']}+ episodes (95% CI)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.25)
@@ -301,12 +305,12 @@ def plot_bars(results: RunResults, keys: Sequence[tuple[str, str]], xlabel: str,
 def make_plots(results: RunResults) -> dict[str, bytes]:
     """PNG bytes by file name."""
     plots = {
-        "return_vs_size.png": plot_return_vs(results, "tflite_gzip_bytes", "TFLite file size, gzipped (bytes, log)",
+        "return_vs_size.png": plot_return_vs(results, "tflite_gzip_bytes", "TFLite file size, gzipped", "bytes",
                                              f"{results.env_id}: return vs policy size"),
-        "return_vs_latency.png": plot_return_vs(results, "tflite_p50_us", "TFLite action latency p50 (us, log)",
+        "return_vs_latency.png": plot_return_vs(results, "tflite_p50_us", "TFLite action latency p50", "us",
                                                 f"{results.env_id}: return vs latency"),
-        "return_vs_memory.png": plot_return_vs(results, "tflite_peak_rss", "TFLite process peak RSS (bytes, log)",
-                                               f"{results.env_id}: return vs inference memory"),
+        "return_vs_memory.png": plot_return_vs(results, "tflite_peak_rss", "TFLite process peak RSS", "MiB",
+                                               f"{results.env_id}: return vs inference memory", scale=2**20),
         "latency.png": plot_bars(results, [("tflite_p50_us", "TFLite (LiteRT)"), ("saved_model_p50_us", "SavedModel (TensorFlow)")],
                                  "batch-1 action latency p50 (us, log)", "Latency per variant"),
         "memory.png": plot_bars(results, [("tflite_peak_rss", "TFLite process"), ("saved_model_peak_rss", "TensorFlow process")],
@@ -367,7 +371,8 @@ def _notes(results: RunResults) -> list[str]:
     sequential = (
         f" While a verdict was inconclusive, that variant (with the baseline and the random policy) played more "
         f"episodes, at looks {', '.join(map(str, looks))}; each CI is at {ev['confidence']:.2%} so the {len(looks)} "
-        "looks keep a 5% error rate overall." if len(looks) > 1 else ""
+        "looks keep each verdict's error rate at 5% (per variant: across many variants, the chance that one "
+        "of them is wrong is higher)." if len(looks) > 1 else ""
     )
     margins = sorted(m for r in rows(results)[1:] if (m := r["margin"]) is not None)
     margin_text = ("" if not margins else f", a margin of -{margins[0]:.2f}" + (
@@ -460,7 +465,8 @@ def render_html(results: RunResults, plots: dict[str, bytes]) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>compress-dqn: {esc(results.env_id)}</title>
 <style>
-body {{ font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }}
+body {{ font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1400px; padding: 0 1rem; color: #222; }}
+.wide {{ overflow-x: auto; }}
 .headline {{ background: #f3f7fb; border-left: 4px solid #4575b4; padding: 0.6rem 1.2rem; font-size: 1.05rem; }}
 table {{ border-collapse: collapse; font-size: 0.85rem; margin: 1rem 0; }}
 th, td {{ border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: right; }}
@@ -470,7 +476,7 @@ figure {{ display: inline-block; margin: 0.5rem; }} img {{ max-width: 560px; }}
 </style></head><body>
 <h1>compress-dqn report: {esc(results.env_id)}</h1>
 <ul class="headline">{head}</ul>
-<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>
+<div class="wide"><table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table></div>
 {images}
 <h2>Notes</h2><ul>{notes}</ul>
 </body></html>

@@ -59,11 +59,17 @@ def _network_params(recipe: Any, info: Any) -> int:
     """Parameters of the recipe's network, counted without building it (no TensorFlow)."""
     shape = list(info.obs_shape)
     params = 0
-    for conv in recipe.train.conv:
+    if recipe.train.conv and len(shape) != 3:
+        raise UserError(f"train.conv: convolutions need image observations (height, width, channels), but "
+                        f"{info.env_id} gives {tuple(info.obs_shape)}; remove train.conv (net_arch alone is an MLP)")
+    for i, conv in enumerate(recipe.train.conv):
         height = (shape[0] - conv.kernel) // conv.stride + 1
         width = (shape[1] - conv.kernel) // conv.stride + 1
+        if height <= 0 or width <= 0:
+            raise UserError(f"train.conv.{i}: a {conv.kernel}x{conv.kernel} kernel does not fit its "
+                            f"{shape[0]}x{shape[1]} input; use a smaller kernel or stride, or fewer layers")
         params += conv.kernel * conv.kernel * shape[2] * conv.filters + conv.filters
-        shape = [max(height, 0), max(width, 0), conv.filters]
+        shape = [height, width, conv.filters]
     width_in = math.prod(shape)
     for width in [*recipe.train.net_arch, info.n_actions]:
         params += width_in * width + width

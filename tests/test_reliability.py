@@ -291,3 +291,64 @@ def test_a_foreign_manifest_above_a_copied_policy_is_not_a_run(finished_run, tmp
     shutil.copy(finished_run / "baseline" / "policy.tflite", models / "policy.tflite")
     result = CliRunner().invoke(main, ["evaluate", str(models / "policy.tflite"), "--env", "CartPole-v1", "--episodes", "1"])
     assert result.exit_code == 0, result.output
+
+
+def test_resume_rebuilds_a_finished_stage_whose_files_are_gone(finished_run, tmp_path):
+    """An interrupted run (no manifest yet) with a variant's folder deleted: stages.json said the
+    variant was done, so the resumed run wrote results and a clean manifest pointing at nothing."""
+    import shutil
+
+    from compress_dqn.manifest import verify
+    from compress_dqn.pipeline import run
+
+    run_dir = _copy(finished_run, tmp_path)
+    (run_dir / "manifest.json").unlink()
+    before = (run_dir / "baseline" / "policy.tflite").read_bytes()
+    shutil.rmtree(run_dir / "baseline" / "saved_model")
+    (run_dir / "baseline" / "policy.tflite").unlink()
+    messages: list[str] = []
+    run(load_recipe(TINY, ["eval.episodes=2"]), run_dir, quiet=True, log=messages.append)
+    assert any("are missing (export" in m for m in messages), messages
+    assert (run_dir / "baseline" / "policy.tflite").read_bytes() == before  # exported again, the same bytes
+    assert "train" in json.loads((run_dir / "stages.json").read_text())  # the trained weights were kept
+    assert verify(run_dir) == []
+
+
+def test_forget_missing_drops_only_what_was_built_on_the_lost_files(tmp_path):
+    from compress_dqn.pipeline import Stages
+
+    def artifacts(folder):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "policy.tflite").write_bytes(b"x")
+        return {"artifacts": {"tflite": f"{folder}/policy.tflite"}}
+
+    (tmp_path / "baseline").mkdir()
+    for name in ("weights.npz", "replay.npz"):
+        (tmp_path / "baseline" / name).write_bytes(b"x")
+    stages = Stages(tmp_path)
+    for name, outputs in [("train", {}), ("export", artifacts("baseline")), ("variant:a", artifacts("variants/a")),
+                          ("memory:a", {}), ("variant:b", artifacts("variants/b")), ("reference:200", {}),
+                          ("look:200:a", {}), ("look:200:b", {}), ("measure:a", {})]:
+        stages.finish(name, outputs)
+    assert stages.forget_missing(tmp_path) == []
+    (tmp_path / "variants" / "a" / "policy.tflite").unlink()
+    assert stages.forget_missing(tmp_path) == ["variant:a", "memory:a", "look:200:a", "measure:a"]
+    assert list(Stages(tmp_path).done) == ["train", "export", "variant:b", "reference:200", "look:200:b"]
+    (tmp_path / "baseline" / "replay.npz").unlink()
+    assert stages.forget_missing(tmp_path) == ["train", "export", "variant:b", "reference:200", "look:200:b"]
+
+
+def test_a_second_process_on_the_same_run_directory_is_refused(tmp_path):
+    """Its resume deleted the first one's live temporaries and interleaved stages.json writes."""
+    import textwrap
+
+    from compress_dqn.fileio import lock_run_dir
+
+    lock_run_dir(tmp_path)
+    lock_run_dir(tmp_path)  # the holder may ask again
+    code = textwrap.dedent(f"""
+        from compress_dqn.fileio import lock_run_dir
+        lock_run_dir({str(tmp_path)!r})
+    """)
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert other.returncode != 0 and "another compress-dqn process is using this run directory" in other.stderr
