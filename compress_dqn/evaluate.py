@@ -97,8 +97,8 @@ def paired_difference(
     "inconclusive" (the CI straddles -margin: more episodes would decide).
     Only the first len(variant) baseline and random episodes are used.
 
-    The lower end is taken with one more paired episode, a loss of `worst_loss` (the baseline's
-    whole lead, or the largest loss seen if larger) times the share of episodes whose returns were
+    The lower end is taken with one more paired episode, an `unseen_loss`: the baseline's whole
+    lead (or the largest loss seen if larger) times the share of episodes whose returns were
     identical. A percentile bootstrap cannot see a loss it has not sampled: 100 identical episodes
     gave the CI [0, 0] and a certain "within 1%", so a variant that loses the whole lead on 2% of
     CartPole's episodes was called within 1% in 13% of simulated runs. With the extra episode,
@@ -118,10 +118,10 @@ def paired_difference(
     scale = float(b.mean()) - random_mean if random_mean is not None else abs(float(b.mean()))
     margin = tolerance * max(scale, 0.0)
     identical = n - int(np.count_nonzero(diff))
-    worst_loss = max(scale, 0.0, float(-diff.min())) * identical / n
+    unseen_loss = max(scale, 0.0, float(-diff.min())) * identical / n
     lo, hi = bootstrap_ci(diff, confidence=confidence)
-    if worst_loss > 0:
-        lo = min(lo, bootstrap_ci(np.append(diff, -worst_loss), confidence=confidence)[0])
+    if unseen_loss > 0:
+        lo = min(lo, bootstrap_ci(np.append(diff, -unseen_loss), confidence=confidence)[0])
     if lo > 0:
         verdict = "better"
     elif lo >= -margin:
@@ -131,7 +131,7 @@ def paired_difference(
     else:
         verdict = "inconclusive"
     out = {"mean": float(diff.mean()), "ci": [lo, hi], "confidence": confidence, "verdict": verdict,
-           "tolerance": tolerance, "margin": margin, "episodes": n, "unseen_loss": worst_loss,
+           "tolerance": tolerance, "margin": margin, "episodes": n, "unseen_loss": unseen_loss,
            "episodes_differing": n - identical}
     if verdict == "inconclusive":
         out["episodes_to_decide"] = episodes_to_decide(n, lo, hi, float(diff.mean()), margin)

@@ -3,6 +3,7 @@ interrupted run never leaves a half-written file; arrays go to npz, never pickle
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -31,8 +32,10 @@ def lock_run_dir(run_dir: Path) -> None:
     handle = open(key / LOCK, "ab")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as exc:
         handle.close()
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return  # a file system without locks (some network mounts): run unguarded, as before
         raise UserError(f"{run_dir}: another compress-dqn process is using this run directory; wait for it to "
                         "finish (or stop it), or pass another --out") from None
     _held[key] = handle

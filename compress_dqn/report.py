@@ -101,11 +101,11 @@ def _to_decide(versus: dict | None) -> int | None:
     return episodes_to_decide(versus["episodes"], lo, hi, versus["mean"], versus["margin"])
 
 
-def _times(ratio: float, smaller: str = "smaller", larger: str = "larger") -> str:
+def _times(ratio: float) -> str:
     """'60x smaller', '1.3x smaller', '1.2x larger': a ratio below 10 keeps a decimal, below 1 turns around."""
     if ratio < 1:
-        return f"{1 / ratio:.1f}x {larger}"
-    return f"{ratio:.0f}x {smaller}" if ratio >= 10 else f"{ratio:.1f}x {smaller}"
+        return f"{1 / ratio:.1f}x larger"
+    return f"{ratio:.0f}x smaller" if ratio >= 10 else f"{ratio:.1f}x smaller"
 
 
 NO_VARIANTS = "No variants: the recipe lists none, so this run trained and evaluated the baseline only."
