@@ -242,6 +242,9 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
         resources.check(needed, Path("runs") / loaded.name)
     except UserError as exc:
         click.echo(f"warning: on this machine, {exc}", err=True)
+    if loaded.baseline is None and loaded.train.learning_starts >= loaded.train.total_timesteps:
+        click.echo(f"warning: train.learning_starts ({loaded.train.learning_starts}) is not below "
+                   f"train.total_timesteps ({loaded.train.total_timesteps}): no gradient step will run", err=True)
 
 
 @main.command()

@@ -643,6 +643,28 @@ class Recipe(StrictModel):
                                      f"[{start}, {end}); move candidates.seed so the pick plays fresh episodes")
         return self
 
+    @model_validator(mode="after")
+    def _exclude_names(self) -> Recipe:
+        """A typo in prune/cluster.exclude was found only after the baseline had trained (and the
+        corrected rerun was then refused as a different recipe). A network this recipe builds has
+        known layer names; a brought baseline's are checked once it is loaded."""
+        if self.baseline is not None:
+            return self
+
+        def layers(arch: Any) -> list[str]:
+            return ([f"conv_{i}" for i in range(len(arch.conv))] + [f"hidden_{i}" for i in range(len(arch.net_arch))]
+                    + ["q_values"])
+
+        for i, variant in enumerate(self.variants):
+            known = layers(variant.student or self.train)
+            for key in ("prune", "cluster"):
+                technique = getattr(variant, key)
+                unknown = [n for n in (technique.exclude if technique else []) if n not in known]
+                if unknown:
+                    raise ValueError(f"variants.{i}.{key}.exclude: no layer named {', '.join(unknown)} in "
+                                     f"{variant.name}'s network; its layers are {', '.join(known)}")
+        return self
+
     def _episode_ranges(self) -> tuple[tuple[int, int], tuple[int, int] | None]:
         """[first, end) seeds of the evaluation (every look's episodes) and of model selection
         (train.eval_seed.., None where nothing selects: no periodic evaluation, no select_interval)."""

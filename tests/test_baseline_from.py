@@ -123,6 +123,7 @@ def test_mismatched_models_and_data_are_refused(saved_model_file, tmp_path):
     assert result.exit_code == 2 and "unknown preset ptq-int9; choose from ptq-dynamic" in result.output
 
 
+@pytest.mark.filterwarnings("ignore:You are saving your model as an HDF5 file")  # the .h5 is the point
 def test_a_lambda_layer_is_refused_without_running_its_code(tmp_path, monkeypatch):
     """tf_keras applies safe_mode only to zip .keras files: an .h5 Lambda ran its stored code on load."""
     from compress_dqn._tf import tf_keras

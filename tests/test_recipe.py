@@ -146,3 +146,30 @@ def test_validate_rejects_unknown_env(tmp_path):
     result = cli("validate", str(write(tmp_path, "env: {id: CartPol-v1}\n")))
     assert result.returncode == 2
     assert "did you mean CartPole-v1" in result.stderr
+
+
+def test_an_excluded_layer_the_network_does_not_have_is_refused_before_training(tmp_path):
+    """The typo was found only after the baseline had trained; the names of a network the recipe
+    builds are known up front (conv_i, hidden_i, q_values), a student's from its own net_arch."""
+    path = tmp_path / "r.yaml"
+    path.write_text("env: {id: CartPole-v1}\ntrain: {net_arch: [16, 16]}\nvariants:\n"
+                    "  - {name: p, prune: {sparsity: 0.5, exclude: [hidden_0, q_values]}}\n"
+                    "  - {name: s, student: {net_arch: [8]}, cluster: {clusters: 4, exclude: [hidden_1]}}\n")
+    with pytest.raises(UserError, match=r"variants\.1\.cluster\.exclude: no layer named hidden_1 in s's network; "
+                                         r"its layers are hidden_0, q_values"):
+        load_recipe(path)
+    path.write_text(path.read_text().replace("hidden_1]", "hidden_0]"))
+    assert [v.name for v in load_recipe(path).variants] == ["p", "s"]
+
+
+def test_validate_warns_about_what_is_valid_but_will_not_work_here(tmp_path):
+    from click.testing import CliRunner
+
+    from compress_dqn.cli import main
+
+    path = tmp_path / "r.yaml"
+    path.write_text("env: {id: CartPole-v1}\ntrain: {total_timesteps: 1000, learning_starts: 5000, buffer_size: 1e13}\n")
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0 and result.stdout.startswith("ok: ")
+    assert "warning: on this machine, this run needs about" in result.stderr
+    assert "warning: train.learning_starts (5000) is not below train.total_timesteps (1000)" in result.stderr
