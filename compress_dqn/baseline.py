@@ -33,9 +33,8 @@ def load_model(path: str | Path, info: Any) -> Any:
     files, and an .h5 file (or HDF5 bytes named .keras) with a Lambda layer would otherwise run the
     Python code stored in it while loading.
     """
+    from compress_dqn._tf import quiet_stderr, tf_keras  # first: it sets TensorFlow's environment before the import
     from tf_keras.src.saving.serialization_lib import SafeModeScope
-
-    from compress_dqn._tf import quiet_stderr, tf_keras
 
     path = Path(path)
     if not path.exists():
