@@ -128,7 +128,8 @@ def read_user_file(path: str | Path, expected: str) -> bytes:
     """
     path = Path(path)
     try:
-        if path.exists() and not path.is_dir() and not stat.S_ISREG(path.stat().st_mode):
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # reading /dev/zero or a FIFO never ends
             raise UserError(f"{path}: not a regular file (a device, pipe or socket); pass {expected}")
         return path.read_bytes()
     except FileNotFoundError:

@@ -142,6 +142,9 @@ class Stages:
 
     def finish(self, name: str, outputs: dict[str, Any]) -> None:
         self.done[name] = outputs
+        self._save()
+
+    def _save(self) -> None:
         write_text_atomic(self.path, json.dumps(self.done, indent=2))
 
     def forget_missing(self, run_dir: Path) -> list[str]:
@@ -165,7 +168,7 @@ class Stages:
                       and name.rsplit(":", 1)[-1] in variants]
         for name in forget:
             self.done.pop(name, None)
-        write_text_atomic(self.path, json.dumps(self.done, indent=2))
+        self._save()
         return forget
 
 
