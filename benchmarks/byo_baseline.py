@@ -27,11 +27,11 @@ def main() -> None:
     args = parser.parse_args()
     run, out = Path(args.run), Path(args.out)
 
-    from compress_dqn.envs import env_info, make_env_from
+    from compress_dqn.rl.envs import env_info, make_env_from
     from compress_dqn.fileio import load_arrays
-    from compress_dqn.networks import network_for
-    from compress_dqn.pipeline import run as run_pipeline
-    from compress_dqn.recipe import recipe_from_data
+    from compress_dqn.rl.networks import network_for
+    from compress_dqn.run.pipeline import run as run_pipeline
+    from compress_dqn.recipe.schema import recipe_from_data
 
     data = yaml.safe_load((run / "recipe.yaml").read_text())
     recipe = recipe_from_data(data, str(run / "recipe.yaml"))

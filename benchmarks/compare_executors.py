@@ -37,10 +37,10 @@ def main() -> None:
     if args.search:
         args.overrides = [*TINY_SEARCH, *args.overrides]
 
-    from compress_dqn.manifest import run_fingerprint
-    from compress_dqn.pipeline import run_seeds
-    from compress_dqn.recipe import load_recipe
-    from compress_dqn.search import run_search, search_fingerprint
+    from compress_dqn.run.manifest import run_fingerprint
+    from compress_dqn.run.pipeline import run_seeds
+    from compress_dqn.recipe.schema import load_recipe
+    from compress_dqn.run.search import run_search, search_fingerprint
 
     found = {}
     for engine in args.engines:

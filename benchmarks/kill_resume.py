@@ -60,8 +60,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--search", action="store_true", help="kill a tiny 2-seed search instead of a run")
     args = parser.parse_args()
-    from compress_dqn.manifest import run_fingerprint
-    from compress_dqn.search import search_fingerprint
+    from compress_dqn.run.manifest import run_fingerprint
+    from compress_dqn.run.search import search_fingerprint
 
     fingerprint = search_fingerprint if args.search else run_fingerprint
 

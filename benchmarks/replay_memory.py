@@ -29,7 +29,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compress_dqn.replay import ReplayBuffer  # noqa: E402
+from compress_dqn.replay.buffer import ReplayBuffer  # noqa: E402
 
 N_ACTIONS = 6
 CHUNK = 256  # frames generated per rng call: vectorised, a few MiB of temporaries at most

@@ -50,9 +50,9 @@ def replica_recipe(recipe: Path, seed: int, student: str, select_episodes: list[
 
 
 def fresh_returns(args: tuple[str, str, int, int]) -> list[float]:
-    from compress_dqn.evaluate import evaluate
-    from compress_dqn.policy import TFLitePolicy
-    from compress_dqn.recipe import load_recipe
+    from compress_dqn.evaluation.verdicts import evaluate
+    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.recipe.schema import load_recipe
 
     recipe, policy, episodes, first_seed = args
     return [float(r) for r in evaluate(TFLitePolicy(policy).act, load_recipe(recipe).env, episodes, first_seed).episodes]

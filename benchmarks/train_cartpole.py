@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from compress_dqn.callbacks import PhaseCallback  # noqa: E402
+from compress_dqn.rl.callbacks import PhaseCallback  # noqa: E402
 
 
 class RssProbe(PhaseCallback):
@@ -52,10 +52,10 @@ class RssProbe(PhaseCallback):
 
 
 def one(recipe_path: str, seed: int, overrides: list[str]) -> dict:
-    from compress_dqn.evaluate import evaluate
-    from compress_dqn.networks import NumpyActor
-    from compress_dqn.recipe import load_recipe
-    from compress_dqn.train import DQNTrainer
+    from compress_dqn.evaluation.verdicts import evaluate
+    from compress_dqn.rl.networks import NumpyActor
+    from compress_dqn.recipe.schema import load_recipe
+    from compress_dqn.rl.trainer import DQNTrainer
 
     recipe = load_recipe(recipe_path, [*overrides, f"seed={seed}"])
     probe = RssProbe(recipe.train.total_timesteps)

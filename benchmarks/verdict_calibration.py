@@ -23,7 +23,7 @@ import numpy as np
 
 def simulate(draw, looks: list[int], confidence: float, base: float, random: float, reps: int, seed: int) -> dict:
     """Run the sequential rule `reps` times on differences from draw(rng, n); returns the verdict shares."""
-    from compress_dqn.evaluate import paired_difference
+    from compress_dqn.evaluation.verdicts import paired_difference
 
     rng = np.random.default_rng(seed)
     outcomes: dict[str, int] = {}
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
 
-    from compress_dqn.evaluate import sequential_plan
+    from compress_dqn.evaluation.verdicts import sequential_plan
 
     cartpole = {"base": 500.0, "random": 22.0}  # margin 4.78
     looks, confidence = sequential_plan(100, 400)  # the demo's plan

@@ -15,7 +15,7 @@ import click
 
 from compress_dqn import __version__
 from compress_dqn.errors import UserError
-from compress_dqn.presets import VARIANT_PRESETS, preset_for
+from compress_dqn.recipe.presets import VARIANT_PRESETS, preset_for
 
 EXIT_USAGE = 2
 _MAX_MESSAGE = 1000
@@ -62,7 +62,7 @@ def main() -> None:
 
 
 def _load(recipe: str, seed: int | None, overrides: tuple[str, ...]):
-    from compress_dqn.recipe import load_recipe
+    from compress_dqn.recipe.schema import load_recipe
 
     extra = list(overrides)
     if seed is not None:
@@ -97,11 +97,11 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
     """Train, export and evaluate the recipe's policies; writes RUN_DIR/results.json."""
     loaded = _load(recipe, seed, overrides)
     run_dir = out or Path("runs") / (loaded.name if seed is None else f"{loaded.name}-seed{seed}")
-    from compress_dqn.pipeline import run as run_pipeline, run_seeds
+    from compress_dqn.run.pipeline import run as run_pipeline, run_seeds
 
     log = lambda m: click.echo(m, err=True)  # noqa: E731
     if loaded.search:
-        from compress_dqn.search import run_search
+        from compress_dqn.run.search import run_search
 
         outcome = run_search(loaded, run_dir, quiet=quiet, log=log)
         baseline_return = outcome.results.aggregate[0].iqm_return
@@ -118,10 +118,10 @@ def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_step
                 frame_stack: int, episodes: int, seed: int) -> tuple[dict, list[str]]:
     """A one-off recipe (as data) for a Q-network trained elsewhere, and the layers to keep dense
     (like the shipped recipes: the small input and output layers)."""
-    from compress_dqn.baseline import load_model
-    from compress_dqn.envs import probe_env
-    from compress_dqn.networks import weight_layers
-    from compress_dqn.recipe import EnvConfig
+    from compress_dqn.port.baseline import load_model
+    from compress_dqn.rl.envs import probe_env
+    from compress_dqn.rl.networks import weight_layers
+    from compress_dqn.recipe.schema import EnvConfig
 
     info = probe_env(EnvConfig(id=env_id, frame_stack=frame_stack))
     layers = [layer.name for layer in weight_layers(load_model(model, info))]
@@ -175,8 +175,8 @@ def compress(model: Path, env_id: str, variants: str, out: Path | None, transiti
                         f"choose from {', '.join(VARIANT_PRESETS)}")
     data, keep_dense = _byo_recipe(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, seed)
     data["variants"] = [{"name": n, **preset_for(n, keep_dense)} for n in names]
-    from compress_dqn.pipeline import run as run_pipeline
-    from compress_dqn.recipe import recipe_from_data
+    from compress_dqn.run.pipeline import run as run_pipeline
+    from compress_dqn.recipe.schema import recipe_from_data
 
     recipe = recipe_from_data(data, "compress")
     outcome = run_pipeline(recipe, out or Path("runs") / data["name"], quiet=quiet, log=lambda m: click.echo(m, err=True))
@@ -210,8 +210,8 @@ def search(model: Path, env_id: str, out: Path | None, transitions: Path | None,
     data, keep_dense = _byo_recipe(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, seed)
     data["eval"] = {**data["eval"], "tolerance": tolerance, "max_episodes": 4 * episodes}
     data["search"] = {"objective": objective, "students": widths, "sparsities": targets, "prune_exclude": keep_dense}
-    from compress_dqn.recipe import recipe_from_data
-    from compress_dqn.search import run_search
+    from compress_dqn.recipe.schema import recipe_from_data
+    from compress_dqn.run.search import run_search
 
     recipe = recipe_from_data(data, "search")
     outcome = run_search(recipe, out or Path("runs") / f"{data['name']}-search", quiet=quiet,
@@ -227,8 +227,8 @@ def search(model: Path, env_id: str, out: Path | None, transitions: Path | None,
 def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
     """Check a recipe and its environment without training (and without importing TensorFlow)."""
     loaded = _load(recipe, seed, overrides)
-    from compress_dqn import resources
-    from compress_dqn.envs import probe_env
+    from compress_dqn.run import resources
+    from compress_dqn.rl.envs import probe_env
 
     info = probe_env(loaded.env)
     needed = resources.plan(loaded, info)
@@ -257,15 +257,15 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
 @_user_errors
 def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) -> None:
     """Play greedy episodes with a .tflite file or SavedModel directory; prints JSON."""
-    from compress_dqn.envs import probe_env
-    from compress_dqn.evaluate import evaluate as run_evaluation
-    from compress_dqn.manifest import check_artifact
-    from compress_dqn.policy import check_compatible, load_policy
-    from compress_dqn.recipe import EnvConfig
+    from compress_dqn.rl.envs import probe_env
+    from compress_dqn.evaluation.verdicts import evaluate as run_evaluation
+    from compress_dqn.run.manifest import check_artifact
+    from compress_dqn.deploy.policy import check_compatible, load_policy
+    from compress_dqn.recipe.schema import EnvConfig
 
     check_artifact(policy)
     if runtime == "micro":
-        from compress_dqn.micro import MicroPolicy
+        from compress_dqn.deploy.micro import MicroPolicy
 
         loaded = MicroPolicy(policy)
     else:
@@ -288,8 +288,8 @@ def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) 
 @_user_errors
 def report(run_dir: Path) -> None:
     """Re-render results.csv, report.md, report.html and the plots from RUN_DIR/results.json."""
-    from compress_dqn.manifest import MANIFEST, verify as verify_run, write_manifest
-    from compress_dqn.report import write_report
+    from compress_dqn.run.manifest import MANIFEST, verify as verify_run, write_manifest
+    from compress_dqn.evaluation.report import write_report
 
     finished = (run_dir / MANIFEST).is_file()
     if finished:  # the manifest is rewritten below: never sign altered artifacts into it
@@ -308,7 +308,7 @@ def report(run_dir: Path) -> None:
 @_user_errors
 def verify(run_dir: Path) -> None:
     """Check every artifact of a finished run against RUN_DIR/manifest.json (SHA-256 and size)."""
-    from compress_dqn.manifest import read_manifest, verify as verify_run
+    from compress_dqn.run.manifest import read_manifest, verify as verify_run
 
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such directory; pass a run directory written by compress-dqn run")
@@ -328,9 +328,9 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
     """Measure one .tflite file or SavedModel directory: size, latency, inference memory (JSON)."""
     import numpy as np
 
-    from compress_dqn.manifest import check_artifact
-    from compress_dqn.measure import dir_bytes, gzip_bytes, measure_latency, measure_memory
-    from compress_dqn.policy import TFLitePolicy, load_policy
+    from compress_dqn.run.manifest import check_artifact
+    from compress_dqn.evaluation.measure import dir_bytes, gzip_bytes, measure_latency, measure_memory
+    from compress_dqn.deploy.policy import TFLitePolicy, load_policy
 
     check_artifact(policy)
     loaded = load_policy(policy)
@@ -363,8 +363,8 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
 @_user_errors
 def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None, tflm_compress: bool) -> None:
     """Export a .tflite policy for a microcontroller, with measured flash and RAM; prints JSON."""
-    from compress_dqn.manifest import check_artifact
-    from compress_dqn.micro import export_micro
+    from compress_dqn.run.manifest import check_artifact
+    from compress_dqn.deploy.micro import export_micro
 
     check_artifact(policy)
     click.echo(json.dumps(export_micro(policy, out, int8_io=int8_io, name=name, compress=tflm_compress)))

@@ -30,8 +30,8 @@ def tiny_recipe() -> Path:
 @pytest.fixture(scope="session")
 def trained_tiny():
     """A tiny baseline trained once per test session: (recipe, TrainResult)."""
-    from compress_dqn.recipe import load_recipe
-    from compress_dqn.train import DQNTrainer
+    from compress_dqn.recipe.schema import load_recipe
+    from compress_dqn.rl.trainer import DQNTrainer
 
     recipe = load_recipe(TINY, ["train.total_timesteps=600", "train.net_arch=[32, 32]"])
     result = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=0, quiet=True).train()
@@ -40,6 +40,6 @@ def trained_tiny():
 
 def variant(recipe, **fields):
     """A validated VariantConfig for tests."""
-    from compress_dqn.recipe import VariantConfig
+    from compress_dqn.recipe.schema import VariantConfig
 
     return VariantConfig.model_validate({"name": "v", **fields})

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from compress_dqn.cli import main
 from compress_dqn.errors import UserError
-from compress_dqn.recipe import load_recipe
+from compress_dqn.recipe.schema import load_recipe
 
 from conftest import TINY
 
@@ -28,7 +28,7 @@ def saved_model_file(trained_tiny, tmp_path_factory):
 
 
 def test_recipe_from_a_keras_file_runs_the_whole_pipeline(saved_model_file, tmp_path):
-    from compress_dqn.pipeline import run
+    from compress_dqn.run.pipeline import run
 
     path, model = saved_model_file
     recipe = load_recipe(TINY, [f"baseline={{from: '{path}', rollout: {{steps: 600, epsilon: 0.1}}}}",
@@ -79,8 +79,8 @@ def test_compress_shortcut_and_transitions_file(saved_model_file, tmp_path):
 
 
 def test_mismatched_models_and_data_are_refused(saved_model_file, tmp_path):
-    from compress_dqn.baseline import load_model, load_transitions
-    from compress_dqn.envs import env_info, make_env
+    from compress_dqn.port.baseline import load_model, load_transitions
+    from compress_dqn.rl.envs import env_info, make_env
 
     path, _ = saved_model_file
     lunar = env_info(make_env("LunarLander-v3"), "LunarLander-v3")
@@ -127,8 +127,8 @@ def test_mismatched_models_and_data_are_refused(saved_model_file, tmp_path):
 def test_a_lambda_layer_is_refused_without_running_its_code(tmp_path, monkeypatch):
     """tf_keras applies safe_mode only to zip .keras files: an .h5 Lambda ran its stored code on load."""
     from compress_dqn._tf import tf_keras
-    from compress_dqn.baseline import load_model
-    from compress_dqn.envs import env_info, make_env
+    from compress_dqn.port.baseline import load_model
+    from compress_dqn.rl.envs import env_info, make_env
 
     marker = tmp_path / "ran"
     monkeypatch.setenv("COMPRESS_DQN_TEST_MARKER", str(marker))
@@ -163,7 +163,7 @@ def test_loaded_frame_stacked_transitions_are_all_kept():
     """Unrelated stacked transitions take up to k + 1 rows each: none may be overwritten on load."""
     from types import SimpleNamespace
 
-    from compress_dqn.baseline import load_transitions
+    from compress_dqn.port.baseline import load_transitions
 
     k, n = 4, 12
     rng = np.random.default_rng(0)

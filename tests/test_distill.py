@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from compress_dqn.compress.build import build_variant
-from compress_dqn.networks import count_params, q_from_outputs
+from compress_dqn.rl.networks import count_params, q_from_outputs
 
 from conftest import variant
 
@@ -39,9 +39,9 @@ def test_mse_loss_is_available(trained_tiny):
 def test_keep_best_policy_restores_the_best_evaluated_weights(monkeypatch):
     """Selection episodes score each snapshot; the weights that end up in the model are the best
     one's (the latest among ties), whatever came after."""
-    import compress_dqn.evaluate as evaluate_module
-    from compress_dqn.callbacks import KeepBestPolicy
-    from compress_dqn.networks import build_q_network
+    import compress_dqn.evaluation.verdicts as evaluate_module
+    from compress_dqn.rl.callbacks import KeepBestPolicy
+    from compress_dqn.rl.networks import build_q_network
 
     model = build_q_network((4,), 2, [8])
     scores = {1.0: 50.0, 2.0: 200.0, 3.0: 200.0, 4.0: 20.0, 5.0: 90.0}  # by the value every bias holds
@@ -63,7 +63,7 @@ def test_keep_best_policy_restores_the_best_evaluated_weights(monkeypatch):
 
 def test_selection_episodes_may_not_overlap_any_look_of_the_evaluation():
     from compress_dqn.errors import UserError
-    from compress_dqn.recipe import load_recipe
+    from compress_dqn.recipe.schema import load_recipe
 
     from conftest import TINY
 
@@ -77,7 +77,7 @@ def test_teacher_table_holds_the_teachers_q_values_of_every_row(trained_tiny):
     """A long distillation looks the teacher's Q-values up instead of recomputing them per sample:
     the table must give what the teacher computes on the sampled rows' observations."""
     from compress_dqn.compress.distill import teacher_table
-    from compress_dqn.networks import make_actor
+    from compress_dqn.rl.networks import make_actor
 
     recipe, result = trained_tiny
     teacher, replay = make_actor(result.model), result.replay
@@ -92,8 +92,8 @@ def test_the_student_plays_and_the_teacher_labels_what_it_visits(trained_tiny):
     """DAgger: after each interval the student plays; half of each later batch is its states, with
     the teacher's Q-values for them."""
     from compress_dqn.compress.distill import Distiller, build_student
-    from compress_dqn.networks import make_actor
-    from compress_dqn.recipe import StudentConfig
+    from compress_dqn.rl.networks import make_actor
+    from compress_dqn.recipe.schema import StudentConfig
 
     recipe, result = trained_tiny
     student = build_student(result.info, StudentConfig(net_arch=[8]))
@@ -115,7 +115,7 @@ def test_the_student_plays_and_the_teacher_labels_what_it_visits(trained_tiny):
 
 def test_a_linear_schedule_ends_the_fine_tune_at_rest(trained_tiny):
     from compress_dqn.compress.distill import Distiller, build_student
-    from compress_dqn.recipe import StudentConfig
+    from compress_dqn.recipe.schema import StudentConfig
 
     recipe, result = trained_tiny
     student = build_student(result.info, StudentConfig(net_arch=[8]))

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from compress_dqn.evaluate import bootstrap_ci, evaluate, run_episodes, run_episodes_side_by_side, summarize
-from compress_dqn.recipe import EnvConfig
+from compress_dqn.evaluation.verdicts import bootstrap_ci, evaluate, run_episodes, run_episodes_side_by_side, summarize
+from compress_dqn.recipe.schema import EnvConfig
 
 
 def lean_policy(obs):
@@ -57,7 +57,7 @@ def test_bootstrap_ci_covers_the_mean_and_narrows_with_more_data():
 
 
 def test_paired_difference_verdicts_are_a_non_inferiority_test():
-    from compress_dqn.evaluate import keeps_return, paired_difference
+    from compress_dqn.evaluation.verdicts import keeps_return, paired_difference
 
     rng = np.random.default_rng(0)
     base = rng.normal(100, 30, 1000)  # enough identical episodes to rule out a rare whole-lead loss
@@ -84,7 +84,7 @@ def test_identical_episodes_decide_within_only_once_a_rare_whole_lead_loss_is_ru
     percentile bootstrap gave 100 identical episodes the CI [0, 0], a certain 'within 1%', although
     a variant losing 478 points on 2% of episodes (-9.6, twice the margin) shows no loss in its first
     100 episodes 13% of the time."""
-    from compress_dqn.evaluate import paired_difference
+    from compress_dqn.evaluation.verdicts import paired_difference
 
     def verdict(variant, n, confidence=1 - 0.05 / 3):
         return paired_difference(variant, [500.0] * n, 0.01, [22.0] * n, confidence)  # margin 4.78
@@ -107,7 +107,7 @@ def test_identical_episodes_decide_within_only_once_a_rare_whole_lead_loss_is_ru
 
 def test_a_nan_return_is_refused_in_one_line():
     from compress_dqn.errors import UserError
-    from compress_dqn.evaluate import paired_difference
+    from compress_dqn.evaluation.verdicts import paired_difference
 
     with pytest.raises(UserError, match="NaN or infinite"):
         paired_difference([1.0, float("nan")], [1.0, 2.0], 0.01, [0.0, 0.0])
@@ -115,7 +115,7 @@ def test_a_nan_return_is_refused_in_one_line():
 
 def test_negative_returns_get_a_margin_from_the_lead_over_random():
     """Returns below zero (LunarLander-like): 1% of |mean| would be tiny; the lead over random is not."""
-    from compress_dqn.evaluate import paired_difference
+    from compress_dqn.evaluation.verdicts import paired_difference
 
     base = np.random.default_rng(1).normal(-50, 5, 2000)
     random = np.full(2000, -250.0)
@@ -126,7 +126,7 @@ def test_negative_returns_get_a_margin_from_the_lead_over_random():
 
 
 def test_sequential_looks_and_partial_pairs():
-    from compress_dqn.evaluate import looks, paired_difference
+    from compress_dqn.evaluation.verdicts import looks, paired_difference
 
     assert looks(100, 100) == [100]
     assert looks(100, 800) == [100, 200, 400, 800]
@@ -139,7 +139,7 @@ def test_sequential_looks_and_partial_pairs():
 
 
 def test_random_policy_returns_do_not_depend_on_the_episodes_before():
-    from compress_dqn.evaluate import random_returns
+    from compress_dqn.evaluation.verdicts import random_returns
 
     env = EnvConfig(id="CartPole-v1")
     both = random_returns(env, [3, 4], 2)
@@ -148,7 +148,7 @@ def test_random_policy_returns_do_not_depend_on_the_episodes_before():
 
 
 def test_iqm_and_stratified_bootstrap():
-    from compress_dqn.evaluate import iqm, stratified_bootstrap_ci
+    from compress_dqn.evaluation.verdicts import iqm, stratified_bootstrap_ci
 
     assert iqm(np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 100.0])) == np.mean([2.0, 3.0, 4.0, 5.0])  # outliers cut
     scores = np.array([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [4.0, 40.0]])  # 4 runs x 2 tasks
@@ -165,7 +165,7 @@ def test_iqm_is_rliables_aggregate_iqm():
     """Pinned to the published definition (rliable.metrics.aggregate_iqm), over runs x tasks."""
     from rliable import metrics
 
-    from compress_dqn.evaluate import iqm
+    from compress_dqn.evaluation.verdicts import iqm
 
     rng = np.random.default_rng(0)
     for shape in [(3, 1), (5, 4), (7, 3), (10, 1), (4, 2)]:
@@ -176,7 +176,7 @@ def test_iqm_is_rliables_aggregate_iqm():
 def test_inconclusive_says_how_many_episodes_would_decide():
     """An inconclusive verdict estimates the episodes that would decide it; playing that many
     (twice over, from the same spread) does decide it, and decided verdicts carry no estimate."""
-    from compress_dqn.evaluate import paired_difference
+    from compress_dqn.evaluation.verdicts import paired_difference
 
     rng = np.random.default_rng(3)
     baseline, random = [100.0] * 20000, [0.0] * 20000  # margin: 5% of the lead = 5 points
@@ -193,7 +193,7 @@ def test_episodes_to_decide_reads_the_arm_that_must_clear_the_margin():
     """A lopsided CI (the demo's pqat-90-int8: -1.2 [-4.8, 0.0] after 400 episodes, margin 4.78)
     is decided by its lower arm: the estimate must exceed the episodes already played (the
     half-width said ~180). Below the margin, the upper arm decides."""
-    from compress_dqn.evaluate import episodes_to_decide
+    from compress_dqn.evaluation.verdicts import episodes_to_decide
 
     needed = episodes_to_decide(400, -4.8, 0.0, -1.2, 4.78)
     assert needed == int(np.ceil(400 * (3.6 / 3.58) ** 2)) and needed > 400

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from compress_dqn.errors import UserError
-from compress_dqn.executors import map_units, start_local_pool, threads_per_worker, worker_count
-from compress_dqn.manifest import run_fingerprint
-from compress_dqn.recipe import load_recipe
+from compress_dqn.run.executors import map_units, start_local_pool, threads_per_worker, worker_count
+from compress_dqn.run.manifest import run_fingerprint
+from compress_dqn.recipe.schema import load_recipe
 
 from conftest import TINY
 
@@ -61,7 +61,7 @@ def test_unknown_executor_and_bad_ray_address_are_clear_errors():
 def test_sweep_gives_the_same_per_seed_results_on_local_pool_and_ray(tmp_path):
     """recipes/sweep.yaml's contract, shrunk: 2 seeds on a 2-worker pool and on a local 2-CPU Ray."""
     pytest.importorskip("ray")
-    from compress_dqn.pipeline import run_seeds
+    from compress_dqn.run.pipeline import run_seeds
 
     overrides = ["seeds=[0, 1]", "workers=2", "eval.episodes=3",
                  "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}]"]
@@ -89,7 +89,7 @@ def test_pool_workers_exit_when_the_run_is_killed(tmp_path):
     script = tmp_path / "pool.py"
     script.write_text(
         "import time\n"
-        "from compress_dqn.executors import map_units\n"
+        "from compress_dqn.run.executors import map_units\n"
         "if __name__ == '__main__':\n"
         "    map_units(time.sleep, [(60,), (60,)], 'local', 2)\n"
     )

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from compress_dqn.envs import FrameStack, env_info, make_env, rng_state, set_rng_state
+from compress_dqn.rl.envs import FrameStack, env_info, make_env, rng_state, set_rng_state
 from compress_dqn.errors import UserError
-from compress_dqn.recipe import load_recipe
+from compress_dqn.recipe.schema import load_recipe
 
 from conftest import ROOT
 
@@ -71,8 +71,8 @@ def test_atari_settings_only_for_ale_ids(tmp_path):
 
 def test_minatar_cnn_pipeline_end_to_end(tmp_path):
     """The MinAtar recipe, shrunk: CNN training, frame replay, pruned + int8 + QAT variants, report."""
-    from compress_dqn.pipeline import run
-    from compress_dqn.policy import TFLitePolicy
+    from compress_dqn.run.pipeline import run
+    from compress_dqn.deploy.policy import TFLitePolicy
 
     recipe = load_recipe(MINATAR, [
         "train.total_timesteps=600", "train.learning_starts=100", "train.eval_interval=0",

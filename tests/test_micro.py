@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from compress_dqn import micro
+from compress_dqn.deploy import micro
 from compress_dqn.cli import main
 from compress_dqn.errors import UserError
 
@@ -18,7 +18,7 @@ needs_tflm = pytest.mark.skipif(not micro.available(), reason="tflite-micro not 
 
 
 def _export(model, path: Path, configure=None) -> Path:
-    from compress_dqn.export import convert_tflite, export_saved_model
+    from compress_dqn.deploy.export import convert_tflite, export_saved_model
 
     saved = export_saved_model(model, (4,), np.float32, path.with_suffix(".sm"))
     path.write_bytes(convert_tflite(saved, configure))
@@ -33,8 +33,8 @@ def policies(tmp_path_factory):
         pytest.skip("tflite-micro not installed: pip install 'compress-dqn[micro]'")
     from compress_dqn._tf import tf, tf_keras
     from compress_dqn.compress.quantize import calibrate_ranges, converter_setup, qat_model
-    from compress_dqn.networks import build_q_network, split_value_advantage
-    from compress_dqn.recipe import QuantizeConfig
+    from compress_dqn.rl.networks import build_q_network, split_value_advantage
+    from compress_dqn.recipe.schema import QuantizeConfig
 
     out = tmp_path_factory.mktemp("micro")
     tf_keras.utils.set_random_seed(3)
@@ -134,9 +134,9 @@ class LiteRTBuiltin:
 
 @needs_tflm
 def test_micro_policy_plays_like_litert(policies):
-    from compress_dqn.evaluate import evaluate
-    from compress_dqn.policy import TFLitePolicy
-    from compress_dqn.recipe import EnvConfig
+    from compress_dqn.evaluation.verdicts import evaluate
+    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.recipe.schema import EnvConfig
 
     env = EnvConfig(id="CartPole-v1")
     obs = np.random.default_rng(1).normal(0, 1, size=(2000, 4)).astype(np.float32)
@@ -156,8 +156,8 @@ def test_micro_policy_plays_like_litert(policies):
 
 @needs_tflm
 def test_cli_evaluate_runtime_micro_matches_litert_without_tensorflow(policies):
-    from compress_dqn.evaluate import evaluate
-    from compress_dqn.recipe import EnvConfig
+    from compress_dqn.evaluation.verdicts import evaluate
+    from compress_dqn.recipe.schema import EnvConfig
 
     runs = {}
     for kind, runtime in (("fp32", "litert"), ("fp32", "micro"), ("int8", "micro")):
@@ -170,7 +170,7 @@ def test_cli_evaluate_runtime_micro_matches_litert_without_tensorflow(policies):
     assert runs["int8", "micro"]["return"]["episodes"] == builtin
     code = (
         "import sys, numpy as np\n"
-        "from compress_dqn.micro import MicroPolicy\n"
+        "from compress_dqn.deploy.micro import MicroPolicy\n"
         "MicroPolicy(sys.argv[1]).act(np.zeros(4, np.float32))\n"
         "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"
     )
@@ -180,7 +180,7 @@ def test_cli_evaluate_runtime_micro_matches_litert_without_tensorflow(policies):
 
 @needs_tflm
 def test_int8_io_rewrites_a_qat_split_head_without_changing_actions(policies, tmp_path):
-    from compress_dqn.policy import TFLitePolicy
+    from compress_dqn.deploy.policy import TFLitePolicy
 
     code, stdout, err = _cli("export", str(policies["qat"]), "--out", str(tmp_path / "q"), "--int8-io")
     assert code == 0, err
@@ -198,7 +198,7 @@ def test_int8_io_rewrites_a_qat_split_head_without_changing_actions(policies, tm
 
 @needs_tflm
 def test_export_int8_io_writes_files_that_compile(policies, tmp_path):
-    from compress_dqn.policy import TFLitePolicy
+    from compress_dqn.deploy.policy import TFLitePolicy
 
     out = tmp_path / "out"
     code, stdout, err = _cli("export", str(policies["int8"]), "--target", "micro", "--out", str(out), "--int8-io",
@@ -275,7 +275,7 @@ def test_unsupported_op_and_bad_files_get_one_line(policies, tmp_path):
 @needs_tflm
 def test_a_normalization_that_does_not_fit_the_input_is_refused(policies):
     """MicroPolicy normalized an 8-feature observation with a 4-feature mean, reshaped, and played on."""
-    from compress_dqn.tflite_metadata import with_input_normalization
+    from compress_dqn.deploy.tflite_metadata import with_input_normalization
 
     bad = with_input_normalization(policies["fp32"].read_bytes(), np.zeros(2), np.ones(2))
     with pytest.raises(UserError, match="2 features but its input has 4"):

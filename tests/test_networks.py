@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from compress_dqn.networks import NumpyActor, build_q_network, q_from_outputs, split_value_advantage
+from compress_dqn.rl.networks import NumpyActor, build_q_network, q_from_outputs, split_value_advantage
 
 
 def test_split_head_is_exact_and_acts_on_the_advantage():
@@ -98,7 +98,7 @@ def test_fan_in_uniform_init_draws_kernels_and_biases_like_torch():
 
 
 def test_folded_input_normalization_computes_the_same_q_values():
-    from compress_dqn.networks import fold_input_normalization, input_statistics, split_value_advantage
+    from compress_dqn.rl.networks import fold_input_normalization, input_statistics, split_value_advantage
 
     rng = np.random.default_rng(0)
     obs = (rng.normal(size=(200, 4)) * [2.0, 0.01, 5.0, 0.0] + [1.0, 0.0, -3.0, 7.0]).astype(np.float32)
@@ -116,7 +116,7 @@ def test_folded_input_normalization_computes_the_same_q_values():
 
 
 def test_input_range_puts_every_feature_in_minus_one_to_one():
-    from compress_dqn.networks import input_range
+    from compress_dqn.rl.networks import input_range
 
     rng = np.random.default_rng(0)
     obs = (rng.normal(size=(300, 4)) * [2.0, 0.01, 5.0, 0.0] + [1.0, 0.0, -3.0, 7.0]).astype(np.float32)
@@ -129,7 +129,7 @@ def test_input_range_puts_every_feature_in_minus_one_to_one():
 
 
 def test_action_head_chooses_the_advantages_argmax_within_its_range():
-    from compress_dqn.networks import with_action_head
+    from compress_dqn.rl.networks import with_action_head
 
     rng = np.random.default_rng(1)
     obs = rng.normal(size=(400, 4)).astype(np.float32)
@@ -154,7 +154,7 @@ def test_action_head_chooses_the_advantages_argmax_within_its_range():
 def test_a_dueling_network_folds_into_the_plain_network_with_the_same_q_values(cnn):
     """Q = V + A - mean A is linear in the heads, so one Dense head computes it exactly: the
     folded network has the plain network's layers and shapes, and NumpyActor runs the dueling one."""
-    from compress_dqn.networks import dueling_heads, fold_dueling, make_actor
+    from compress_dqn.rl.networks import dueling_heads, fold_dueling, make_actor
 
     rng = np.random.default_rng(7)
     if cnn:

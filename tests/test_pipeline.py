@@ -6,13 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import compress_dqn.evaluate as evaluate_module
-from compress_dqn import micro, pipeline
-from compress_dqn.envs import make_env_from
-from compress_dqn.evaluate import random_returns
-from compress_dqn.policy import TFLitePolicy
-from compress_dqn.pipeline import run
-from compress_dqn.recipe import load_recipe
+import compress_dqn.evaluation.verdicts as evaluate_module
+from compress_dqn.deploy import micro
+from compress_dqn.run import pipeline
+from compress_dqn.rl.envs import make_env_from
+from compress_dqn.evaluation.verdicts import random_returns
+from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.run.pipeline import run
+from compress_dqn.recipe.schema import load_recipe
 
 from conftest import TINY
 
@@ -108,9 +109,9 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
 def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path):
     import numpy as np
 
-    from compress_dqn.export import convert_tflite, export_saved_model
-    from compress_dqn.networks import build_q_network
-    from compress_dqn.pipeline import _same_policy
+    from compress_dqn.deploy.export import convert_tflite, export_saved_model
+    from compress_dqn.rl.networks import build_q_network
+    from compress_dqn.run.pipeline import _same_policy
 
     obs = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
     blobs = []
@@ -126,8 +127,8 @@ def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path
 
 
 def test_seeds_run_each_seed_and_aggregate_with_iqm(tmp_path):
-    from compress_dqn.evaluate import iqm
-    from compress_dqn.pipeline import run_seeds
+    from compress_dqn.evaluation.verdicts import iqm
+    from compress_dqn.run.pipeline import run_seeds
 
     recipe = load_recipe(TINY, ["seeds=[0, 1]", "train.total_timesteps=300"])
     outcome = run_seeds(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
@@ -144,7 +145,7 @@ def test_seeds_run_each_seed_and_aggregate_with_iqm(tmp_path):
 
 
 def test_decisive_states_are_the_half_with_the_larger_action_gaps():
-    from compress_dqn.pipeline import decisive_states
+    from compress_dqn.run.pipeline import decisive_states
 
     q = np.array([[1.0, 1.01, 0.0], [5.0, 1.0, 0.0], [2.0, 2.0, 9.0], [0.0, 0.3, 0.2]])  # gaps 0.01, 4, 7, 0.1
     assert decisive_states(q).tolist() == [False, True, True, False]
@@ -156,8 +157,8 @@ def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path
     and every byte and episode equals the one-at-a-time run's."""
     import shutil
 
-    from compress_dqn.manifest import run_fingerprint
-    from compress_dqn.pipeline import finish_run, open_run, reopen_run, train_baseline
+    from compress_dqn.run.manifest import run_fingerprint
+    from compress_dqn.run.pipeline import finish_run, open_run, reopen_run, train_baseline
 
     real_paired = evaluate_module.paired_difference
 
@@ -215,7 +216,7 @@ class _Stop(Exception):
 @pytest.mark.parametrize("workers", [2, 1])
 def test_a_run_starts_its_build_workers_before_training_and_builds_in_them(tmp_path, monkeypatch, workers):
     """The pool's workers import TensorFlow while the baseline trains (one core is free), not after."""
-    from compress_dqn import executors
+    from compress_dqn.run import executors
 
     events, started = [], []
     real_start = executors.start_local_pool
@@ -247,7 +248,7 @@ def test_a_run_starts_its_build_workers_before_training_and_builds_in_them(tmp_p
 def test_a_failed_memory_probe_keeps_the_variant_it_follows(monkeypatch):
     """A pool unit builds, then probes: a probe that fails (a killed or timed-out process) must
     not take the finished build down with it; probe_memory tries the probe again later."""
-    from compress_dqn import pipeline
+    from compress_dqn.run import pipeline
 
     def failing_probe(folder, saved_model):
         raise RuntimeError(f"memory probe for {folder} failed: killed")
@@ -261,7 +262,8 @@ def test_a_failed_memory_probe_keeps_the_variant_it_follows(monkeypatch):
 def test_a_variant_unit_probes_tensorflow_memory_only_where_the_recipe_asks(monkeypatch):
     """Every policy's TFLite memory is probed; its SavedModel's (a TensorFlow import each) for every
     policy by default, for the baseline only with measure.saved_model_memory: baseline."""
-    from compress_dqn import measure, pipeline
+    from compress_dqn.evaluation import measure
+    from compress_dqn.run import pipeline
 
     probed = []
     monkeypatch.setattr(measure, "measure_memory", lambda path, runtime: probed.append((path.name, runtime)) or {"peak_rss": 1})
@@ -284,7 +286,7 @@ def test_parallel_builds_start_the_costliest_first_counting_a_clustering_step_de
     QAT steps), then cluster-16, whose 3k clustering steps cost more than the 6k steps of either
     pruning build; the post-training quantizations (no steps) last, in recipe order."""
     from compress_dqn.compress.build import build_cost
-    from compress_dqn.recipe import load_recipe
+    from compress_dqn.recipe.schema import load_recipe
 
     recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "cartpole.yaml")
     order = sorted(recipe.variants, key=lambda v: -build_cost(v, recipe))
@@ -297,9 +299,9 @@ def test_parallel_builds_start_the_costliest_first_counting_a_clustering_step_de
 def test_a_dueling_baseline_is_exported_and_compressed_as_the_plain_network(tmp_path):
     """train.dueling changes how the baseline learns, not what it is: weights.npz holds the plain
     network (one Dense head), which the TFLite policy computes and a variant compresses."""
-    from compress_dqn.envs import env_info
+    from compress_dqn.rl.envs import env_info
     from compress_dqn.fileio import load_arrays
-    from compress_dqn.networks import network_for
+    from compress_dqn.rl.networks import network_for
 
     recipe = load_recipe(TINY, ["train.dueling=true", "train.total_timesteps=300",
                                 "variants=[{name: ptq-float16, quantize: {mode: float16}}]"])

@@ -6,7 +6,7 @@ import pytest
 from compress_dqn.compress.build import build_variant
 from compress_dqn.compress.prune import kernel_sparsity
 from compress_dqn.errors import UserError
-from compress_dqn.export import export_saved_model
+from compress_dqn.deploy.export import export_saved_model
 
 from conftest import variant
 
@@ -52,7 +52,7 @@ def test_td_fine_tune_prunes_too(trained_tiny):
 def test_short_fine_tunes_still_reach_the_target():
     """tfmot prunes only every `frequency` steps: the schedule must end on one of them."""
     from compress_dqn.compress.prune import schedule
-    from compress_dqn.recipe import PruneConfig
+    from compress_dqn.recipe.schema import PruneConfig
 
     for total in (10, 48, 83, 6000, 6010):
         plan = schedule(PruneConfig(sparsity=0.9, frequency=50), total).get_config()["config"]
@@ -81,8 +81,8 @@ def test_a_fused_phase_prunes_exactly_as_one_step_per_call(trained_tiny, method)
     from compress_dqn._tf import set_seed
     from compress_dqn.compress.build import fine_tune
     from compress_dqn.compress.prune import prune_model, strip, update_pruning_step
-    from compress_dqn.recipe import PruneConfig
-    from compress_dqn.replay import ReplayBuffer
+    from compress_dqn.recipe.schema import PruneConfig
+    from compress_dqn.replay.buffer import ReplayBuffer
 
     class OneStepPerCall(type(update_pruning_step())):
         def _implements_train_batch_hooks(self) -> bool:  # asks the loop for one call per step
@@ -162,7 +162,7 @@ def test_selection_keeps_only_fully_pruned_weights(trained_tiny, monkeypatch):
     sparsity even where its earlier, denser weights play better: here every evaluation scores
     lower than the one before, so without the guard the unpruned start would be kept. And the
     kept snapshot, taken after a gradient step, is masked again before the wrappers go."""
-    import compress_dqn.evaluate as evaluate
+    import compress_dqn.evaluation.verdicts as evaluate
     from compress_dqn.compress.prune import pruned_from_step
 
     scores = iter(range(1000, 0, -1))

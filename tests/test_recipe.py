@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from compress_dqn.errors import UserError
-from compress_dqn.recipe import load_recipe, parse_byte_size
+from compress_dqn.recipe.schema import load_recipe, parse_byte_size
 
 from conftest import ROOT, TINY, cli
 

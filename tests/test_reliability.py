@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from compress_dqn.cli import main
 from compress_dqn.errors import UserError
-from compress_dqn.manifest import run_fingerprint
-from compress_dqn.recipe import load_recipe
+from compress_dqn.run.manifest import run_fingerprint
+from compress_dqn.recipe.schema import load_recipe
 
 from conftest import ROOT, TINY
 
@@ -81,7 +81,7 @@ def test_kill_9_at_each_stage_then_resume_equals_an_uninterrupted_run(tmp_path):
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("finished") / "run"
-    from compress_dqn.pipeline import run
+    from compress_dqn.run.pipeline import run
 
     run(load_recipe(TINY, ["eval.episodes=2"]), out, quiet=True, log=lambda m: None)
     return out
@@ -156,7 +156,7 @@ def test_report_does_not_sign_an_altered_policy_into_the_manifest(finished_run, 
 
 
 def test_only_the_baselines_checkpoints_are_left_out_of_the_manifest(tmp_path):
-    from compress_dqn.manifest import verify, write_manifest
+    from compress_dqn.run.manifest import verify, write_manifest
 
     for rel in ["baseline/checkpoints/step-1/weights.npz", "variants/checkpoints/policy.tflite",
                 "variants/x/.tmp-export-1/saved_model.pb", "results.json"]:
@@ -168,7 +168,7 @@ def test_only_the_baselines_checkpoints_are_left_out_of_the_manifest(tmp_path):
 
 
 def test_divergence_stops_with_a_clear_message_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
-    import compress_dqn.train as train_module
+    import compress_dqn.rl.trainer as train_module
 
     real = train_module.make_update_fn
     calls = {"n": 0}
@@ -200,8 +200,8 @@ def test_divergence_stops_with_a_clear_message_and_keeps_the_last_checkpoint(tmp
 
 
 def test_a_full_disk_mid_run_leaves_the_last_checkpoint_intact(tmp_path, monkeypatch):
-    import compress_dqn.train as train_module
-    from compress_dqn.train import DQNTrainer, latest_checkpoint
+    import compress_dqn.rl.trainer as train_module
+    from compress_dqn.rl.trainer import DQNTrainer, latest_checkpoint
 
     real = train_module.save_arrays
     writes = {"n": 0}
@@ -238,7 +238,7 @@ def test_runs_that_do_not_fit_are_refused_before_anything_is_written(tmp_path, m
     assert result.exit_code == 2 and "of memory" in result.output and "lower train.buffer_size" in result.output
     assert not out.exists()
 
-    import compress_dqn.resources as resources
+    import compress_dqn.run.resources as resources
 
     usage = resources.shutil.disk_usage(tmp_path)
     monkeypatch.setattr(resources.shutil, "disk_usage", lambda p: usage._replace(free=10 << 20))
@@ -250,7 +250,7 @@ def test_runs_that_do_not_fit_are_refused_before_anything_is_written(tmp_path, m
 
 def test_saved_model_with_the_wrong_signature_or_shape_is_refused(tmp_path):
     from compress_dqn._tf import tf
-    from compress_dqn.policy import check_compatible, load_policy
+    from compress_dqn.deploy.policy import check_compatible, load_policy
 
     module = tf.Module()
     module.v = tf.Variable(1.0)
@@ -259,8 +259,8 @@ def test_saved_model_with_the_wrong_signature_or_shape_is_refused(tmp_path):
     with pytest.raises(UserError, match="serving_default"):
         load_policy(tmp_path / "other")
     with pytest.raises(UserError, match=r"shape \(4,\) but MinAtar/Breakout-v1 gives \(10, 10, 4\)"):
-        from compress_dqn.export import export_saved_model
-        from compress_dqn.networks import build_q_network
+        from compress_dqn.deploy.export import export_saved_model
+        from compress_dqn.rl.networks import build_q_network
 
         export_saved_model(build_q_network((4,), 3, [8]), (4,), np.float32, tmp_path / "sm")
         check_compatible(load_policy(tmp_path / "sm"), (10, 10, 4), 3, "MinAtar/Breakout-v1", "sm")
@@ -298,8 +298,8 @@ def test_resume_rebuilds_a_finished_stage_whose_files_are_gone(finished_run, tmp
     variant was done, so the resumed run wrote results and a clean manifest pointing at nothing."""
     import shutil
 
-    from compress_dqn.manifest import verify
-    from compress_dqn.pipeline import run
+    from compress_dqn.run.manifest import verify
+    from compress_dqn.run.pipeline import run
 
     run_dir = _copy(finished_run, tmp_path)
     (run_dir / "manifest.json").unlink()
@@ -315,7 +315,7 @@ def test_resume_rebuilds_a_finished_stage_whose_files_are_gone(finished_run, tmp
 
 
 def test_forget_missing_drops_only_what_was_built_on_the_lost_files(tmp_path):
-    from compress_dqn.pipeline import Stages
+    from compress_dqn.run.pipeline import Stages
 
     def artifacts(folder):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Tests for compress_dqn.replay: stored values, ring wrap-around, episode ends,
+"""Tests for compress_dqn.replay.buffer: stored values, ring wrap-around, episode ends,
 memory accounting and checkpoint round trips.
 
 A hand-made deterministic stream stands in for an environment: obs is
@@ -14,9 +14,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from compress_dqn import replay, replay_budget, replay_index
+from compress_dqn.replay import buffer as replay
+from compress_dqn.replay import budget as replay_budget
+from compress_dqn.replay import index as replay_index
 from compress_dqn.errors import UserError
-from compress_dqn.replay import Batch, ReplayBuffer
+from compress_dqn.replay.buffer import Batch, ReplayBuffer
 
 N_ACTIONS = 5
 

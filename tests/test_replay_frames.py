@@ -1,4 +1,4 @@
-"""Tests for frame stacking in compress_dqn.replay: exact stacks after many ring wraps,
+"""Tests for frame stacking in compress_dqn.replay.buffer: exact stacks after many ring wraps,
 episode boundaries, byte accounting, checkpoints and the memmap backing.
 
 Frames are (3, 2) uint8 carrying a unique frame id and an episode id, so every stack is
@@ -13,9 +13,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from compress_dqn import replay, replay_budget
+from compress_dqn.replay import buffer as replay
+from compress_dqn.replay import budget as replay_budget
 from compress_dqn.errors import UserError
-from compress_dqn.replay import ReplayBuffer
+from compress_dqn.replay.buffer import ReplayBuffer
 
 K = 4
 FRAME = (3, 2)

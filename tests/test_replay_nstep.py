@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compress_dqn.replay import ReplayBuffer
+from compress_dqn.replay.buffer import ReplayBuffer
 
 GAMMA = 0.9
 

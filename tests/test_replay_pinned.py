@@ -8,7 +8,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from compress_dqn.replay import ReplayBuffer
+from compress_dqn.replay.buffer import ReplayBuffer
 
 
 def digest(*arrays: np.ndarray) -> str:

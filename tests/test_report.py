@@ -4,8 +4,8 @@ import json
 import shutil
 from pathlib import Path
 
-from compress_dqn.report import headline, pareto_front, rows, write_report
-from compress_dqn.results import RunResults
+from compress_dqn.evaluation.report import headline, pareto_front, rows, write_report
+from compress_dqn.evaluation.results import RunResults
 
 from conftest import cli
 
@@ -64,7 +64,7 @@ def test_report_cli(tmp_path):
 
 
 def test_headline_says_how_many_episodes_would_decide_an_open_verdict():
-    from compress_dqn.evaluate import episodes_to_decide
+    from compress_dqn.evaluation.verdicts import episodes_to_decide
 
     results = RunResults.from_dict(json.loads(FIXED.read_text()))
     versus = results.variant("prune-80").return_vs_baseline
@@ -145,7 +145,7 @@ def test_a_variant_picked_among_candidates_says_what_each_build_scored_and_which
 
 
 def test_a_baseline_only_run_says_it_has_no_variants_not_that_none_kept_the_return():
-    from compress_dqn.report import NO_VARIANTS
+    from compress_dqn.evaluation.report import NO_VARIANTS
 
     data = json.loads(FIXED.read_text())
     data["variants"] = [v for v in data["variants"] if v["name"] == "baseline"]

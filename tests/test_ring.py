@@ -1,4 +1,4 @@
-"""Tests for compress_dqn.ring: the write position wraps, state round-trips through an .npz without
+"""Tests for compress_dqn.replay.ring: the write position wraps, state round-trips through an .npz without
 pickle, mismatched states are refused before anything changes, and memmap fields live on disk."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from compress_dqn import replay_budget
+from compress_dqn.replay import budget as replay_budget
 from compress_dqn.errors import UserError
-from compress_dqn.ring import Ring
+from compress_dqn.replay.ring import Ring
 
 FIELDS = {"x": ((2, 3), np.uint8), "y": ((), np.float32)}
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from compress_dqn import search as search_module
-from compress_dqn.recipe import load_recipe
-from compress_dqn.search import SearchLog, Tried, bisect_family, ladders
+from compress_dqn.run import search as search_module
+from compress_dqn.recipe.schema import load_recipe
+from compress_dqn.run.search import SearchLog, Tried, bisect_family, ladders
 
 from conftest import TINY
 
@@ -96,7 +96,7 @@ def test_student_candidates_make_each_student_rung_a_best_of_k_build_and_leave_p
 
 
 def test_tiny_search_end_to_end_names_a_winner_among_the_variants_and_resumes(tmp_path, monkeypatch):
-    from compress_dqn.search import run_search
+    from compress_dqn.run.search import run_search
 
     recipe = load_recipe(TINY, [
         "search.students=[[8]]", "search.student_quantize=float16", "search.student_fine_tune.steps=300",
@@ -116,7 +116,7 @@ def test_tiny_search_end_to_end_names_a_winner_among_the_variants_and_resumes(tm
     assert "## Search: the smallest policy within tolerance on every seed" in report
 
     # A rerun finds every unit finished: no candidate is built or played again.
-    import compress_dqn.pipeline as pipeline
+    import compress_dqn.run.pipeline as pipeline
 
     def refuse(*args, **kwargs):
         raise AssertionError("a finished candidate was rebuilt")
@@ -139,8 +139,8 @@ def test_search_command_refuses_bad_ladders_in_one_line():
 def test_a_chunk_with_fewer_seeds_than_workers_plays_its_looks_on_the_spare_ones(monkeypatch):
     """3 seeds on 2 workers: seeds 0 and 1 build and decide side by side, one look worker each;
     seed 2 runs alone and plays its looks on both workers. Ray units always get one."""
-    from compress_dqn import executors
-    from compress_dqn.search import _Plan as Plan, play_candidate
+    from compress_dqn.run import executors
+    from compress_dqn.run.search import _Plan as Plan, play_candidate
 
     calls = []
 
@@ -163,9 +163,9 @@ def test_a_chunk_with_fewer_seeds_than_workers_plays_its_looks_on_the_spare_ones
 def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(tmp_path, monkeypatch):
     """One seed on two workers: the candidate's unit plays its looks (5 -> 10 -> 20 episodes,
     forced undecided until 20) in chunks on both; the search equals the one-worker search."""
-    from compress_dqn import evaluate as evaluate_module
-    from compress_dqn import pipeline
-    from compress_dqn.search import run_search, search_fingerprint
+    from compress_dqn.evaluation import verdicts as evaluate_module
+    from compress_dqn.run import pipeline
+    from compress_dqn.run.search import run_search, search_fingerprint
 
     real_paired, real_decide, look_workers = evaluate_module.paired_difference, pipeline.decide, []
 
@@ -194,7 +194,7 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
 
 def test_the_front_offers_only_kept_candidates():
     """A lost candidate with a higher point estimate made the front, and left the winner off it."""
-    from compress_dqn.search import pareto_names
+    from compress_dqn.run.search import pareto_names
 
     def tried(name, outcome, objective, score):
         return {"name": name, "outcome": outcome, "objective": objective,

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from compress_dqn._tf import tf_keras
-from compress_dqn.callbacks import Interrupt, PhaseCallback
-from compress_dqn.recipe import load_recipe
-from compress_dqn.train import DQNTrainer, latest_checkpoint, linear_epsilon
+from compress_dqn.rl.callbacks import Interrupt, PhaseCallback
+from compress_dqn.recipe.schema import load_recipe
+from compress_dqn.rl.trainer import DQNTrainer, latest_checkpoint, linear_epsilon
 
 from conftest import TINY
 
@@ -157,7 +157,7 @@ def _train_args(recipe):
 def _update_pair(cfg):
     """Two identical model/target/optimizer sets: one for the fast path, one for the generic path."""
     from compress_dqn._tf import tf_keras
-    from compress_dqn.networks import build_q_network
+    from compress_dqn.rl.networks import build_q_network
 
     sets = []
     for _ in range(2):
@@ -174,8 +174,8 @@ def _update_pair(cfg):
 
 @pytest.mark.parametrize("double_dqn", [False, True])
 def test_fast_mlp_update_equals_generic_update(double_dqn):
-    from compress_dqn import fast_update
-    from compress_dqn.updates import make_generic_update_fn
+    from compress_dqn.rl import fast_update
+    from compress_dqn.rl.updates import make_generic_update_fn
 
     cfg = tiny(**{"train.max_grad_norm": 0.5, "train.double_dqn": str(double_dqn).lower()}).train  # clipping active
     (m1, t1, o1), (m2, t2, o2) = _update_pair(cfg)
@@ -290,7 +290,7 @@ def test_callbacks_hear_the_loop_as_under_fit(per_step):
 
 
 def test_train_state_round_trips_under_the_checkpoint_keys():
-    from compress_dqn.train_state import TrainState
+    from compress_dqn.rl.train_state import TrainState
 
     state = TrainState(step=7, gradient_step=3, episode_returns=[1.0, 2.0], next_eval=50)
     saved = state.state_dict()
@@ -306,9 +306,9 @@ def test_tfmot_pruning_callback_plugs_in_and_a_fine_tune_keeps_the_baseline_targ
     import tensorflow_model_optimization as tfmot
 
     from compress_dqn.compress import prune
-    from compress_dqn.envs import probe_env
-    from compress_dqn.networks import network_for
-    from compress_dqn.recipe import PruneConfig
+    from compress_dqn.rl.envs import probe_env
+    from compress_dqn.rl.networks import network_for
+    from compress_dqn.recipe.schema import PruneConfig
 
     recipe = tiny(**{"train.total_timesteps": 200, "train.jit_compile": "false"})
     baseline = network_for(probe_env(recipe.env), recipe.train)
@@ -327,8 +327,8 @@ def test_tfmot_pruning_callback_plugs_in_and_a_fine_tune_keeps_the_baseline_targ
 def test_tensorboard_gets_the_phases_mean_once_per_interval_and_the_rest_at_close(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from compress_dqn.train import RunLog
-    from compress_dqn.train_state import TrainState
+    from compress_dqn.rl.trainer import RunLog
+    from compress_dqn.rl.train_state import TrainState
 
     points: list[tuple[str, float, int]] = []
     monkeypatch.setattr(RunLog, "scalar", lambda self, name, value, step: points.append((name, value, step)))
@@ -347,7 +347,7 @@ def test_tensorboard_gets_the_phases_mean_once_per_interval_and_the_rest_at_clos
 def test_dueling_training_learns_through_two_heads_and_returns_the_plain_network():
     """train.dueling trains V and A heads (other weights than the plain head), and the result is the
     plain Sequential the pipeline rebuilds from the recipe, computing the dueling network's Q-values."""
-    from compress_dqn.networks import dueling_heads, network_for
+    from compress_dqn.rl.networks import dueling_heads, network_for
 
     recipe = tiny(**{"train.dueling": "true"})
     trainer = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=0, quiet=True)

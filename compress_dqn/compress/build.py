@@ -23,17 +23,17 @@ from typing import Any, Callable
 import numpy as np
 
 from compress_dqn._tf import set_seed, tf, tf_keras, use_xla
-from compress_dqn.callbacks import KeepBestPolicy
+from compress_dqn.rl.callbacks import KeepBestPolicy
 from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.distill import Distiller, build_student
-from compress_dqn.envs import EnvInfo
+from compress_dqn.rl.envs import EnvInfo
 from compress_dqn.fileio import load_dict, save_arrays
-from compress_dqn.networks import (
+from compress_dqn.rl.networks import (
     WEIGHT_LAYERS, count_params, fold_input_normalization, independent_copy, input_range, input_statistics,
     split_value_advantage, with_action_head,
 )
-from compress_dqn.recipe import FineTuneConfig, QuantizeConfig, Recipe, VariantConfig
-from compress_dqn.replay import ReplayBuffer, sampling_undone
+from compress_dqn.recipe.schema import FineTuneConfig, QuantizeConfig, Recipe, VariantConfig
+from compress_dqn.replay.buffer import ReplayBuffer, sampling_undone
 
 
 @dataclass
@@ -168,7 +168,7 @@ def _fine_tune(model: tf_keras.Model, ft: FineTuneConfig, recipe: Recipe, baseli
             student_states_interval=ft.student_states_interval, env=recipe.env, seed=fine_tune_seed(recipe.seed, seed_label),
         ).run()
         return {"method": "distill", "gradient_steps": ft.steps, "final_loss": loss}
-    from compress_dqn.train import DQNTrainer
+    from compress_dqn.rl.trainer import DQNTrainer
 
     cfg = recipe.train.model_copy(update={
         "total_timesteps": ft.steps,

@@ -10,8 +10,8 @@ import tensorflow_model_optimization as tfmot
 
 from compress_dqn._tf import tf_keras
 from compress_dqn.compress.prune import _check_names
-from compress_dqn.networks import WEIGHT_LAYERS, independent_copy, weight_layers
-from compress_dqn.recipe import ClusterConfig
+from compress_dqn.rl.networks import WEIGHT_LAYERS, independent_copy, weight_layers
+from compress_dqn.recipe.schema import ClusterConfig
 
 _clustering = tfmot.clustering.keras
 _INIT = {

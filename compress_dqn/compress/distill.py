@@ -13,15 +13,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from compress_dqn._tf import tf, tf_keras
-from compress_dqn.callbacks import LoopCallbacks
-from compress_dqn.envs import EnvInfo
+from compress_dqn.rl.callbacks import LoopCallbacks
+from compress_dqn.rl.envs import EnvInfo
 from compress_dqn.errors import UserError
-from compress_dqn.networks import KerasActor, NumpyActor, make_actor, network_for, q_from_outputs
+from compress_dqn.rl.networks import KerasActor, NumpyActor, make_actor, network_for, q_from_outputs
 from compress_dqn.progress import Progress
-from compress_dqn.recipe import StudentConfig
-from compress_dqn.replay import ReplayBuffer
-from compress_dqn.train_state import TrainState
-from compress_dqn.updates import UpdateFn, run_updates
+from compress_dqn.recipe.schema import StudentConfig
+from compress_dqn.replay.buffer import ReplayBuffer
+from compress_dqn.rl.train_state import TrainState
+from compress_dqn.rl.updates import UpdateFn, run_updates
 
 
 def build_student(info: EnvInfo, cfg: StudentConfig) -> tf_keras.Model:
@@ -109,7 +109,7 @@ class StudentStates:
 
     def __init__(self, env: Any, seed: int, steps: int, plays: int, obs_shape: tuple[int, ...], n_actions: int) -> None:
         """steps: environment steps per play; plays: how many (the arrays hold them all)."""
-        from compress_dqn.envs import make_env_from, seed_env
+        from compress_dqn.rl.envs import make_env_from, seed_env
 
         self.steps = steps
         capacity = steps * plays

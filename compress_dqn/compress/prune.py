@@ -14,8 +14,8 @@ from tensorflow_model_optimization.python.core.sparsity.keras import pruning_wra
 
 from compress_dqn._tf import tf_keras
 from compress_dqn.errors import UserError
-from compress_dqn.networks import WEIGHT_LAYERS, independent_copy, weight_layers
-from compress_dqn.recipe import PruneConfig
+from compress_dqn.rl.networks import WEIGHT_LAYERS, independent_copy, weight_layers
+from compress_dqn.recipe.schema import PruneConfig
 
 _sparsity = tfmot.sparsity.keras
 

@@ -14,8 +14,8 @@ import numpy as np
 import tensorflow_model_optimization as tfmot
 
 from compress_dqn._tf import tf, tf_keras
-from compress_dqn.networks import independent_copy, weight_layers
-from compress_dqn.recipe import QuantizeConfig
+from compress_dqn.rl.networks import independent_copy, weight_layers
+from compress_dqn.recipe.schema import QuantizeConfig
 
 Preserve = Literal["sparsity", "clusters"] | None
 

@@ -39,7 +39,7 @@ class TFLitePolicy:
         from ai_edge_litert.interpreter import Interpreter
 
         from compress_dqn._quiet import quiet_stderr
-        from compress_dqn.tflite_metadata import input_normalization
+        from compress_dqn.deploy.tflite_metadata import input_normalization
 
         try:
             with quiet_stderr():

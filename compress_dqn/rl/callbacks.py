@@ -83,8 +83,8 @@ class KeepBestPolicy(PhaseCallback):
         self.history: list[tuple[int, float]] = []
 
     def _consider(self, gradient_step: int) -> None:
-        from compress_dqn.evaluate import run_episodes, run_episodes_side_by_side
-        from compress_dqn.networks import KerasActor, make_actor
+        from compress_dqn.evaluation.verdicts import run_episodes, run_episodes_side_by_side
+        from compress_dqn.rl.networks import KerasActor, make_actor
 
         actor = make_actor(self.model)
         if isinstance(actor, KerasActor):  # costly per call, not per row: one call per step for all episodes

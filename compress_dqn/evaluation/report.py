@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from compress_dqn.errors import UserError
-from compress_dqn.evaluate import keeps_return
+from compress_dqn.evaluation.verdicts import keeps_return
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
-from compress_dqn.results import RunResults, SeedsResults, load_results
+from compress_dqn.evaluation.results import RunResults, SeedsResults, load_results
 
 
 
@@ -93,7 +93,7 @@ def _lead_over_random(results: RunResults) -> float:
 def _to_decide(versus: dict | None) -> int | None:
     """The episode estimate of an inconclusive verdict, recomputed from its CI (an estimate stored by
     an older version of the rule would otherwise be re-rendered as it was)."""
-    from compress_dqn.evaluate import episodes_to_decide
+    from compress_dqn.evaluation.verdicts import episodes_to_decide
 
     if not versus or versus.get("verdict") != "inconclusive":
         return None

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compress_dqn.errors import UserError
-from compress_dqn.replay_budget import check_disk, check_memory, format_bytes
+from compress_dqn.replay.budget import check_disk, check_memory, format_bytes
 
 __all__ = ["Ring"]
 

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from compress_dqn.errors import UserError
-from compress_dqn.replay import ReplayBuffer, format_bytes
+from compress_dqn.replay.buffer import ReplayBuffer, format_bytes
 
 # TensorFlow, the environment and the interpreter, on top of the replay buffer and the networks.
 _PROCESS_OVERHEAD = 1 << 30

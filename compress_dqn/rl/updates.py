@@ -12,13 +12,13 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from compress_dqn import fast_update
+from compress_dqn.rl import fast_update
 from compress_dqn._tf import tf, tf_keras
-from compress_dqn.callbacks import LoopCallbacks
+from compress_dqn.rl.callbacks import LoopCallbacks
 from compress_dqn.errors import UserError
-from compress_dqn.networks import q_from_outputs
-from compress_dqn.recipe import TrainConfig
-from compress_dqn.train_state import TrainState, latest_checkpoint
+from compress_dqn.rl.networks import q_from_outputs
+from compress_dqn.recipe.schema import TrainConfig
+from compress_dqn.rl.train_state import TrainState, latest_checkpoint
 
 UpdateFn = Callable[..., tuple[tf.Tensor, tf.Tensor]]
 """update(*arrays) over arrays with a leading phase axis K: runs K gradient steps, returns (mean loss, mean Q)."""

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from compress_dqn._tf import tf, tf_keras
-from compress_dqn.recipe import TrainConfig
+from compress_dqn.recipe.schema import TrainConfig
 
 if TYPE_CHECKING:
-    from compress_dqn.updates import UpdateFn
+    from compress_dqn.rl.updates import UpdateFn
 
 _ACTIVATIONS = ("relu", "linear")
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.replay_frames import history_frames, next_frame, stacks_at
-from compress_dqn.replay_index import TransitionIndex
-from compress_dqn.ring import Ring
+from compress_dqn.replay.frames import history_frames, next_frame, stacks_at
+from compress_dqn.replay.index import TransitionIndex
+from compress_dqn.replay.ring import Ring
 
 __all__ = ["TransitionWriter"]
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from compress_dqn.recipe import Recipe, SearchConfig, VariantConfig, recipe_from_data
+from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig, recipe_from_data
 
 _BYTES_PER_WEIGHT = {"qat": 1, "int8": 1, "dynamic": 1, "int16x8": 1, "float16": 2, None: 4}
 
@@ -114,8 +114,8 @@ def candidate_unit(recipe_data: dict[str, Any], seed_dir: str, variant_data: dic
     in and out, so any executor can run it; finished steps are stages of the seed's run.
     look_workers: processes that play its looks (the episodes, hence the verdict, are the same
     for any number)."""
-    from compress_dqn.evaluate import paired_difference, sequential_plan
-    from compress_dqn.pipeline import Stage, _measure_stage, _variant_stage, decide, reopen_run, run_stages
+    from compress_dqn.evaluation.verdicts import paired_difference, sequential_plan
+    from compress_dqn.run.pipeline import Stage, _measure_stage, _variant_stage, decide, reopen_run, run_stages
 
     variant = VariantConfig(**variant_data)
     ctx = reopen_run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet,
@@ -164,8 +164,8 @@ class _Plan:
 def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
     """Evaluate a candidate seed by seed (workers seeds at a time), stopping at the first seed
     whose verdict rules it out."""
-    from compress_dqn.evaluate import keeps_return
-    from compress_dqn.executors import cpu_count, map_units
+    from compress_dqn.evaluation.verdicts import keeps_return
+    from compress_dqn.run.executors import cpu_count, map_units
 
     variant = candidate.variant.model_dump(mode="json", exclude_none=True)
     per_seed: dict[str, dict[str, Any]] = {}
@@ -222,7 +222,7 @@ def bisect_family(rungs: list[Candidate], plan: _Plan, log: SearchLog, budget: C
 def pareto_names(tried: dict[str, dict[str, Any]], seeds: int) -> list[str]:
     """Kept candidates (within tolerance on every seed) that no other kept one beats on both objective
     and mean normalized score: a lost candidate's higher point estimate is not a trade-off to offer."""
-    from compress_dqn.report import pareto_front
+    from compress_dqn.evaluation.report import pareto_front
 
     full = [t for t in tried.values() if len(t["per_seed"]) == seeds and t["outcome"] == "kept"]
     scores = [statistics.fmean((o["normalized_score"] or 0.0) for o in t["per_seed"].values()) for t in full]
@@ -262,13 +262,13 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     it played) and aggregate. Returns the pipeline's RunOutcome."""
     import numpy as np
 
-    from compress_dqn import resources
-    from compress_dqn.envs import probe_env
-    from compress_dqn.executors import map_units
-    from compress_dqn.pipeline import (
+    from compress_dqn.run import resources
+    from compress_dqn.rl.envs import probe_env
+    from compress_dqn.run.executors import map_units
+    from compress_dqn.run.pipeline import (
         RunOutcome, baseline_unit, finish_unit, prepare_run_dir, seed_plan, seed_recipes, write_seeds_results,
     )
-    from compress_dqn.results import RunResults
+    from compress_dqn.evaluation.results import RunResults
 
     started, run_dir = time.monotonic(), Path(run_dir)
     seeds, workers, threads = seed_plan(recipe)
@@ -302,7 +302,7 @@ def search_fingerprint(run_dir: Path) -> dict[str, Any]:
     """What a search computed, timings left out: its winner, front, every candidate's outcome and
     per-seed verdicts, and each seed's run fingerprint. Equal for two searches that computed the
     same thing, whichever engine ran them and however often they were killed and resumed."""
-    from compress_dqn.manifest import run_fingerprint
+    from compress_dqn.run.manifest import run_fingerprint
 
     results = json.loads((Path(run_dir) / "results.json").read_text())
     found = results["search"]

@@ -7,7 +7,7 @@ stored once.  A transition's next observation is simply the next row of the ring
 transitions costs one row each plus one extra row per episode end, instead of two full
 observations per transition.
 
-Row layout (``capacity`` rows in a :class:`~compress_dqn.ring.Ring`)::
+Row layout (``capacity`` rows in a :class:`~compress_dqn.replay.ring.Ring`)::
 
     obs[i]      observation, native dtype (float32, uint8, ...); with
                 frame_stack=k > 1, only the newest frame of the stack
@@ -15,10 +15,10 @@ Row layout (``capacity`` rows in a :class:`~compress_dqn.ring.Ring`)::
     rewards[i]  reward of that action (float32)
     flags[i]    VALID | TERMINATED | TRUNCATED | START bitfield (uint8)
 
-:mod:`compress_dqn.replay_index` decides from ``flags`` which rows are sampleable transitions (an
+:mod:`compress_dqn.replay.index` decides from ``flags`` which rows are sampleable transitions (an
 episode's final observation gets a row of its own that is never VALID) and draws them;
-:mod:`compress_dqn.replay_frames` rebuilds frame stacks from single-frame rows;
-:mod:`compress_dqn.replay_budget` refuses a buffer that would not fit in memory or on disk.
+:mod:`compress_dqn.replay.frames` rebuilds frame stacks from single-frame rows;
+:mod:`compress_dqn.replay.budget` refuses a buffer that would not fit in memory or on disk.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from compress_dqn.replay_budget import format_bytes, rows_for_budget
-from compress_dqn.replay_frames import frame_shape, pairs_at, stacks_at
-from compress_dqn.replay_index import START, TERMINATED, TRUNCATED, VALID, TransitionIndex, next_rows
-from compress_dqn.replay_writer import TransitionWriter
-from compress_dqn.ring import Ring
+from compress_dqn.replay.budget import format_bytes, rows_for_budget
+from compress_dqn.replay.frames import frame_shape, pairs_at, stacks_at
+from compress_dqn.replay.index import START, TERMINATED, TRUNCATED, VALID, TransitionIndex, next_rows
+from compress_dqn.replay.writer import TransitionWriter
+from compress_dqn.replay.ring import Ring
 
 __all__ = ["Batch", "ReplayBuffer", "VALID", "TERMINATED", "TRUNCATED", "START", "format_bytes"]
 
@@ -121,7 +121,7 @@ class ReplayBuffer:
     :param n_actions: number of discrete actions (picks the action dtype).
     :param seed: seed of the sampling generator.
     :param frame_stack: frames per observation stack; rows then hold single frames and stacks are
-        rebuilt at sample time (see :mod:`compress_dqn.replay_frames`).
+        rebuilt at sample time (see :mod:`compress_dqn.replay.frames`).
     :param memmap_path: if set, the observation/frame array is an ``np.memmap`` scratch file there
         (created or overwritten, left in place afterwards), trading RAM for disk and page cache:
         the OS keeps hot pages cached and evicts the rest.  Its disk space is reserved up front.
@@ -215,7 +215,7 @@ class ReplayBuffer:
     ) -> None:
         """Store one transition.  When ``obs`` is the previous add's ``next_obs`` (same object,
         or equal values) and that add did not end the episode, its row is reused, so consecutive
-        transitions share observations (see :mod:`compress_dqn.replay_writer`).
+        transitions share observations (see :mod:`compress_dqn.replay.writer`).
 
         With ``frame_stack=k > 1``, ``next_obs`` must be ``obs`` shifted by one frame
         (``next_obs[..., :-1] == obs[..., 1:]``), as a frame-stack wrapper gives.  Observations

@@ -27,7 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from compress_dqn.errors import UserError
-from compress_dqn.safe_yaml import read_yaml, read_yaml_text
+from compress_dqn.recipe.safe_yaml import read_yaml, read_yaml_text
 
 # ---------------------------------------------------------------------------------------------
 # Value types: counts written as 1e6 and numbers as 1e-3 (YAML reads those as strings); bounds

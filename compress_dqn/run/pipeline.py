@@ -35,17 +35,17 @@ from typing import Any, Callable
 
 import yaml
 
-from compress_dqn import resources
+from compress_dqn.run import resources
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import (
     LOCK, load_arrays, load_dict, lock_run_dir, remove_stale_temporaries, replace_dir, save_arrays, write_bytes_atomic,
     write_text_atomic,
 )
-from compress_dqn.manifest import MANIFEST, verify, write_manifest
-from compress_dqn.recipe import Recipe, recipe_from_data
-from compress_dqn.report import write_report
-from compress_dqn.results import RunResults, SeedAggregate, SeedsResults, VariantResult, save_results
-from compress_dqn.safe_yaml import read_yaml
+from compress_dqn.run.manifest import MANIFEST, verify, write_manifest
+from compress_dqn.recipe.schema import Recipe, recipe_from_data
+from compress_dqn.evaluation.report import write_report
+from compress_dqn.evaluation.results import RunResults, SeedAggregate, SeedsResults, VariantResult, save_results
+from compress_dqn.recipe.safe_yaml import read_yaml
 
 
 @dataclass
@@ -174,7 +174,7 @@ class Stages:
 
 def _load_replay(path: Path, info: Any) -> Any:
     """The baseline's final replay buffer, fresh for each variant (so each is reproducible alone)."""
-    from compress_dqn.replay import ReplayBuffer
+    from compress_dqn.replay.buffer import ReplayBuffer
 
     state = load_dict(path)
     replay = ReplayBuffer(
@@ -188,7 +188,7 @@ def _same_policy(candidate: bytes, reference: bytes, observations: Any) -> bool:
     """Whether a TFLite encoding loads in the runtime (XNNPACK) and computes what the reference does."""
     import numpy as np
 
-    from compress_dqn.policy import TFLitePolicy
+    from compress_dqn.deploy.policy import TFLitePolicy
 
     try:
         policy = TFLitePolicy(candidate)
@@ -215,8 +215,8 @@ def _export(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any 
 
     import numpy as np
 
-    from compress_dqn.export import convert_tflite, export_saved_model
-    from compress_dqn.tflite_metadata import with_input_normalization
+    from compress_dqn.deploy.export import convert_tflite, export_saved_model
+    from compress_dqn.deploy.tflite_metadata import with_input_normalization
 
     export_saved_model(model, info.obs_shape, info.obs_dtype, out / "saved_model")
     source = out / "saved_model"
@@ -257,8 +257,8 @@ def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any,
     """Return statistics on the shared episode seeds, and agreement with the baseline's actions."""
     import numpy as np
 
-    from compress_dqn.evaluate import evaluate
-    from compress_dqn.policy import TFLitePolicy
+    from compress_dqn.evaluation.verdicts import evaluate
+    from compress_dqn.deploy.policy import TFLitePolicy
 
     policy = TFLitePolicy(tflite)
     stats = evaluate(policy.act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
@@ -294,11 +294,11 @@ class RunContext:
     def model(self) -> Any:
         """The baseline Q-network (tf_keras), with its trained weights."""
         if self.recipe.baseline is not None:
-            from compress_dqn.baseline import load_model
+            from compress_dqn.port.baseline import load_model
 
             model = load_model(self.base / "model.keras", self.info)
         else:
-            from compress_dqn.networks import network_for
+            from compress_dqn.rl.networks import network_for
 
             model = network_for(self.info, self.recipe.train)
         model.set_weights(load_arrays(self.base / "weights.npz"))
@@ -312,7 +312,7 @@ class RunContext:
     @cached_property
     def reference(self) -> tuple[Any, Any]:
         """The baseline TFLite policy's actions on the held-out states, and which states are decisive."""
-        from compress_dqn.policy import TFLitePolicy
+        from compress_dqn.deploy.policy import TFLitePolicy
 
         policy = TFLitePolicy(self.base / "policy.tflite")
         return policy.actions(self.heldout), decisive_states(policy.q_values(self.heldout))
@@ -337,7 +337,7 @@ def _train_stage(ctx: RunContext) -> dict[str, Any]:
     """Train the baseline (resuming from baseline/checkpoints), or load the user's network."""
     if ctx.recipe.baseline is not None:
         return _load_baseline(ctx.recipe, ctx.info, ctx.base, ctx.log)
-    from compress_dqn.train import DQNTrainer
+    from compress_dqn.rl.trainer import DQNTrainer
 
     recipe = ctx.recipe
     trainer = DQNTrainer.from_recipe(
@@ -369,8 +369,8 @@ def _train_stage(ctx: RunContext) -> dict[str, Any]:
 
 def _export_stage(ctx: RunContext) -> dict[str, Any]:
     """A slim SavedModel and an fp32 TFLite file of the baseline."""
-    from compress_dqn.measure import measure_size
-    from compress_dqn.networks import count_params
+    from compress_dqn.evaluation.measure import measure_size
+    from compress_dqn.rl.networks import count_params
 
     _export(ctx.model, ctx.info, ctx.base)
     params, nonzero = count_params(ctx.model)
@@ -382,8 +382,8 @@ def _export_stage(ctx: RunContext) -> dict[str, Any]:
 
 def _evaluate_stage(ctx: RunContext) -> dict[str, Any]:
     """The deployed artifact (TFLite) on the fixed episode seeds."""
-    from compress_dqn.evaluate import evaluate
-    from compress_dqn.policy import TFLitePolicy
+    from compress_dqn.evaluation.verdicts import evaluate
+    from compress_dqn.deploy.policy import TFLitePolicy
 
     cfg = ctx.recipe.eval
     stats = evaluate(TFLitePolicy(ctx.base / "policy.tflite").act, ctx.recipe.env, cfg.episodes, cfg.seed)
@@ -394,7 +394,7 @@ def _evaluate_stage(ctx: RunContext) -> dict[str, Any]:
 
 def _random_stage(ctx: RunContext) -> dict[str, Any]:
     """A uniform-random policy on the same episode seeds: the floor of normalized scores."""
-    from compress_dqn.evaluate import random_returns, summarize
+    from compress_dqn.evaluation.verdicts import random_returns, summarize
 
     cfg = ctx.recipe.eval
     stats = summarize(random_returns(ctx.recipe.env, range(cfg.seed, cfg.seed + cfg.episodes), ctx.info.n_actions))
@@ -415,7 +415,7 @@ BASELINE_STAGES = [Stage("train", _train_stage), Stage("export", _export_stage),
 def _variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
     """Build one variant from the baseline (the best of its candidates where it has some), export
     it, evaluate it on the shared seeds."""
-    from compress_dqn.measure import measure_size
+    from compress_dqn.evaluation.measure import measure_size
 
     started = time.perf_counter()
     out = ctx.folder(variant.name)
@@ -466,8 +466,8 @@ def _pick_candidate(variant: Any, ctx: RunContext, out: Path) -> tuple[Any, dict
     equals). Returns its (BuiltVariant, export info) and the pick's record for results.json."""
     import numpy as np
 
-    from compress_dqn.evaluate import evaluate
-    from compress_dqn.policy import TFLitePolicy
+    from compress_dqn.evaluation.verdicts import evaluate
+    from compress_dqn.deploy.policy import TFLitePolicy
 
     cfg = variant.candidates
 
@@ -507,8 +507,8 @@ LATENCY_SECONDS = 0.5
 
 def _measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
     """Batch-1 latency, inference memory per runtime, GPU figures and microcontroller cost of one policy."""
-    from compress_dqn.measure import gpu_note, measure_gpu, measure_latency
-    from compress_dqn.policy import SavedModelPolicy, TFLitePolicy
+    from compress_dqn.evaluation.measure import gpu_note, measure_gpu, measure_latency
+    from compress_dqn.deploy.policy import SavedModelPolicy, TFLitePolicy
 
     folder = ctx.folder(name)
     latency = {
@@ -530,7 +530,7 @@ def _measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
 def _probe_memory(folder: Path, saved_model: bool) -> dict[str, Any]:
     """Peak RSS of a fresh process acting with the policy in `folder`, per runtime; the SavedModel's
     is None when `saved_model` is False (see probes_saved_model)."""
-    from compress_dqn.measure import measure_memory
+    from compress_dqn.evaluation.measure import measure_memory
 
     return {"tflite": measure_memory(folder / "policy.tflite", "tflite"),
             "saved_model": measure_memory(folder / "saved_model", "saved_model") if saved_model else None}
@@ -573,7 +573,7 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
     The environment is probed before anything is written: a bad id leaves no run directory behind.
     """
     from compress_dqn._tf import configure_device
-    from compress_dqn.envs import probe_env
+    from compress_dqn.rl.envs import probe_env
 
     run_dir = Path(run_dir)
     info = probe_env(recipe.env)
@@ -593,7 +593,7 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
 def reopen_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunContext:
     """The context of a run directory that open_run prepared (for a unit that runs one of its stages)."""
     from compress_dqn._tf import configure_device
-    from compress_dqn.envs import probe_env
+    from compress_dqn.rl.envs import probe_env
 
     run_dir = Path(run_dir)
     return RunContext(recipe, run_dir, probe_env(recipe.env), Stages(run_dir), log, quiet, configure_device(recipe.device))
@@ -610,7 +610,7 @@ def variant_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[s
     (stages.json keeps one writer). Same TensorFlow threads and seeds as in that process, so the
     same bytes wherever it runs."""
     from compress_dqn._tf import configure_threads
-    from compress_dqn.recipe import VariantConfig
+    from compress_dqn.recipe.schema import VariantConfig
 
     recipe = recipe_from_data(recipe_data)
     configure_threads(recipe.train.intra_op_threads)  # before the first TensorFlow op of this process
@@ -653,7 +653,7 @@ def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from compress_dqn.compress.build import build_cost
-    from compress_dqn.executors import map_units
+    from compress_dqn.run.executors import map_units
 
     todo = unbuilt_variants(ctx)
     if workers <= 1 or len(todo) <= 1:
@@ -690,7 +690,7 @@ def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
 def variant_workers(ctx: RunContext) -> int:
     """Variants a single-seed run builds at once: `workers` (null: one per CPU), fewer where memory
     does not hold that many processes with the baseline's replay loaded."""
-    from compress_dqn.executors import worker_count
+    from compress_dqn.run.executors import worker_count
 
     wanted = worker_count(len(ctx.recipe.variants), ctx.recipe.workers)
     return resources.fits_at_once(resources.plan(ctx.recipe, ctx.info), wanted)
@@ -730,9 +730,9 @@ def warm_build_worker() -> None:
     """A build worker's imports, TensorFlow's among them (~6 s of CPU). No TensorFlow op runs,
     so variant_unit can still set the worker's thread count."""
     import compress_dqn.compress.build  # noqa: F401
-    import compress_dqn.evaluate  # noqa: F401
-    import compress_dqn.export  # noqa: F401
-    import compress_dqn.policy  # noqa: F401
+    import compress_dqn.evaluation.verdicts  # noqa: F401
+    import compress_dqn.deploy.export  # noqa: F401
+    import compress_dqn.deploy.policy  # noqa: F401
 
 
 @contextmanager
@@ -741,7 +741,7 @@ def build_pool(ctx: RunContext, workers: int) -> Iterator[Any]:
     TensorFlow while this process trains the baseline (one TensorFlow thread on the demo: a core
     stays free); None where builds do not run in a local pool. On the 2-core demo each worker
     spent ~12 s starting after training, before its first build."""
-    from compress_dqn.executors import start_local_pool
+    from compress_dqn.run.executors import start_local_pool
 
     todo = unbuilt_variants(ctx)
     if ctx.recipe.executor != "local" or workers <= 1 or len(todo) <= 1:
@@ -758,7 +758,7 @@ def build_pool(ctx: RunContext, workers: int) -> Iterator[Any]:
 
 def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunResults:
     """results.json from the finished stages and every policy's episode returns."""
-    from compress_dqn.evaluate import paired_difference, sequential_plan, summarize
+    from compress_dqn.evaluation.verdicts import paired_difference, sequential_plan, summarize
 
     cfg, done = ctx.recipe.eval, ctx.stages.done
     plan, confidence = sequential_plan(cfg.episodes, cfg.max_episodes)
@@ -788,7 +788,7 @@ def aggregate_seeds(runs: list[RunResults]) -> list[SeedAggregate]:
     bootstrap CI, and the same for the per-seed difference to that seed's baseline."""
     import numpy as np
 
-    from compress_dqn.evaluate import iqm, stratified_bootstrap_ci
+    from compress_dqn.evaluation.verdicts import iqm, stratified_bootstrap_ci
 
     out = []
     # A search drops a candidate at its first losing seed: aggregate what every seed played.
@@ -816,7 +816,7 @@ def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], N
     """The train stage for a brought baseline: load and check it, then collect its data."""
     import os
 
-    from compress_dqn.baseline import file_digest, load_model, load_transitions, rollout
+    from compress_dqn.port.baseline import file_digest, load_model, load_transitions, rollout
 
     source = recipe.baseline
     model = load_model(source.from_, info)
@@ -861,7 +861,7 @@ def finish_unit(recipe_data: dict[str, Any], seed_dir: str, quiet: bool, search:
 def seed_plan(recipe: Recipe) -> tuple[list[int], int, int]:
     """The training seeds, how many run at once, and TensorFlow threads per unit (the same on
     either engine, so per-seed results do not depend on the engine)."""
-    from compress_dqn.executors import threads_per_worker, worker_count
+    from compress_dqn.run.executors import threads_per_worker, worker_count
 
     seeds = list(recipe.seeds or [recipe.seed])
     workers = worker_count(len(seeds), recipe.workers)
@@ -884,8 +884,8 @@ def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[
     Seeds run in parallel on recipe.executor (local process pool or Ray); each unit gets the same
     TensorFlow thread count on either engine, so per-seed results do not depend on the engine.
     """
-    from compress_dqn.envs import probe_env
-    from compress_dqn.executors import map_units
+    from compress_dqn.rl.envs import probe_env
+    from compress_dqn.run.executors import map_units
 
     run_dir = Path(run_dir)
     seeds, workers, threads = seed_plan(recipe)
@@ -942,7 +942,7 @@ def _variant_result(name: str, exported: dict[str, Any], evaluated: dict[str, An
 def micro_figures(tflite: Path) -> dict[str, Any]:
     """What the policy costs on a microcontroller (TFLite Micro: flash, measured arena, whether it
     runs), or why that was not measured."""
-    from compress_dqn import micro
+    from compress_dqn.deploy import micro
 
     if not micro.available():
         return {"runs": None, "reason": micro.INSTALL_HINT, "flash_bytes": tflite.stat().st_size}
@@ -954,8 +954,8 @@ def heldout_states(tflite: Path, recipe: Recipe, limit: int = 5000) -> Any:
     subsampled with a fixed seed): where variants' actions are compared with the baseline's."""
     import numpy as np
 
-    from compress_dqn.evaluate import run_episodes
-    from compress_dqn.policy import TFLitePolicy
+    from compress_dqn.evaluation.verdicts import run_episodes
+    from compress_dqn.deploy.policy import TFLitePolicy
 
     policy = TFLitePolicy(tflite)
     visited: list[Any] = []
@@ -975,14 +975,14 @@ def play_unit(env_data: dict[str, Any], tflite: str | None, n_actions: int, firs
     uniform-random policy where it is None. Plain data in and out, and no TensorFlow: a pool worker
     starts in about a second. Each episode depends only on its seed, so chunks of a range played
     apart give the returns of the range played at once."""
-    from compress_dqn.evaluate import random_returns, run_episodes
-    from compress_dqn.recipe import EnvConfig
+    from compress_dqn.evaluation.verdicts import random_returns, run_episodes
+    from compress_dqn.recipe.schema import EnvConfig
 
     env = EnvConfig(**env_data)
     seeds = range(first_seed, first_seed + count)
     if tflite is None:
         return random_returns(env, seeds, n_actions)
-    from compress_dqn.policy import TFLitePolicy
+    from compress_dqn.deploy.policy import TFLitePolicy
 
     return run_episodes(TFLitePolicy(Path(tflite)).act, env, seeds)
 
@@ -991,7 +991,7 @@ def _play(ctx: RunContext, wanted: dict[str, tuple[str | None, int, int]], worke
     """Each wanted key's returns: (TFLite policy name or None for random, first episode, end episode),
     episode i on seed eval.seed + i. `workers` play at once, each range cut in chunks so that
     the workers finish together; the longest chunks start first."""
-    from compress_dqn.executors import map_units, worker_count
+    from compress_dqn.run.executors import map_units, worker_count
 
     env_data = ctx.recipe.env.model_dump(mode="json")
     pieces = worker_count(sum(after - before for _, before, after in wanted.values()), workers)
@@ -1031,7 +1031,7 @@ def _play_look(ctx: RunContext, before: int, after: int, names: list[str], worke
 def reference_episodes(ctx: RunContext, upto: int) -> dict[str, list[float]]:
     """The baseline's and the random policy's first `upto` episode returns (a look count), played
     once per look (stage "reference:N") and shared by every variant paired with them."""
-    from compress_dqn.evaluate import sequential_plan
+    from compress_dqn.evaluation.verdicts import sequential_plan
 
     cfg, done = ctx.recipe.eval, ctx.stages.done
     episodes = {"baseline": list(done["evaluate"]["return"]["episodes"]),
@@ -1055,7 +1055,7 @@ def decide(ctx: RunContext, names: list[str] | None = None, workers: int = 1) ->
 
     Returns every named variant's episode returns, and the baseline's and the random policy's
     over as many episodes as the longest of them ("baseline", "random", names)."""
-    from compress_dqn.evaluate import paired_difference, sequential_plan
+    from compress_dqn.evaluation.verdicts import paired_difference, sequential_plan
 
     cfg, done = ctx.recipe.eval, ctx.stages.done
     names = [v.name for v in ctx.recipe.variants] if names is None else names

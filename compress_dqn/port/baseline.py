@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.errors import UserError
-from compress_dqn.replay import ReplayBuffer
+from compress_dqn.replay.buffer import ReplayBuffer
 
 TRANSITION_KEYS = ("observations", "actions", "rewards", "next_observations", "terminated", "truncated")
 
@@ -85,8 +85,8 @@ def file_digest(path: str | Path) -> str:
 
 def rollout(model: Any, env_cfg: Any, info: Any, steps: int, epsilon: float, capacity: int, seed: int) -> tuple[ReplayBuffer, dict[str, Any]]:
     """Play the model epsilon-greedily for `steps` env steps into a fresh replay buffer."""
-    from compress_dqn.envs import make_env_from, seed_env
-    from compress_dqn.networks import make_actor
+    from compress_dqn.rl.envs import make_env_from, seed_env
+    from compress_dqn.rl.networks import make_actor
 
     replay = ReplayBuffer(max(2, min(capacity, steps + steps // 2 + 2)), info.obs_shape, info.obs_dtype,
                           info.n_actions, seed, frame_stack=info.frame_stack)

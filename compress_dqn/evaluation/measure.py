@@ -3,7 +3,7 @@
 Gzip is where sparsity shows: a pruned TFLite file is no smaller until compressed. Latency is
 batch-1 action latency (observation in, action out) after warm-up, the number that matters for
 an agent acting in a loop, plus batch-256 throughput. Inference memory is measured in a fresh
-subprocess per artifact that loads only its runtime (compress_dqn._memory_probe).
+subprocess per artifact that loads only its runtime (compress_dqn.evaluation._memory_probe).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def measure_memory(artifact: Path, runtime: str, steps: int = 1000, timeout: flo
     if runtime not in ("tflite", "saved_model"):
         raise ValueError(f"runtime {runtime!r}: expected tflite or saved_model")
     done = subprocess.run(
-        [sys.executable, "-m", "compress_dqn._memory_probe", runtime, str(artifact), str(steps)],
+        [sys.executable, "-m", "compress_dqn.evaluation._memory_probe", runtime, str(artifact), str(steps)],
         capture_output=True, text=True, timeout=timeout,
     )
     if done.returncode != 0:
@@ -162,7 +162,7 @@ def measure_gpu(saved_model: Path, observations: np.ndarray, calls: int = 2000,
     Peak memory is TensorFlow's allocator peak, reset just before loading the policy.
     """
     from compress_dqn._tf import tf
-    from compress_dqn.policy import SavedModelPolicy
+    from compress_dqn.deploy.policy import SavedModelPolicy
 
     if not tf.config.list_physical_devices("GPU"):
         return None

@@ -17,7 +17,7 @@ import numpy as np
 
 from compress_dqn._tf import quiet_stderr, tf, tf_keras
 from compress_dqn.fileio import replace_dir, write_bytes_atomic
-from compress_dqn.tflite_metadata import slim_tensor_names
+from compress_dqn.deploy.tflite_metadata import slim_tensor_names
 
 SIGNATURE = "serving_default"
 INPUT_NAME = "observations"

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.errors import UserError
-from compress_dqn.policy import read_tflite
-from compress_dqn.tflite_metadata import input_normalization
+from compress_dqn.deploy.policy import read_tflite
+from compress_dqn.deploy.tflite_metadata import input_normalization
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 
 INSTALL_HINT = "TFLite Micro is not installed; run: pip install 'compress-dqn[micro]'"
@@ -282,7 +282,7 @@ class _ArenaProbe:
     def _start(self) -> None:
         import subprocess
 
-        code = "from compress_dqn.micro import _probe_worker; _probe_worker()"
+        code = "from compress_dqn.deploy.micro import _probe_worker; _probe_worker()"
         package_root = str(Path(__file__).resolve().parent.parent)  # importable even when not installed
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
         self._proc = subprocess.Popen([sys.executable, "-c", code, self._file.name, str(self._n_inputs)], env=env,
@@ -416,7 +416,7 @@ def micro_summary(tflite_path_or_bytes: str | Path | bytes) -> dict[str, Any]:
 class MicroPolicy:
     """A .tflite policy run by the TFLite Micro interpreter, batch 1, as a microcontroller runs it.
 
-    Same interface as `compress_dqn.policy.TFLitePolicy`: obs_shape, n_actions, q_values(batch),
+    Same interface as `compress_dqn.deploy.policy.TFLitePolicy`: obs_shape, n_actions, q_values(batch),
     actions(batch), act(obs). Batches are played one observation at a time (TFLM shapes are fixed).
     """
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from compress_dqn.replay_index import START
+from compress_dqn.replay.index import START
 
 __all__ = ["frame_shape", "history_frames", "next_frame", "pairs_at", "stack", "stack_rows", "stacks_at"]
 

@@ -1,4 +1,4 @@
-"""Run as `python -m compress_dqn._memory_probe RUNTIME PATH STEPS`: load one policy with only the
+"""Run as `python -m compress_dqn.evaluation._memory_probe RUNTIME PATH STEPS`: load one policy with only the
 runtime it needs, act STEPS times, print JSON with the peak RSS. A fresh process per artifact, so
 the figure is that runtime's cost alone; the TFLite path never imports TensorFlow."""
 
@@ -33,7 +33,7 @@ def main() -> None:
     runtime, path, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     import numpy as np
 
-    from compress_dqn.policy import SavedModelPolicy, TFLitePolicy
+    from compress_dqn.deploy.policy import SavedModelPolicy, TFLitePolicy
 
     before = _current_rss_bytes()  # interpreter + numpy + our package: the floor of any policy process
     policy = TFLitePolicy(path) if runtime == "tflite" else SavedModelPolicy(path)

@@ -1,0 +1,2 @@
+"""What leaves the tool: SavedModel and TFLite export, the policy loaders, TFLite metadata, and TFLite Micro.
+"""

@@ -1,0 +1,2 @@
+"""Judging policies: episodes and paired verdicts, size/latency/memory measurements, typed results and the report.
+"""

@@ -1,0 +1,2 @@
+"""Policies trained elsewhere: load them, check them against the environment, and gather data to compress them with.
+"""

@@ -1,0 +1,2 @@
+"""Reinforcement learning: environments, the Q-network, the DQN trainer and its update step, callbacks and train state.
+"""
