@@ -111,7 +111,7 @@ def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path
 
     from compress_dqn.deploy.export import convert_tflite, export_saved_model
     from compress_dqn.rl.networks import build_q_network
-    from compress_dqn.run.pipeline import _same_policy
+    from compress_dqn.deploy.export import same_policy
 
     obs = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
     blobs = []
@@ -121,9 +121,9 @@ def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path
         tf_keras.utils.set_random_seed(seed)
         export_saved_model(build_q_network((4,), 2, [8]), (4,), np.float32, tmp_path / f"sm{seed}")
         blobs.append(convert_tflite(tmp_path / f"sm{seed}"))
-    assert _same_policy(blobs[0], blobs[0], obs)
-    assert not _same_policy(blobs[1], blobs[0], obs)  # loads, but another policy
-    assert not _same_policy(blobs[0][:100], blobs[0], obs)  # does not load
+    assert same_policy(blobs[0], blobs[0], obs)
+    assert not same_policy(blobs[1], blobs[0], obs)  # loads, but another policy
+    assert not same_policy(blobs[0][:100], blobs[0], obs)  # does not load
 
 
 def test_seeds_run_each_seed_and_aggregate_with_iqm(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 
 from compress_dqn.compress.build import build_variant
 from compress_dqn.compress.build import dense_kernels
-from compress_dqn.run.pipeline import _export
+from compress_dqn.deploy.export import export_policy
 from compress_dqn.deploy.policy import TFLitePolicy
 
 from conftest import variant
@@ -15,7 +15,7 @@ def tflite_for(trained_tiny, tmp_path, **fields):
     recipe, result = trained_tiny
     built = build_variant(variant(recipe, **fields), result.model, result.replay, recipe, result.info, quiet=True)
     check = result.replay.sample_observations(100)
-    _export(built.export_model, result.info, tmp_path, built, check)  # as the pipeline does
+    export_policy(built.export_model, result.info, tmp_path, built, check)  # as the pipeline does
     return tmp_path / "policy.tflite", built
 
 

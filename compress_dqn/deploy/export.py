@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from compress_dqn._tf import quiet_stderr, tf, tf_keras
+from compress_dqn.errors import UserError
 from compress_dqn.fileio import replace_dir, write_bytes_atomic
 from compress_dqn.deploy.tflite_metadata import slim_tensor_names
 
@@ -77,3 +80,53 @@ def export_tflite(
     """Convert a SavedModel's serving signature and write the .tflite file atomically."""
     write_bytes_atomic(Path(path), convert_tflite(saved_model_dir, configure))
     return Path(path)
+
+
+def same_policy(candidate: bytes, reference: bytes, observations: Any) -> bool:
+    """Whether a TFLite encoding loads in the runtime (XNNPACK) and computes what the reference does."""
+    from compress_dqn.deploy.policy import TFLitePolicy
+
+    try:
+        policy = TFLitePolicy(candidate)
+        got, actions = policy.q_values(observations), policy.actions(observations)
+    except (UserError, RuntimeError, ValueError):
+        return False
+    expected = TFLitePolicy(reference)
+    # The actions too: with an action head (quantize.action_head) they come from a tensor q_values does not show.
+    return bool(np.allclose(got, expected.q_values(observations), rtol=1e-4, atol=1e-4)
+                and np.array_equal(actions, expected.actions(observations)))
+
+
+def export_policy(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any = None) -> dict[str, Any]:
+    """SavedModel + TFLite for one model (a BuiltVariant says how to convert; None: fp32).
+
+    The SavedModel takes raw observations. The TFLite file is converted from built.tflite_model(),
+    which takes normalized observations where the variant has an input normalization (written
+    into the file's metadata) and chooses the action on its own head where it has one
+    (quantize.action_head). With built.try_sparse_format, the TFLite sparse weight format is
+    kept only if it is smaller AND the runtime loads it and computes the same Q-values (XNNPACK
+    cannot prepare every sparse layout).
+    """
+    from compress_dqn.deploy.tflite_metadata import with_input_normalization
+
+    export_saved_model(model, info.obs_shape, info.obs_dtype, out / "saved_model")
+    source = out / "saved_model"
+    with tempfile.TemporaryDirectory(dir=out, prefix=".tmp-export-") as scratch:
+        if built is not None and built.converts_own_model:
+            dtype = np.float32 if built.input_normalization is not None else info.obs_dtype
+            source = export_saved_model(built.tflite_model(), info.obs_shape, dtype, Path(scratch) / "converted")
+
+        def convert(sparse: bool) -> bytes:
+            data = convert_tflite(source, built.converter(sparse) if built is not None else None)
+            if built is not None and built.input_normalization is not None:
+                data = with_input_normalization(data, *built.input_normalization)
+            return data
+
+        data = convert(False)
+        sparse_format = False
+        if built is not None and built.try_sparse_format and check_obs is not None:  # kept only if checked
+            sparse = convert(True)
+            if len(sparse) < len(data) and same_policy(sparse, data, check_obs):
+                data, sparse_format = sparse, True
+    write_bytes_atomic(out / "policy.tflite", data)
+    return {"sparse_format": sparse_format}

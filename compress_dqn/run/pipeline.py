@@ -184,63 +184,6 @@ def _load_replay(path: Path, info: Any) -> Any:
     return replay
 
 
-def _same_policy(candidate: bytes, reference: bytes, observations: Any) -> bool:
-    """Whether a TFLite encoding loads in the runtime (XNNPACK) and computes what the reference does."""
-    import numpy as np
-
-    from compress_dqn.deploy.policy import TFLitePolicy
-
-    try:
-        policy = TFLitePolicy(candidate)
-        got, actions = policy.q_values(observations), policy.actions(observations)
-    except (UserError, RuntimeError, ValueError):
-        return False
-    expected = TFLitePolicy(reference)
-    # The actions too: with an action head (quantize.action_head) they come from a tensor q_values does not show.
-    return bool(np.allclose(got, expected.q_values(observations), rtol=1e-4, atol=1e-4)
-                and np.array_equal(actions, expected.actions(observations)))
-
-
-def _export(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any = None) -> dict[str, Any]:
-    """SavedModel + TFLite for one model (a BuiltVariant says how to convert; None: fp32).
-
-    The SavedModel takes raw observations. The TFLite file is converted from built.tflite_model(),
-    which takes normalized observations where the variant has an input normalization (written
-    into the file's metadata) and chooses the action on its own head where it has one
-    (quantize.action_head). With built.try_sparse_format, the TFLite sparse weight format is
-    kept only if it is smaller AND the runtime loads it and computes the same Q-values (XNNPACK
-    cannot prepare every sparse layout).
-    """
-    import tempfile
-
-    import numpy as np
-
-    from compress_dqn.deploy.export import convert_tflite, export_saved_model
-    from compress_dqn.deploy.tflite_metadata import with_input_normalization
-
-    export_saved_model(model, info.obs_shape, info.obs_dtype, out / "saved_model")
-    source = out / "saved_model"
-    with tempfile.TemporaryDirectory(dir=out, prefix=".tmp-export-") as scratch:
-        if built is not None and built.converts_own_model:
-            dtype = np.float32 if built.input_normalization is not None else info.obs_dtype
-            source = export_saved_model(built.tflite_model(), info.obs_shape, dtype, Path(scratch) / "converted")
-
-        def convert(sparse: bool) -> bytes:
-            data = convert_tflite(source, built.converter(sparse) if built is not None else None)
-            if built is not None and built.input_normalization is not None:
-                data = with_input_normalization(data, *built.input_normalization)
-            return data
-
-        data = convert(False)
-        sparse_format = False
-        if built is not None and built.try_sparse_format and check_obs is not None:  # kept only if checked
-            sparse = convert(True)
-            if len(sparse) < len(data) and _same_policy(sparse, data, check_obs):
-                data, sparse_format = sparse, True
-    write_bytes_atomic(out / "policy.tflite", data)
-    return {"sparse_format": sparse_format}
-
-
 def decisive_states(q_values: Any) -> Any:
     """Held-out states where the baseline prefers its action clearly: its gap between the best and
     second-best Q-value is at least the median gap. Where actions are near-tied (a balanced pole, a
@@ -370,9 +313,10 @@ def _train_stage(ctx: RunContext) -> dict[str, Any]:
 def _export_stage(ctx: RunContext) -> dict[str, Any]:
     """A slim SavedModel and an fp32 TFLite file of the baseline."""
     from compress_dqn.evaluation.measure import measure_size
+    from compress_dqn.deploy.export import export_policy
     from compress_dqn.rl.networks import count_params
 
-    _export(ctx.model, ctx.info, ctx.base)
+    export_policy(ctx.model, ctx.info, ctx.base)
     params, nonzero = count_params(ctx.model)
     size = measure_size(params, nonzero, ctx.base / "policy.tflite", ctx.base / "saved_model")
     ctx.log(f"[baseline] exported: TFLite {size.tflite_bytes} bytes ({size.tflite_gzip_bytes} gzipped)")
@@ -440,9 +384,10 @@ def _variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
 
 
 def _build_and_export(variant: Any, ctx: RunContext, out: Path, shared: Path | None) -> tuple[Any, dict[str, Any]]:
-    """Build `variant` from the baseline and export it into `out`: (BuiltVariant, _export's info)."""
+    """Build `variant` from the baseline and export it into `out`: (BuiltVariant, export_policy's info)."""
     from compress_dqn._tf import set_seed, tf_keras
     from compress_dqn.compress.build import build_variant
+    from compress_dqn.deploy.export import export_policy
 
     baseline = ctx.model  # loaded (on first use) before the seed: loading draws initial weights
     # Fresh Keras name counters and a seed from the recipe and the variant's name alone: a variant
@@ -452,7 +397,7 @@ def _build_and_export(variant: Any, ctx: RunContext, out: Path, shared: Path | N
     set_seed(variant_seed(ctx.recipe.seed, variant.name))
     built = build_variant(variant, baseline, _load_replay(ctx.base / "replay.npz", ctx.info), ctx.recipe, ctx.info,
                           quiet=ctx.quiet, shared=shared)
-    return built, _export(built.export_model, ctx.info, out, built, ctx.heldout[:500])
+    return built, export_policy(built.export_model, ctx.info, out, built, ctx.heldout[:500])
 
 
 def candidate_name(name: str, k: int) -> str:
