@@ -38,7 +38,7 @@ def main() -> None:
         args.overrides = [*TINY_SEARCH, *args.overrides]
 
     from compress_dqn.run.manifest import run_fingerprint
-    from compress_dqn.run.pipeline import run_seeds
+    from compress_dqn.run.seeds import run_seeds
     from compress_dqn.recipe.schema import load_recipe
     from compress_dqn.run.search import run_search, search_fingerprint
 

@@ -97,7 +97,8 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
     """Train, export and evaluate the recipe's policies; writes RUN_DIR/results.json."""
     loaded = _load(recipe, seed, overrides)
     run_dir = out or Path("runs") / (loaded.name if seed is None else f"{loaded.name}-seed{seed}")
-    from compress_dqn.run.pipeline import run as run_pipeline, run_seeds
+    from compress_dqn.run.pipeline import run as run_pipeline
+    from compress_dqn.run.seeds import run_seeds
 
     log = lambda m: click.echo(m, err=True)  # noqa: E731
     if loaded.search:

@@ -140,7 +140,7 @@ def test_a_run_refused_before_its_first_stage_takes_the_corrected_recipe(tmp_pat
     import pytest
 
     from compress_dqn.errors import UserError
-    from compress_dqn.run.pipeline import prepare_run_dir
+    from compress_dqn.run.rundir import prepare_run_dir
     from compress_dqn.recipe.schema import load_recipe
 
     first, fixed = load_recipe(TINY, ["eval.episodes=3"]), load_recipe(TINY, ["eval.episodes=4"])

@@ -61,7 +61,7 @@ def test_unknown_executor_and_bad_ray_address_are_clear_errors():
 def test_sweep_gives_the_same_per_seed_results_on_local_pool_and_ray(tmp_path):
     """recipes/sweep.yaml's contract, shrunk: 2 seeds on a 2-worker pool and on a local 2-CPU Ray."""
     pytest.importorskip("ray")
-    from compress_dqn.run.pipeline import run_seeds
+    from compress_dqn.run.seeds import run_seeds
 
     overrides = ["seeds=[0, 1]", "workers=2", "eval.episodes=3",
                  "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}]"]

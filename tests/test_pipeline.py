@@ -8,6 +8,7 @@ import pytest
 
 import compress_dqn.evaluation.verdicts as evaluate_module
 from compress_dqn.deploy import micro
+from compress_dqn.run import looks as looks_module
 from compress_dqn.run import pipeline
 from compress_dqn.rl.envs import make_env_from
 from compress_dqn.evaluation.verdicts import random_returns
@@ -25,7 +26,7 @@ VARIANTS = ('variants=[{name: ptq-float16, quantize: {mode: float16}}, '
 def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(tmp_path, monkeypatch):
     calls, plays = [], []
     real_evaluate, real_paired = evaluate_module.evaluate, evaluate_module.paired_difference
-    real_play = pipeline.play_unit
+    real_play = looks_module.play_unit
 
     def spy(act, env, episodes, seed):
         calls.append((env.id, episodes, seed))
@@ -41,7 +42,7 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
 
     monkeypatch.setattr(evaluate_module, "evaluate", spy)
     monkeypatch.setattr(evaluate_module, "paired_difference", undecided_until_20)
-    monkeypatch.setattr(pipeline, "play_unit", play_spy)
+    monkeypatch.setattr(looks_module, "play_unit", play_spy)
     recipe = load_recipe(TINY, [VARIANTS, "eval.max_episodes=20"])
     outcome = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
     # Baseline + 2 variants on seeds 0..4; then every look (10, 20) replays the baseline, the
@@ -128,7 +129,7 @@ def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path
 
 def test_seeds_run_each_seed_and_aggregate_with_iqm(tmp_path):
     from compress_dqn.evaluation.verdicts import iqm
-    from compress_dqn.run.pipeline import run_seeds
+    from compress_dqn.run.seeds import run_seeds
 
     recipe = load_recipe(TINY, ["seeds=[0, 1]", "train.total_timesteps=300"])
     outcome = run_seeds(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
@@ -145,7 +146,7 @@ def test_seeds_run_each_seed_and_aggregate_with_iqm(tmp_path):
 
 
 def test_decisive_states_are_the_half_with_the_larger_action_gaps():
-    from compress_dqn.run.pipeline import decisive_states
+    from compress_dqn.run.context import decisive_states
 
     q = np.array([[1.0, 1.01, 0.0], [5.0, 1.0, 0.0], [2.0, 2.0, 9.0], [0.0, 0.3, 0.2]])  # gaps 0.01, 4, 7, 0.1
     assert decisive_states(q).tolist() == [False, True, True, False]
@@ -158,7 +159,9 @@ def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path
     import shutil
 
     from compress_dqn.run.manifest import run_fingerprint
-    from compress_dqn.run.pipeline import finish_run, open_run, reopen_run, train_baseline
+    from compress_dqn.run.baseline_stages import train_baseline
+    from compress_dqn.run.context import open_run, reopen_run
+    from compress_dqn.run.pipeline import finish_run
 
     real_paired = evaluate_module.paired_difference
 
@@ -248,14 +251,14 @@ def test_a_run_starts_its_build_workers_before_training_and_builds_in_them(tmp_p
 def test_a_failed_memory_probe_keeps_the_variant_it_follows(monkeypatch):
     """A pool unit builds, then probes: a probe that fails (a killed or timed-out process) must
     not take the finished build down with it; probe_memory tries the probe again later."""
-    from compress_dqn.run import pipeline
+    from compress_dqn.run import variants
 
     def failing_probe(folder, saved_model):
         raise RuntimeError(f"memory probe for {folder} failed: killed")
 
-    monkeypatch.setattr(pipeline, "variant_unit", lambda *args: {"size": {"tflite_bytes": 1}})
-    monkeypatch.setattr(pipeline, "_probe_memory", failing_probe)
-    out = pipeline.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, True)
+    monkeypatch.setattr(variants, "variant_unit", lambda *args: {"size": {"tflite_bytes": 1}})
+    monkeypatch.setattr(variants, "probe_policy_memory", failing_probe)
+    out = variants.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, True)
     assert out == {"variant": {"size": {"tflite_bytes": 1}}, "memory": None}
 
 
@@ -263,22 +266,22 @@ def test_a_variant_unit_probes_tensorflow_memory_only_where_the_recipe_asks(monk
     """Every policy's TFLite memory is probed; its SavedModel's (a TensorFlow import each) for every
     policy by default, for the baseline only with measure.saved_model_memory: baseline."""
     from compress_dqn.evaluation import measure
-    from compress_dqn.run import pipeline
+    from compress_dqn.run import measuring, variants
 
     probed = []
     monkeypatch.setattr(measure, "measure_memory", lambda path, runtime: probed.append((path.name, runtime)) or {"peak_rss": 1})
-    monkeypatch.setattr(pipeline, "variant_unit", lambda *args: {"size": {}})
-    out = pipeline.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, False)
+    monkeypatch.setattr(variants, "variant_unit", lambda *args: {"size": {}})
+    out = variants.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, False)
     assert out["memory"] == {"tflite": {"peak_rss": 1}, "saved_model": None} and probed == [("policy.tflite", "tflite")]
     probed.clear()
-    pipeline.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, True)
+    variants.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, True)
     assert probed == [("policy.tflite", "tflite"), ("saved_model", "saved_model")]
 
     default = load_recipe(TINY, [VARIANTS])
     only_baseline = load_recipe(TINY, [VARIANTS, "measure.saved_model_memory=baseline"])
-    assert all(pipeline.probes_saved_model(default, n) for n in ("baseline", "ptq-float16", "student-8-int8"))
-    assert pipeline.probes_saved_model(only_baseline, "baseline")
-    assert not any(pipeline.probes_saved_model(only_baseline, n) for n in ("ptq-float16", "student-8-int8"))
+    assert all(measuring.probes_saved_model(default, n) for n in ("baseline", "ptq-float16", "student-8-int8"))
+    assert measuring.probes_saved_model(only_baseline, "baseline")
+    assert not any(measuring.probes_saved_model(only_baseline, n) for n in ("ptq-float16", "student-8-int8"))
 
 
 def test_parallel_builds_start_the_costliest_first_counting_a_clustering_step_dearer():

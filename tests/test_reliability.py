@@ -315,7 +315,7 @@ def test_resume_rebuilds_a_finished_stage_whose_files_are_gone(finished_run, tmp
 
 
 def test_forget_missing_drops_only_what_was_built_on_the_lost_files(tmp_path):
-    from compress_dqn.run.pipeline import Stages
+    from compress_dqn.run.rundir import Stages
 
     def artifacts(folder):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)

@@ -116,12 +116,12 @@ def test_tiny_search_end_to_end_names_a_winner_among_the_variants_and_resumes(tm
     assert "## Search: the smallest policy within tolerance on every seed" in report
 
     # A rerun finds every unit finished: no candidate is built or played again.
-    import compress_dqn.run.pipeline as pipeline
+    from compress_dqn.run import variants
 
     def refuse(*args, **kwargs):
         raise AssertionError("a finished candidate was rebuilt")
 
-    monkeypatch.setattr(pipeline, "_variant_stage", refuse)
+    monkeypatch.setattr(variants, "variant_stage", refuse)
     again = run_search(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
     assert again.results.search["winner"] == found["winner"] and again.resumed
 
@@ -164,17 +164,17 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
     """One seed on two workers: the candidate's unit plays its looks (5 -> 10 -> 20 episodes,
     forced undecided until 20) in chunks on both; the search equals the one-worker search."""
     from compress_dqn.evaluation import verdicts as evaluate_module
-    from compress_dqn.run import pipeline
+    from compress_dqn.run import looks
     from compress_dqn.run.search import run_search, search_fingerprint
 
-    real_paired, real_decide, look_workers = evaluate_module.paired_difference, pipeline.decide, []
+    real_paired, real_decide, look_workers = evaluate_module.paired_difference, looks.decide, []
 
     def spy_decide(ctx, names=None, workers=1):
         if names is not None:  # a search unit's (finish_run decides every variant)
             look_workers.append(workers)
         return real_decide(ctx, names, workers)
 
-    monkeypatch.setattr(pipeline, "decide", spy_decide)
+    monkeypatch.setattr(looks, "decide", spy_decide)
 
     def undecided_until_20(variant, baseline, tolerance=0.01, random=None, confidence=0.95):
         out = real_paired(variant, baseline, tolerance, random, confidence)

@@ -115,14 +115,17 @@ def candidate_unit(recipe_data: dict[str, Any], seed_dir: str, variant_data: dic
     look_workers: processes that play its looks (the episodes, hence the verdict, are the same
     for any number)."""
     from compress_dqn.evaluation.verdicts import paired_difference, sequential_plan
-    from compress_dqn.run.pipeline import Stage, _measure_stage, _variant_stage, decide, reopen_run, run_stages
+    from compress_dqn.run.context import Stage, reopen_run, run_stages
+    from compress_dqn.run.looks import decide
+    from compress_dqn.run.measuring import measure_stage
+    from compress_dqn.run.variants import variant_stage
 
     variant = VariantConfig(**variant_data)
     ctx = reopen_run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet,
                      log=(lambda _: None) if quiet else print)
-    stages = [Stage(f"variant:{variant.name}", lambda c: _variant_stage(variant, c))]
+    stages = [Stage(f"variant:{variant.name}", lambda c: variant_stage(variant, c))]
     if ctx.recipe.search.objective == "latency":
-        stages.append(Stage(f"measure:{variant.name}", lambda c: _measure_stage(variant.name, c)))
+        stages.append(Stage(f"measure:{variant.name}", lambda c: measure_stage(variant.name, c)))
     run_stages(ctx, stages)
     played = decide(ctx, [variant.name], workers=look_workers)
     episodes = played[variant.name]
@@ -262,13 +265,12 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     it played) and aggregate. Returns the pipeline's RunOutcome."""
     import numpy as np
 
-    from compress_dqn.run import resources
-    from compress_dqn.rl.envs import probe_env
-    from compress_dqn.run.executors import map_units
-    from compress_dqn.run.pipeline import (
-        RunOutcome, baseline_unit, finish_unit, prepare_run_dir, seed_plan, seed_recipes, write_seeds_results,
-    )
     from compress_dqn.evaluation.results import RunResults
+    from compress_dqn.rl.envs import probe_env
+    from compress_dqn.run import resources
+    from compress_dqn.run.executors import map_units
+    from compress_dqn.run.rundir import RunOutcome, prepare_run_dir
+    from compress_dqn.run.seeds import baseline_unit, finish_unit, seed_plan, seed_recipes, write_seeds_results
 
     started, run_dir = time.monotonic(), Path(run_dir)
     seeds, workers, threads = seed_plan(recipe)

@@ -1,0 +1,146 @@
+"""The baseline's stages: train (or load a brought network), export, evaluate, random policy, held-out states."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from compress_dqn.fileio import save_arrays
+from compress_dqn.recipe.schema import Recipe
+from compress_dqn.run import resources
+from compress_dqn.run.context import RunContext, Stage, run_stages
+
+
+def _train_stage(ctx: RunContext) -> dict[str, Any]:
+    """Train the baseline (resuming from baseline/checkpoints), or load the user's network."""
+    if ctx.recipe.baseline is not None:
+        return _load_baseline(ctx.recipe, ctx.info, ctx.base, ctx.log)
+    from compress_dqn.rl.trainer import DQNTrainer
+
+    recipe = ctx.recipe
+    trainer = DQNTrainer.from_recipe(
+        recipe.train, recipe.env, recipe.replay, seed=recipe.seed,
+        ckpt_dir=ctx.base / "checkpoints", tb_dir=ctx.run_dir / "tensorboard" / "baseline",
+        label="baseline", quiet=ctx.quiet, device=recipe.device,
+    )
+    result = trainer.train()
+    ctx.base.mkdir(parents=True, exist_ok=True)
+    save_arrays(ctx.base / "weights.npz", result.model.get_weights())
+    save_arrays(ctx.base / "replay.npz", result.replay.state_dict())
+    ctx.log(f"[baseline] trained {result.env_steps} steps in {result.wall_seconds:.1f} s "
+            f"({result.env_steps_per_second:.0f} steps/s)")
+    return {
+        "env_steps": result.env_steps,
+        "gradient_steps": result.gradient_steps,
+        "episodes": result.episodes,
+        "wall_seconds": round(result.wall_seconds, 3),
+        "env_steps_per_second": round(result.env_steps_per_second, 1),
+        "resumed_from_step": result.resumed_from,
+        "selected_step": result.selected_step,
+        "selected_eval_return": result.selected_return,
+        "replay_capacity": result.replay.capacity,
+        "replay_nbytes": result.replay.nbytes,
+        "device": ctx.device,
+        "dtype_policy": trainer.dtype_policy,
+    }
+
+
+def _export_stage(ctx: RunContext) -> dict[str, Any]:
+    """A slim SavedModel and an fp32 TFLite file of the baseline."""
+    from compress_dqn.deploy.export import export_policy
+    from compress_dqn.evaluation.measure import measure_size
+    from compress_dqn.rl.networks import count_params
+
+    export_policy(ctx.model, ctx.info, ctx.base)
+    params, nonzero = count_params(ctx.model)
+    size = measure_size(params, nonzero, ctx.base / "policy.tflite", ctx.base / "saved_model")
+    ctx.log(f"[baseline] exported: TFLite {size.tflite_bytes} bytes ({size.tflite_gzip_bytes} gzipped)")
+    return {"artifacts": {"saved_model": "baseline/saved_model", "tflite": "baseline/policy.tflite"},
+            "size": size.to_dict()}
+
+
+def _evaluate_stage(ctx: RunContext) -> dict[str, Any]:
+    """The deployed artifact (TFLite) on the fixed episode seeds."""
+    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.evaluation.verdicts import evaluate
+
+    cfg = ctx.recipe.eval
+    stats = evaluate(TFLitePolicy(ctx.base / "policy.tflite").act, ctx.recipe.env, cfg.episodes, cfg.seed)
+    ctx.log(f"[baseline] return {stats.mean:.1f} ± {stats.std:.1f} over {cfg.episodes} episodes "
+            f"(95% CI {stats.ci95[0]:.1f}..{stats.ci95[1]:.1f})")
+    return {"return": stats.to_dict(), "action_agreement": 1.0}
+
+
+def _random_stage(ctx: RunContext) -> dict[str, Any]:
+    """A uniform-random policy on the same episode seeds: the floor of normalized scores."""
+    from compress_dqn.evaluation.verdicts import random_returns, summarize
+
+    cfg = ctx.recipe.eval
+    stats = summarize(random_returns(ctx.recipe.env, range(cfg.seed, cfg.seed + cfg.episodes), ctx.info.n_actions))
+    ctx.log(f"[random] return {stats.mean:.1f} ± {stats.std:.1f} (uniform-random actions, same episodes)")
+    return {"return": stats.to_dict()}
+
+
+def _heldout_stage(ctx: RunContext) -> dict[str, Any]:
+    """States from episodes (heldout_seed..) that no calibration, fine-tune or evaluation plays."""
+    save_arrays(ctx.base / "heldout_obs.npz", {"observations": heldout_states(ctx.base / "policy.tflite", ctx.recipe)})
+    return {"episodes": ctx.recipe.eval.heldout_episodes, "seed": ctx.recipe.eval.heldout_seed}
+
+
+BASELINE_STAGES = [Stage("train", _train_stage), Stage("export", _export_stage), Stage("evaluate", _evaluate_stage),
+                   Stage("random", _random_stage), Stage("heldout", _heldout_stage)]
+
+
+def train_baseline(ctx: RunContext) -> None:
+    """The baseline stages: train (or load), export, evaluate, random policy, held-out states."""
+    run_stages(ctx, BASELINE_STAGES)
+    shutil.rmtree(ctx.base / "checkpoints", ignore_errors=True)
+
+
+def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """The train stage for a brought baseline: load and check it, then collect its data."""
+
+    from compress_dqn.port.baseline import file_digest, load_model, load_transitions, rollout
+
+    source = recipe.baseline
+    model = load_model(source.from_, info)
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = base / f".tmp-model-{os.getpid()}.keras"  # tf_keras wants the suffix
+    model.save(str(tmp))
+    os.replace(tmp, base / "model.keras")
+    save_arrays(base / "weights.npz", model.get_weights())
+    capacity = resources.replay_capacity(recipe.train, recipe.replay, info)
+    if source.transitions is not None:
+        replay, data = load_transitions(source.transitions, info, capacity, recipe.seed)
+    else:
+        replay, data = rollout(model, recipe.env, info, source.rollout.steps, source.rollout.epsilon, capacity, recipe.seed)
+    save_arrays(base / "replay.npz", replay.state_dict())
+    log(f"[baseline] loaded {source.from_}; data: {data['kind']} ({replay.num_transitions} transitions)")
+    return {
+        "source": {"from": str(source.from_), "sha256": file_digest(source.from_), "data": data},
+        "replay_capacity": replay.capacity,
+        "replay_nbytes": replay.nbytes,
+    }
+
+
+def heldout_states(tflite: Path, recipe: Recipe, limit: int = 5000) -> Any:
+    """States the baseline visits greedily on the held-out episode seeds (at most `limit`, evenly
+    subsampled with a fixed seed): where variants' actions are compared with the baseline's."""
+    import numpy as np
+
+    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.evaluation.verdicts import run_episodes
+
+    policy = TFLitePolicy(tflite)
+    visited: list[Any] = []
+
+    def act(obs: Any) -> int:
+        visited.append(np.array(obs))
+        return policy.act(obs)
+
+    cfg = recipe.eval
+    run_episodes(act, recipe.env, range(cfg.heldout_seed, cfg.heldout_seed + cfg.heldout_episodes))
+    pick = np.random.default_rng(cfg.heldout_seed).choice(len(visited), size=min(len(visited), limit), replace=False)
+    return np.stack([visited[i] for i in sorted(pick)])

@@ -1,0 +1,123 @@
+"""What every stage of one seed's run reads (RunContext), the stage frame, and opening a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable
+
+from compress_dqn.errors import UserError
+from compress_dqn.fileio import load_arrays, load_dict
+from compress_dqn.recipe.schema import Recipe
+from compress_dqn.run import resources
+from compress_dqn.run.rundir import Stages, prepare_run_dir
+
+
+def decisive_states(q_values: Any) -> Any:
+    """Held-out states where the baseline prefers its action clearly: its gap between the best and
+    second-best Q-value is at least the median gap. Where actions are near-tied (a balanced pole, a
+    landed lander) any rounding flips the argmax at no cost in return, so agreement there says
+    little; agreement on these states says whether the variant keeps the baseline's decisions."""
+    import numpy as np
+
+    top_two = np.sort(q_values, axis=1)[:, -2:]
+    gap = top_two[:, 1] - top_two[:, 0]
+    return gap >= np.median(gap)
+
+
+@dataclass
+class RunContext:
+    """What every stage of one seed's run reads: the recipe, the probed environment, the run
+    directory and its finished stages. Heavy objects (the baseline network, held-out states) are
+    loaded from the run directory on first use, so any stage can run alone in a fresh process."""
+
+    recipe: Recipe
+    run_dir: Path
+    info: Any
+    stages: Stages
+    log: Callable[[str], None] = print
+    quiet: bool = False
+    device: str = "cpu"
+
+    @property
+    def base(self) -> Path:
+        return self.run_dir / "baseline"
+
+    def folder(self, name: str) -> Path:
+        """Where a policy's artifacts live: baseline/ or variants/NAME/."""
+        return self.base if name == "baseline" else self.run_dir / "variants" / name
+
+    @cached_property
+    def model(self) -> Any:
+        """The baseline Q-network (tf_keras), with its trained weights."""
+        if self.recipe.baseline is not None:
+            from compress_dqn.port.baseline import load_model
+
+            model = load_model(self.base / "model.keras", self.info)
+        else:
+            from compress_dqn.rl.networks import network_for
+
+            model = network_for(self.info, self.recipe.train)
+        model.set_weights(load_arrays(self.base / "weights.npz"))
+        return model
+
+    @cached_property
+    def heldout(self) -> Any:
+        """States from the held-out episodes (action agreement and latency are measured on them)."""
+        return load_dict(self.base / "heldout_obs.npz")["observations"]
+
+    @cached_property
+    def reference(self) -> tuple[Any, Any]:
+        """The baseline TFLite policy's actions on the held-out states, and which states are decisive."""
+        from compress_dqn.deploy.policy import TFLitePolicy
+
+        policy = TFLitePolicy(self.base / "policy.tflite")
+        return policy.actions(self.heldout), decisive_states(policy.q_values(self.heldout))
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A named step of a run: a function of the run's context returning what stages.json keeps."""
+
+    name: str
+    run: Callable[[RunContext], dict[str, Any]]
+
+
+def run_stages(ctx: RunContext, stages: list[Stage]) -> None:
+    """Run each stage not finished yet, recording its outputs as soon as it ends (the resume point)."""
+    for stage in stages:
+        if stage.name not in ctx.stages.done:
+            ctx.stages.finish(stage.name, stage.run(ctx))
+
+
+def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> tuple[RunContext, bool]:
+    """Check the environment and the resources, then create or reopen run_dir. Returns (context, resumed).
+
+    The environment is probed before anything is written: a bad id leaves no run directory behind.
+    """
+    from compress_dqn._tf import configure_device
+    from compress_dqn.rl.envs import probe_env
+
+    run_dir = Path(run_dir)
+    info = probe_env(recipe.env)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir}: is a file, not a run directory; pass another --out")
+    stages = Stages(run_dir)
+    if "train" not in stages.done:
+        resources.check(resources.plan(recipe, info), run_dir)
+    device = configure_device(recipe.device)  # a device that is not there: refused before anything is written
+    resumed = prepare_run_dir(recipe, run_dir)
+    if resumed and (forgotten := stages.forget_missing(run_dir)):
+        log(f"{run_dir}: files of {len(forgotten)} finished stage(s) are missing ({', '.join(forgotten[:3])}"
+            f"{', ...' if len(forgotten) > 3 else ''}); redoing them")
+    return RunContext(recipe, run_dir, info, stages, log, quiet, device), resumed
+
+
+def reopen_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunContext:
+    """The context of a run directory that open_run prepared (for a unit that runs one of its stages)."""
+    from compress_dqn._tf import configure_device
+    from compress_dqn.rl.envs import probe_env
+
+    run_dir = Path(run_dir)
+    return RunContext(recipe, run_dir, probe_env(recipe.env), Stages(run_dir), log, quiet, configure_device(recipe.device))

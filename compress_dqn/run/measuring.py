@@ -1,0 +1,90 @@
+"""Measuring every policy of a run: batch-1 latency, inference memory per runtime, GPU and microcontroller figures."""
+
+from __future__ import annotations
+
+import subprocess
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from compress_dqn.recipe.schema import Recipe
+from compress_dqn.run.context import RunContext, Stage
+
+LATENCY_SECONDS = 0.5
+"""Timed calls per runtime and policy stop after this long, once 500 are in (measure_latency)."""
+
+
+PROBE_ERRORS = (RuntimeError, OSError, subprocess.SubprocessError)
+"""How a memory probe process fails (measure.measure_memory): a failed, killed or timed-out probe."""
+
+
+def measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
+    """Batch-1 latency, inference memory per runtime, GPU figures and microcontroller cost of one policy."""
+    from compress_dqn.deploy.policy import SavedModelPolicy, TFLitePolicy
+    from compress_dqn.evaluation.measure import gpu_note, measure_gpu, measure_latency
+
+    folder = ctx.folder(name)
+    latency = {
+        "tflite": measure_latency(TFLitePolicy(folder / "policy.tflite"), ctx.heldout, seconds=LATENCY_SECONDS).to_dict(),
+        "saved_model": measure_latency(SavedModelPolicy(folder / "saved_model"), ctx.heldout,
+                                       seconds=LATENCY_SECONDS).to_dict(),
+    }
+    memory = ctx.stages.done.get(f"memory:{name}") or probe_policy_memory(folder, probes_saved_model(ctx.recipe, name))
+    on_gpu = measure_gpu(folder / "saved_model", ctx.heldout, seconds=LATENCY_SECONDS)
+    tf_rss = memory["saved_model"] and f"{memory['saved_model']['peak_rss'] / 2**20:.0f} MiB"
+    ctx.log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
+            f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {tf_rss or 'not probed (measure.saved_model_memory)'}")
+    return {"latency_us": {"cpu": latency, "gpu": on_gpu and {"saved_model": on_gpu["latency_us"]}},
+            "memory_bytes": {"cpu_rss": memory, "gpu_peak": on_gpu and on_gpu["peak_bytes"]},
+            "micro": micro_figures(folder / "policy.tflite"),
+            "gpu_note": gpu_note()}
+
+
+def probe_policy_memory(folder: Path, saved_model: bool) -> dict[str, Any]:
+    """Peak RSS of a fresh process acting with the policy in `folder`, per runtime; the SavedModel's
+    is None when `saved_model` is False (see probes_saved_model)."""
+    from compress_dqn.evaluation.measure import measure_memory
+
+    return {"tflite": measure_memory(folder / "policy.tflite", "tflite"),
+            "saved_model": measure_memory(folder / "saved_model", "saved_model") if saved_model else None}
+
+
+def probes_saved_model(recipe: Recipe, name: str) -> bool:
+    """Whether policy `name` gets a SavedModel memory probe (a TensorFlow import of its own)."""
+    return name == "baseline" or recipe.measure.saved_model_memory == "all"
+
+
+def probe_memory(ctx: RunContext, workers: int = 1) -> None:
+    """Every policy's inference memory (stages memory:NAME), `workers` probes at once.
+
+    Each probe is a fresh process whose peak RSS does not depend on what else runs, unlike the
+    timings measured after it one policy at a time; the SavedModel probe's TensorFlow import
+    made it most of the measuring's wall time."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    todo = [name for name in policy_names(ctx.recipe)
+            if f"memory:{name}" not in ctx.stages.done and f"measure:{name}" not in ctx.stages.done]
+    with ThreadPoolExecutor(max(1, workers)) as pool:  # threads: each waits on its probe process
+        futures = {pool.submit(probe_policy_memory, ctx.folder(name), probes_saved_model(ctx.recipe, name)): name
+                   for name in todo}
+        for future in as_completed(futures):
+            ctx.stages.finish(f"memory:{futures[future]}", future.result())
+
+
+def policy_names(recipe: Recipe) -> list[str]:
+    """Every policy a run measures: the baseline, then its variants."""
+    return ["baseline"] + [v.name for v in recipe.variants]
+
+
+def measure_stages(recipe: Recipe) -> list[Stage]:
+    return [Stage(f"measure:{name}", partial(measure_stage, name)) for name in policy_names(recipe)]
+
+
+def micro_figures(tflite: Path) -> dict[str, Any]:
+    """What the policy costs on a microcontroller (TFLite Micro: flash, measured arena, whether it
+    runs), or why that was not measured."""
+    from compress_dqn.deploy import micro
+
+    if not micro.available():
+        return {"runs": None, "reason": micro.INSTALL_HINT, "flash_bytes": tflite.stat().st_size}
+    return micro.micro_summary(tflite)

@@ -1,0 +1,259 @@
+"""Building variants: one stage each (build from the baseline, export, evaluate), candidates, and
+parallel builds in a pool started while the baseline trains."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from compress_dqn.fileio import load_dict, replace_dir
+from compress_dqn.recipe.schema import Recipe, recipe_from_data
+from compress_dqn.run import resources
+from compress_dqn.run.context import RunContext, Stage, reopen_run, run_stages
+from compress_dqn.run.measuring import PROBE_ERRORS, probe_policy_memory, probes_saved_model
+
+
+def variant_seed(seed: int, name: str) -> int:
+    """A variant's TensorFlow seed: stable across processes (crc32, not Python's salted hash)."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**31
+
+
+def _load_replay(path: Path, info: Any) -> Any:
+    """The baseline's final replay buffer, fresh for each variant (so each is reproducible alone)."""
+    from compress_dqn.replay.buffer import ReplayBuffer
+
+    state = load_dict(path)
+    replay = ReplayBuffer(
+        len(state["obs"]), info.obs_shape, info.obs_dtype, info.n_actions, seed=0, frame_stack=info.frame_stack
+    )
+    replay.load_state_dict(state)
+    return replay
+
+
+def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any, decisive: Any) -> dict[str, Any]:
+    """Return statistics on the shared episode seeds, and agreement with the baseline's actions."""
+    import numpy as np
+
+    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.evaluation.verdicts import evaluate
+
+    policy = TFLitePolicy(tflite)
+    stats = evaluate(policy.act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
+    actions = policy.actions(heldout)
+    same = actions == baseline_actions
+    return {"return": stats.to_dict(), "action_agreement": float(np.mean(same)),
+            "action_agreement_decisive": float(np.mean(same[decisive]))}
+
+
+def variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
+    """Build one variant from the baseline (the best of its candidates where it has some), export
+    it, evaluate it on the shared seeds."""
+    from compress_dqn.evaluation.measure import measure_size
+
+    started = time.perf_counter()
+    out = ctx.folder(variant.name)
+    if variant.candidates is None:
+        built, exported = _build_and_export(variant, ctx, out, ctx.run_dir / "variants" / "_shared")
+        picked = {}
+    else:
+        built, exported, picked = _pick_candidate(variant, ctx, out)
+    size = measure_size(built.params, built.nonzero_params, out / "policy.tflite", out / "saved_model")
+    evaluated = _evaluate(out / "policy.tflite", ctx.recipe, ctx.heldout, *ctx.reference)
+    ctx.log(f"[{variant.name}] return {evaluated['return']['mean']:.1f}, TFLite {size.tflite_bytes} bytes "
+            f"({size.tflite_gzip_bytes} gzipped), agreement {evaluated['action_agreement']:.3f}")
+    return {
+        "artifacts": {"saved_model": f"variants/{variant.name}/saved_model",
+                      "tflite": f"variants/{variant.name}/policy.tflite"},
+        "size": size.to_dict(),
+        **evaluated,
+        "compression": {**variant.model_dump(mode="json", exclude_none=True, exclude={"name"}), **picked,
+                        **built.details, "tflite_sparse_format": exported["sparse_format"],
+                        "build_seconds": round(time.perf_counter() - started, 1)},  # with its evaluation
+    }
+
+
+def _build_and_export(variant: Any, ctx: RunContext, out: Path, shared: Path | None) -> tuple[Any, dict[str, Any]]:
+    """Build `variant` from the baseline and export it into `out`: (BuiltVariant, export_policy's info)."""
+    from compress_dqn._tf import set_seed, tf_keras
+    from compress_dqn.compress.build import build_variant
+    from compress_dqn.deploy.export import export_policy
+
+    baseline = ctx.model  # loaded (on first use) before the seed: loading draws initial weights
+    # Fresh Keras name counters and a seed from the recipe and the variant's name alone: a variant
+    # rebuilt after a crash, alone, or after other units in the same worker process gets the same
+    # weights and the same layer (so TFLite tensor) names, hence the same bytes.
+    tf_keras.backend.clear_session()
+    set_seed(variant_seed(ctx.recipe.seed, variant.name))
+    built = build_variant(variant, baseline, _load_replay(ctx.base / "replay.npz", ctx.info), ctx.recipe, ctx.info,
+                          quiet=ctx.quiet, shared=shared)
+    return built, export_policy(built.export_model, ctx.info, out, built, ctx.heldout[:500])
+
+
+def candidate_name(name: str, k: int) -> str:
+    """Candidate k of variant `name`: built as a variant of that name would be (seeds follow it)."""
+    return f"{name}.c{k}"
+
+
+def _pick_candidate(variant: Any, ctx: RunContext, out: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Build each of variant.candidates.count candidates into out/candidates/, play each and the
+    baseline on the same fresh episodes, and move the best one's files into `out` (the first of
+    equals). Returns its (BuiltVariant, export info) and the pick's record for results.json."""
+    import numpy as np
+
+    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.evaluation.verdicts import evaluate
+
+    cfg = variant.candidates
+
+    def play(tflite: Path) -> Any:
+        return np.asarray(evaluate(TFLitePolicy(tflite).act, ctx.recipe.env, cfg.episodes, cfg.seed).episodes)
+
+    baseline = play(ctx.base / "policy.tflite")
+    differences: list[float] = []
+    best: tuple[int, Any, dict[str, Any]] | None = None
+    for k in range(cfg.count):
+        name = candidate_name(variant.name, k)
+        # No shared pruning: candidates that loaded one pruning would all be the same build.
+        built, exported = _build_and_export(variant.model_copy(update={"name": name, "candidates": None}),
+                                            ctx, out / "candidates" / name, shared=None)
+        differences.append(float(np.mean(play(out / "candidates" / name / "policy.tflite") - baseline)))
+        ctx.log(f"[{variant.name}] candidate {k}: {differences[-1]:+.1f} against the baseline on "
+                f"{cfg.episodes} fresh episodes")
+        if best is None or differences[-1] > differences[best[0]]:
+            best = (k, built, exported)
+    k, built, exported = best
+    chosen = out / "candidates" / candidate_name(variant.name, k)
+    replace_dir(chosen / "saved_model", out / "saved_model")
+    os.replace(chosen / "policy.tflite", out / "policy.tflite")
+    shutil.rmtree(out / "candidates")
+    record = {**cfg.model_dump(mode="json"), "picked": k, "fresh_differences": [round(d, 3) for d in differences]}
+    return built, exported, {"candidates": record}
+
+
+def variant_stages(recipe: Recipe) -> list[Stage]:
+    """One stage per variant; each reads only the baseline's files, so it can run alone."""
+    return [Stage(f"variant:{v.name}", partial(variant_stage, v)) for v in recipe.variants]
+
+
+def variant_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[str, Any], quiet: bool) -> dict[str, Any]:
+    """One variant stage in a pool worker. Returns its outputs for the run's own process to record
+    (stages.json keeps one writer). Same TensorFlow threads and seeds as in that process, so the
+    same bytes wherever it runs."""
+    from compress_dqn._tf import configure_threads
+    from compress_dqn.recipe.schema import VariantConfig
+
+    recipe = recipe_from_data(recipe_data)
+    configure_threads(recipe.train.intra_op_threads)  # before the first TensorFlow op of this process
+    ctx = reopen_run(recipe, Path(run_dir), quiet=True, log=(lambda _: None) if quiet else print)
+    return variant_stage(VariantConfig(**variant_data), ctx)
+
+
+def variant_and_memory_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[str, Any],
+                            quiet: bool, saved_model: bool) -> dict[str, Any]:
+    """variant_unit, then the new policy's memory probe (stage memory:NAME) from the same worker:
+    {"variant": outputs, "memory": probe}. The probe is a fresh process whose peak RSS does not
+    depend on what else runs, so it can overlap other builds rather than wait for all of them."""
+    outputs = variant_unit(recipe_data, run_dir, variant_data, quiet)
+    try:
+        memory = probe_policy_memory(Path(run_dir) / "variants" / variant_data["name"], saved_model)
+    except PROBE_ERRORS:  # the build is kept; probe_memory tries again
+        memory = None
+    return {"variant": outputs, "memory": memory}
+
+
+def unbuilt_variants(ctx: RunContext) -> list[Any]:
+    """ctx.recipe's variants whose build stage has not finished."""
+    return [v for v in ctx.recipe.variants if f"variant:{v.name}" not in ctx.stages.done]
+
+
+def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
+    """Every variant stage not finished yet, `workers` at once (each variant reads only the
+    baseline's files). Each is recorded as soon as it finishes, so a killed run keeps it.
+
+    When they are built in a local pool, each worker also probes its variant's memory once built
+    (a probe that fails is left to probe_memory), and the baseline's probe runs beside the
+    builds: on the 2-core demo the probes (a TensorFlow import each, for the SavedModel) took
+    ~40 s of wall time after the builds, part of it with one core idle. Ray units leave memory to
+    probe_memory, so every policy's figure comes from the same machine. `pool`: a local pool
+    started ahead (build_pool), else map_units starts one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from compress_dqn.compress.build import build_cost
+    from compress_dqn.run.executors import map_units
+
+    todo = unbuilt_variants(ctx)
+    if workers <= 1 or len(todo) <= 1:
+        run_stages(ctx, variant_stages(ctx.recipe))
+        return
+    todo.sort(key=lambda v: -build_cost(v, ctx.recipe))  # costliest first (the pool starts them in order)
+    data = ctx.recipe.to_dict()
+
+    units = [(data, str(ctx.run_dir), v.model_dump(mode="json", exclude_none=True), ctx.quiet) for v in todo]
+    if ctx.recipe.executor != "local":
+        map_units(variant_unit, units, ctx.recipe.executor, workers, ctx.recipe.address,
+                  on_result=lambda i, outputs: ctx.stages.finish(f"variant:{todo[i].name}", outputs))
+        return
+
+    units = [(*unit, probes_saved_model(ctx.recipe, v.name)) for unit, v in zip(units, todo)]
+
+    def record(i: int, outputs: dict[str, Any]) -> None:
+        ctx.stages.finish(f"variant:{todo[i].name}", outputs["variant"])
+        if outputs["memory"] is not None and f"measure:{todo[i].name}" not in ctx.stages.done:
+            ctx.stages.finish(f"memory:{todo[i].name}", outputs["memory"])
+
+    with ThreadPoolExecutor(1) as side:  # a thread: it waits on the probe's own process
+        probing = [] if {"memory:baseline", "measure:baseline"} & set(ctx.stages.done) else [
+            side.submit(probe_policy_memory, ctx.base, probes_saved_model(ctx.recipe, "baseline"))]
+        map_units(variant_and_memory_unit, units, ctx.recipe.executor, workers, ctx.recipe.address,
+                  on_result=record, pool=pool)
+        for future in probing:
+            try:
+                ctx.stages.finish("memory:baseline", future.result())
+            except PROBE_ERRORS:
+                pass  # probe_memory tries again after the looks
+
+
+def variant_workers(ctx: RunContext) -> int:
+    """Variants a single-seed run builds at once: `workers` (null: one per CPU), fewer where memory
+    does not hold that many processes with the baseline's replay loaded."""
+    from compress_dqn.run.executors import worker_count
+
+    wanted = worker_count(len(ctx.recipe.variants), ctx.recipe.workers)
+    return resources.fits_at_once(resources.plan(ctx.recipe, ctx.info), wanted)
+
+
+def warm_build_worker() -> None:
+    """A build worker's imports, TensorFlow's among them (~6 s of CPU). No TensorFlow op runs,
+    so variant_unit can still set the worker's thread count."""
+    import compress_dqn.compress.build  # noqa: F401
+    import compress_dqn.deploy.export  # noqa: F401
+    import compress_dqn.deploy.policy  # noqa: F401
+    import compress_dqn.evaluation.verdicts  # noqa: F401
+
+
+@contextmanager
+def build_pool(ctx: RunContext, workers: int) -> Iterator[Any]:
+    """The local pool that will build ctx's variants, started now so that its workers import
+    TensorFlow while this process trains the baseline (one TensorFlow thread on the demo: a core
+    stays free); None where builds do not run in a local pool. On the 2-core demo each worker
+    spent ~12 s starting after training, before its first build."""
+    from compress_dqn.run.executors import start_local_pool
+
+    todo = unbuilt_variants(ctx)
+    if ctx.recipe.executor != "local" or workers <= 1 or len(todo) <= 1:
+        yield None
+        return
+    pool = start_local_pool(min(workers, len(todo)), warm_build_worker)
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
