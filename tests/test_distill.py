@@ -39,7 +39,7 @@ def test_mse_loss_is_available(trained_tiny):
 def test_keep_best_policy_restores_the_best_evaluated_weights(monkeypatch):
     """Selection episodes score each snapshot; the weights that end up in the model are the best
     one's (the latest among ties), whatever came after."""
-    import compress_dqn.evaluation.verdicts as evaluate_module
+    import compress_dqn.rl.episodes as evaluate_module
     from compress_dqn.rl.callbacks import KeepBestPolicy
     from compress_dqn.rl.networks import build_q_network
 

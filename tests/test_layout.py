@@ -28,3 +28,63 @@ def test_every_module_says_its_job_in_its_first_docstring_line():
     missing = [path.name for path, tree, _ in _nodes()
                if path.name != "__main__.py" and not (ast.get_docstring(tree) or "").strip().splitlines()[:1]]
     assert not missing, f"modules without a docstring: {missing}"
+
+
+SCHEMA_EXEMPT = {"recipe/schema.py"}
+"""The recipe schema lists every key with its meaning: long by nature, and one concept."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_module_outgrows_a_few_hundred_lines():
+    long = [f"{path.relative_to(PACKAGE)}: {n} lines" for path in PACKAGE.rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > 600
+            and str(path.relative_to(PACKAGE)) not in SCHEMA_EXEMPT]
+    assert not long, "split these along their concerns: " + "; ".join(long)
+
+
+def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
+    """The package modules a module imports anywhere (a function-level import counts too)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("compress_dqn"):
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                found.add(child if child in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name in modules}
+    return found & modules
+
+
+def test_no_import_circles():
+    trees = {_module_name(path): ast.parse(path.read_text()) for path in PACKAGE.rglob("*.py")}
+    graph = {name: _imports(tree, set(trees)) - {name} for name, tree in trees.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    circles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for other in sorted(graph[name]):
+            if state.get(other) == 1:
+                circles.append(" -> ".join(path[path.index(other):] + [other]))
+            elif other not in state:
+                visit(other, path + [other])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, "import circles: " + "; ".join(circles)
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = []
+    for path, tree, nodes in _nodes():
+        for node in nodes:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("compress_dqn"):
+                found += [f"{path.relative_to(PACKAGE)}:{node.lineno} {alias.name} from {node.module}"
+                          for alias in node.names if alias.name.startswith("_") and not alias.name.endswith("__")]
+    assert not found, "make these public where they are defined: " + "; ".join(found)

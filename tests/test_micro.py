@@ -33,7 +33,8 @@ def policies(tmp_path_factory):
         pytest.skip("tflite-micro not installed: pip install 'compress-dqn[micro]'")
     from compress_dqn._tf import tf, tf_keras
     from compress_dqn.compress.quantize import calibrate_ranges, converter_setup, qat_model
-    from compress_dqn.rl.networks import build_q_network, split_value_advantage
+    from compress_dqn.compress.rewrites import split_value_advantage
+    from compress_dqn.rl.networks import build_q_network
     from compress_dqn.recipe.schema import QuantizeConfig
 
     out = tmp_path_factory.mktemp("micro")

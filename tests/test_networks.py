@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from compress_dqn.rl.networks import NumpyActor, build_q_network, q_from_outputs, split_value_advantage
+from compress_dqn.compress.rewrites import split_value_advantage
+from compress_dqn.rl.networks import NumpyActor, build_q_network, q_from_outputs
 
 
 def test_split_head_is_exact_and_acts_on_the_advantage():
@@ -98,7 +99,7 @@ def test_fan_in_uniform_init_draws_kernels_and_biases_like_torch():
 
 
 def test_folded_input_normalization_computes_the_same_q_values():
-    from compress_dqn.rl.networks import fold_input_normalization, input_statistics, split_value_advantage
+    from compress_dqn.compress.rewrites import fold_input_normalization, input_statistics, split_value_advantage
 
     rng = np.random.default_rng(0)
     obs = (rng.normal(size=(200, 4)) * [2.0, 0.01, 5.0, 0.0] + [1.0, 0.0, -3.0, 7.0]).astype(np.float32)
@@ -116,7 +117,7 @@ def test_folded_input_normalization_computes_the_same_q_values():
 
 
 def test_input_range_puts_every_feature_in_minus_one_to_one():
-    from compress_dqn.rl.networks import input_range
+    from compress_dqn.compress.rewrites import input_range
 
     rng = np.random.default_rng(0)
     obs = (rng.normal(size=(300, 4)) * [2.0, 0.01, 5.0, 0.0] + [1.0, 0.0, -3.0, 7.0]).astype(np.float32)
@@ -129,7 +130,7 @@ def test_input_range_puts_every_feature_in_minus_one_to_one():
 
 
 def test_action_head_chooses_the_advantages_argmax_within_its_range():
-    from compress_dqn.rl.networks import with_action_head
+    from compress_dqn.compress.rewrites import with_action_head
 
     rng = np.random.default_rng(1)
     obs = rng.normal(size=(400, 4)).astype(np.float32)

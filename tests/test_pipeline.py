@@ -11,7 +11,7 @@ from compress_dqn.deploy import micro
 from compress_dqn.run import looks as looks_module
 from compress_dqn.run import pipeline
 from compress_dqn.rl.envs import make_env_from
-from compress_dqn.evaluation.verdicts import random_returns
+from compress_dqn.rl.episodes import random_returns
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.run.pipeline import run
 from compress_dqn.recipe.schema import load_recipe

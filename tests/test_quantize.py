@@ -146,7 +146,8 @@ def test_qat_starts_where_the_float_model_is():
     and every activation range, including the input quantizer's whatever Keras numbered it."""
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import calibrate_ranges, qat_model
-    from compress_dqn.rl.networks import build_q_network, split_value_advantage
+    from compress_dqn.compress.rewrites import split_value_advantage
+    from compress_dqn.rl.networks import build_q_network
 
     tf_keras.utils.set_random_seed(0)
     obs = (np.random.default_rng(0).normal(size=(3000, 4)) * [1.0, 1.0, 0.05, 0.5]).astype(np.float32)

@@ -7,7 +7,8 @@ import pytest
 from compress_dqn.compress.quantize import converter_setup
 from compress_dqn.errors import UserError
 from compress_dqn.deploy.export import convert_tflite, export_saved_model
-from compress_dqn.rl.networks import build_q_network, fold_input_normalization, input_statistics, split_value_advantage
+from compress_dqn.compress.rewrites import fold_input_normalization, input_statistics, split_value_advantage
+from compress_dqn.rl.networks import build_q_network
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.recipe.schema import QuantizeConfig
 from compress_dqn.deploy.tflite_metadata import add_metadata, input_normalization, read_metadata, with_input_normalization

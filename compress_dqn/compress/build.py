@@ -28,10 +28,10 @@ from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.distill import Distiller, build_student
 from compress_dqn.rl.envs import EnvInfo
 from compress_dqn.fileio import load_dict, save_arrays
-from compress_dqn.rl.networks import (
-    WEIGHT_LAYERS, count_params, fold_input_normalization, independent_copy, input_range, input_statistics,
-    split_value_advantage, with_action_head,
+from compress_dqn.compress.rewrites import (
+    fold_input_normalization, input_range, input_statistics, split_value_advantage, with_action_head,
 )
+from compress_dqn.rl.networks import WEIGHT_LAYERS, count_params, independent_copy
 from compress_dqn.recipe.schema import FineTuneConfig, QuantizeConfig, Recipe, VariantConfig
 from compress_dqn.replay.buffer import ReplayBuffer, sampling_undone
 
@@ -48,7 +48,7 @@ class BuiltVariant:
     try_sparse_format: bool
     details: dict[str, Any] = field(default_factory=dict)
     input_normalization: tuple[np.ndarray, np.ndarray] | None = None
-    """(mean, std): the TFLite policy takes (obs - mean) / std (see networks.fold_input_normalization)."""
+    """(mean, std): the TFLite policy takes (obs - mean) / std (see rewrites.fold_input_normalization)."""
     normalized_model: tf_keras.Model | None = None
     """The model on normalized observations where it was trained as such (QAT); export_model is it
     behind a fixed normalization layer."""
@@ -279,7 +279,7 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
     observations, the same on normalized ones or None, the normalization or None).
 
     Where the recipe normalizes the input, QAT gives each feature its own range as post-training
-    int8 does: it trains the normalized model (folded as networks.fold_input_normalization) behind
+    int8 does: it trains the normalized model (folded as rewrites.fold_input_normalization) behind
     a fixed normalization layer, so the fine-tune still sees raw observations. On the CartPole
     demo's baseline, qat-int8, pqat-90-int8 and the 32x32 student each kept 500.0 with it and lost
     20-33 points without it (one build each).
@@ -351,7 +351,7 @@ def build_variant(
     model = build_student(info, variant.student) if variant.student else independent_copy(baseline)
     model = _compress_and_recover(variant, model, recipe, baseline, replay, details, quiet, shared)
     # Exact reparameterisation of the output layer into advantage + value heads: quantized
-    # variants keep the action gaps (see networks.split_value_advantage). What is measured below
+    # variants keep the action gaps (see rewrites.split_value_advantage). What is measured below
     # is what is exported: the split heads, not the layer they replace.
     model = split_value_advantage(model)
     if variant.prune:

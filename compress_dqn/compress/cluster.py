@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow_model_optimization as tfmot
 
 from compress_dqn._tf import tf_keras
-from compress_dqn.compress.prune import _check_names
+from compress_dqn.compress.prune import check_layer_names
 from compress_dqn.rl.networks import WEIGHT_LAYERS, independent_copy, weight_layers
 from compress_dqn.recipe.schema import ClusterConfig
 
@@ -24,7 +24,7 @@ _INIT = {
 
 def cluster_model(model: tf_keras.Model, cfg: ClusterConfig) -> tf_keras.Model:
     """A clustering-wrapped copy: every Dense and Conv2D layer not in cfg.exclude gets cluster_weights."""
-    _check_names(model, cfg.exclude, "cluster.exclude")
+    check_layer_names(model, cfg.exclude, "cluster.exclude")
 
     def wrap(layer: tf_keras.layers.Layer) -> tf_keras.layers.Layer:
         if isinstance(layer, WEIGHT_LAYERS) and layer.name not in cfg.exclude:

@@ -20,7 +20,7 @@ from compress_dqn.recipe.schema import PruneConfig
 _sparsity = tfmot.sparsity.keras
 
 
-def _check_names(model: tf_keras.Model, names: list[str], key: str) -> None:
+def check_layer_names(model: tf_keras.Model, names: list[str], key: str) -> None:
     known = [layer.name for layer in weight_layers(model)]
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -58,7 +58,7 @@ def pruned_from_step(cfg: PruneConfig, total_steps: int) -> int:
 
 def prune_model(model: tf_keras.Model, cfg: PruneConfig, total_steps: int) -> tf_keras.Model:
     """A pruning-wrapped copy: every Dense and Conv2D layer not in cfg.exclude gets prune_low_magnitude."""
-    _check_names(model, cfg.exclude, "prune.exclude")
+    check_layer_names(model, cfg.exclude, "prune.exclude")
     plan = schedule(cfg, total_steps)
 
     def wrap(layer: tf_keras.layers.Layer) -> tf_keras.layers.Layer:

@@ -36,7 +36,7 @@ def serving_module(model: tf_keras.Model, obs_shape: Sequence[int], obs_dtype: n
         outputs = model(tf.cast(observations, tf.float32), training=False)
         if isinstance(outputs, (list, tuple)):  # split head: act on the advantage's finer range
             advantage, value = outputs[:2]
-            chooser = outputs[2] if len(outputs) == 3 else advantage  # networks.with_action_head's, where there is one
+            chooser = outputs[2] if len(outputs) == 3 else advantage  # compress.rewrites.with_action_head's, where there is one
             return {"q_values": advantage + value, "action": tf.argmax(chooser, axis=-1, output_type=tf.int32)}
         return {"q_values": outputs, "action": tf.argmax(outputs, axis=-1, output_type=tf.int32)}
 

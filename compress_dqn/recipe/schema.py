@@ -385,10 +385,10 @@ class QuantizeConfig(StrictModel):
     input_scaling: Literal["std", "range"] = "std"
     """How normalize_input scales each feature for post-training int8/int16x8: std, (obs - mean) /
     std; range, (obs - midrange) / half-range, so every feature spans the whole int8 input range
-    (networks.input_range). QAT always uses std."""
+    (compress.rewrites.input_range). QAT always uses std."""
     action_head: bool = False
     """int8: choose the action on a third int8 head (a tensor that feeds ARG_MAX) holding only the
-    top of the advantage's range (networks.with_action_head), not on the advantage head itself."""
+    top of the advantage's range (compress.rewrites.with_action_head), not on the advantage head itself."""
     preserve: bool = True
     """For qat on a pruned or clustered model: keep its sparsity/clusters (PQAT/CQAT)."""
     qat_steps: _count(1) | None = None

@@ -83,7 +83,7 @@ class KeepBestPolicy(PhaseCallback):
         self.history: list[tuple[int, float]] = []
 
     def _consider(self, gradient_step: int) -> None:
-        from compress_dqn.evaluation.verdicts import run_episodes, run_episodes_side_by_side
+        from compress_dqn.rl.episodes import run_episodes, run_episodes_side_by_side
         from compress_dqn.rl.networks import KerasActor, make_actor
 
         actor = make_actor(self.model)

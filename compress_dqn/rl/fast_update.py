@@ -10,13 +10,16 @@ paths together. It exists only because XLA on CPU runs it faster than the Gradie
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from compress_dqn._tf import tf, tf_keras
 from compress_dqn.recipe.schema import TrainConfig
 
-if TYPE_CHECKING:
-    from compress_dqn.rl.updates import UpdateFn
+UpdateFn = Callable[..., tuple[tf.Tensor, tf.Tensor]]
+"""update(*arrays) over arrays with a leading phase axis K: runs K gradient steps, returns (mean loss, mean Q).
+
+Defined here, the lower of the two update modules, so that updates.py imports it without a circle."""
 
 _ACTIVATIONS = ("relu", "linear")
 

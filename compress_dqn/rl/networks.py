@@ -95,7 +95,7 @@ def dueling_heads(model: tf_keras.Model) -> tuple[tf_keras.layers.Dense, tf_kera
     return model.get_layer("value"), model.get_layer("advantage")
 
 
-def _body_layers(model: tf_keras.Model) -> list[tf_keras.layers.Layer]:
+def body_layers(model: tf_keras.Model) -> list[tf_keras.layers.Layer]:
     """The layers before the Q head (all but the InputLayer and the output layer or dueling heads)."""
     heads = 3 if dueling_heads(model) is not None else 1
     return [layer for layer in model.layers if not isinstance(layer, tf_keras.layers.InputLayer)][:-heads]
@@ -114,7 +114,7 @@ def fold_dueling(model: tf_keras.Model) -> tf_keras.Model:
     heads = dueling_heads(model)
     if heads is None:
         return model
-    body = _body_layers(model)
+    body = body_layers(model)
     plain = tf_keras.Sequential([tf_keras.layers.InputLayer(input_shape=model.input_shape[1:], name="obs")], name=model.name)
     for layer in body:
         plain.add(layer.__class__.from_config(layer.get_config()))
@@ -167,97 +167,6 @@ def q_from_outputs(outputs):
     return outputs
 
 
-def split_value_advantage(model: tf_keras.Model) -> tf_keras.Model:
-    """Rewrite the output layer Q = W h + b as two heads: advantage A = (W - mean_a W) h + (b - mean b)
-    and value V = mean_a(W) h + mean(b), so Q = A + V exactly and argmax Q = argmax A.
-
-    Why: a DQN's action gaps are tiny next to its Q-values (CartPole: ~0.06 on ~100), and an
-    int8 output with one range for all Q-values rounds the gap away. Separate heads get separate
-    quantization ranges, and the action is taken from the advantage head's fine one.
-    """
-    body, head = _body_layers(model), model.layers[-1]
-    if not isinstance(head, tf_keras.layers.Dense):
-        raise TypeError(f"the last layer must be Dense to split it, not {type(head).__name__}")
-    inputs = tf_keras.Input(shape=model.input_shape[1:], name="obs")
-    x = inputs
-    for layer in body:
-        x = layer.__class__.from_config(layer.get_config())(x)
-    advantage = tf_keras.layers.Dense(head.units, name="advantage")(x)
-    value = tf_keras.layers.Dense(1, name="value")(x)
-    split = tf_keras.Model(inputs, [advantage, value], name=f"{model.name}_split")
-    for layer in body:
-        split.get_layer(layer.name).set_weights(layer.get_weights())
-    kernel, bias = head.get_weights()
-    split.get_layer("advantage").set_weights([kernel - kernel.mean(1, keepdims=True), bias - bias.mean()])
-    split.get_layer("value").set_weights([kernel.mean(1, keepdims=True), bias.mean(keepdims=True)])
-    return split
-
-
-def input_statistics(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-feature mean and std of flat float observations (std floored, so constant features pass)."""
-    x = np.asarray(observations, dtype=np.float64).reshape(len(observations), -1)
-    std = x.std(axis=0)
-    return x.mean(axis=0).astype(np.float32), np.where(std > 1e-6, std, 1.0).astype(np.float32)
-
-
-def input_range(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-feature midrange and half-range of flat float observations (floored as input_statistics's
-    std): (obs - midrange) / half-range puts every feature in [-1, 1].
-
-    Why: post-training int8 gives the whole input tensor the range of the calibration batch's
-    extremes. After (obs - mean) / std, one heavy-tailed feature (a LunarLander leg contact, 1 on a
-    few states) sets that range to tens of std and leaves the others a few dozen steps; scaled by
-    their ranges, every feature gets all 256 steps.
-    """
-    x = np.asarray(observations, dtype=np.float64).reshape(len(observations), -1)
-    low, high = x.min(axis=0), x.max(axis=0)
-    half = (high - low) / 2
-    return ((low + high) / 2).astype(np.float32), np.where(half > 1e-6, half, 1.0).astype(np.float32)
-
-
-def with_action_head(model: tf_keras.Model, observations: np.ndarray, floor_share: float = 0.125) -> tf_keras.Model:
-    """A split-head model (advantage, value) plus a third output that only chooses the action:
-    relu6(k (A + c)), with hi the largest best-action advantage on `observations`, c = floor_share
-    x hi and k = 6 / (hi + c). Its argmax is argmax A wherever the best advantage is at most hi.
-
-    Why: an int8 tensor has 256 steps over its calibrated range, and the advantage head's range
-    runs from the worst action's advantage on the worst state to the best one's (CartPole: -45..45
-    next to a median action gap of 0.06). The action only needs the top of that range: every
-    advantage below 0 is below the best one (advantages average to 0 over actions), so the floor
-    at -c loses no decision, and ReLU6 fuses into the int8 FULLY_CONNECTED, whose output range
-    then is [-c, hi]. The q_values output keeps the advantage head.
-    """
-    advantage_layer = model.get_layer("advantage")
-    features = tf_keras.Model(model.inputs, advantage_layer.input)
-    kernel, bias = advantage_layer.get_weights()
-    advantage = features(np.asarray(observations, dtype=np.float32)).numpy() @ kernel + bias
-    high = max(float(advantage.max(axis=1).max()), 1e-6)
-    floor = floor_share * high
-    scale = 6.0 / (high + floor)
-    head = tf_keras.layers.Dense(kernel.shape[1], activation="relu6", name="action_head")
-    outputs = [*model.outputs, head(advantage_layer.input)]
-    extended = tf_keras.Model(model.inputs, outputs, name=f"{model.name}_action_head")
-    head.set_weights([kernel * scale, (bias + floor) * scale])
-    return extended
-
-
-def fold_input_normalization(model: tf_keras.Model, mean: np.ndarray, std: np.ndarray) -> tf_keras.Model:
-    """A copy that takes z = (obs - mean) / std and computes what model computes on obs.
-
-    Exact in float: the first Dense layer's W x + b becomes (W * std) z + (b + mean W). Why: an
-    integer-quantized policy has one scale for its whole input tensor, so a feature with a small
-    range (CartPole's pole angle next to its velocities) rounds to a few steps; normalized features
-    share one range. The policy loader applies the normalization (see tflite_metadata).
-    """
-    first = weight_layers(model)[0]
-    if not isinstance(first, tf_keras.layers.Dense) or len(model.input_shape) != 2:
-        raise TypeError("input normalization folds into a first Dense layer on flat observations only")
-    copy = independent_copy(model)
-    kernel, bias = first.get_weights()
-    copy.get_layer(first.name).set_weights([kernel * std[:, None], bias + mean @ kernel])
-    return copy
-
-
 def independent_copy(model: tf_keras.Model) -> tf_keras.Model:
     """A copy with its own variables (tfmot wrappers wrap layer objects in place)."""
     copy = tf_keras.models.clone_model(model)
@@ -293,7 +202,7 @@ class NumpyActor:
         self._ops: list[tuple[Any, ...]] = []  # (kind, weight index or scale, stride, activation)
         n_weighted = 0
         heads = dueling_heads(model)
-        layers = _body_layers(model) if heads is not None else model.layers
+        layers = body_layers(model) if heads is not None else model.layers
         for layer in layers:
             if isinstance(layer, tf_keras.layers.Rescaling):
                 self._ops.append(("scale", float(layer.scale), 0, "linear"))
@@ -331,7 +240,7 @@ class NumpyActor:
     def supports(cls, model: tf_keras.Model) -> bool:
         """Whether this actor can run the model (plain layers or a dueling head; no tfmot wrappers or split heads)."""
         if dueling_heads(model) is not None:
-            return all(cls._layer_supported(layer) for layer in _body_layers(model))
+            return all(cls._layer_supported(layer) for layer in body_layers(model))
         return isinstance(model, tf_keras.Sequential) and all(cls._layer_supported(layer) for layer in model.layers)
 
     def refresh(self) -> None:

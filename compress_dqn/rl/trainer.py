@@ -28,7 +28,7 @@ from compress_dqn._tf import (
 )
 from compress_dqn.rl.callbacks import Interrupt, LoopCallbacks
 from compress_dqn.rl.envs import EnvInfo, env_info, make_env_from, rng_state, seed_env, set_rng_state
-from compress_dqn.evaluation.verdicts import run_episodes
+from compress_dqn.rl.episodes import run_episodes
 from compress_dqn.fileio import load_arrays, load_dict, save_arrays, write_text_atomic
 from compress_dqn.rl.networks import fold_dueling, make_actor, network_for
 from compress_dqn.progress import Progress

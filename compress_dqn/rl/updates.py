@@ -13,6 +13,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from compress_dqn.rl import fast_update
+from compress_dqn.rl.fast_update import UpdateFn
 from compress_dqn._tf import tf, tf_keras
 from compress_dqn.rl.callbacks import LoopCallbacks
 from compress_dqn.errors import UserError
@@ -20,8 +21,6 @@ from compress_dqn.rl.networks import q_from_outputs
 from compress_dqn.recipe.schema import TrainConfig
 from compress_dqn.rl.train_state import TrainState, latest_checkpoint
 
-UpdateFn = Callable[..., tuple[tf.Tensor, tf.Tensor]]
-"""update(*arrays) over arrays with a leading phase axis K: runs K gradient steps, returns (mean loss, mean Q)."""
 
 
 class TrainingDiverged(UserError):

@@ -75,7 +75,8 @@ def _evaluate_stage(ctx: RunContext) -> dict[str, Any]:
 
 def _random_stage(ctx: RunContext) -> dict[str, Any]:
     """A uniform-random policy on the same episode seeds: the floor of normalized scores."""
-    from compress_dqn.evaluation.verdicts import random_returns, summarize
+    from compress_dqn.evaluation.verdicts import summarize
+    from compress_dqn.rl.episodes import random_returns
 
     cfg = ctx.recipe.eval
     stats = summarize(random_returns(ctx.recipe.env, range(cfg.seed, cfg.seed + cfg.episodes), ctx.info.n_actions))
@@ -131,7 +132,7 @@ def heldout_states(tflite: Path, recipe: Recipe, limit: int = 5000) -> Any:
     import numpy as np
 
     from compress_dqn.deploy.policy import TFLitePolicy
-    from compress_dqn.evaluation.verdicts import run_episodes
+    from compress_dqn.rl.episodes import run_episodes
 
     policy = TFLitePolicy(tflite)
     visited: list[Any] = []

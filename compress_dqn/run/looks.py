@@ -13,7 +13,7 @@ def play_unit(env_data: dict[str, Any], tflite: str | None, n_actions: int, firs
     uniform-random policy where it is None. Plain data in and out, and no TensorFlow: a pool worker
     starts in about a second. Each episode depends only on its seed, so chunks of a range played
     apart give the returns of the range played at once."""
-    from compress_dqn.evaluation.verdicts import random_returns, run_episodes
+    from compress_dqn.rl.episodes import random_returns, run_episodes
     from compress_dqn.recipe.schema import EnvConfig
 
     env = EnvConfig(**env_data)

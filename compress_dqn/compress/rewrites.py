@@ -1,0 +1,104 @@
+"""Exact rewrites of a trained Q-network that make it quantize well: a split value/advantage head,
+an action-choosing head, and input normalization folded into the first layer.
+
+Each returns a new tf_keras model computing the same Q-values (or the same greedy action) as the
+one it was given; compress.build picks which a variant gets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compress_dqn._tf import tf_keras
+from compress_dqn.rl.networks import body_layers, independent_copy, weight_layers
+
+
+def split_value_advantage(model: tf_keras.Model) -> tf_keras.Model:
+    """Rewrite the output layer Q = W h + b as two heads: advantage A = (W - mean_a W) h + (b - mean b)
+    and value V = mean_a(W) h + mean(b), so Q = A + V exactly and argmax Q = argmax A.
+
+    Why: a DQN's action gaps are tiny next to its Q-values (CartPole: ~0.06 on ~100), and an
+    int8 output with one range for all Q-values rounds the gap away. Separate heads get separate
+    quantization ranges, and the action is taken from the advantage head's fine one.
+    """
+    body, head = body_layers(model), model.layers[-1]
+    if not isinstance(head, tf_keras.layers.Dense):
+        raise TypeError(f"the last layer must be Dense to split it, not {type(head).__name__}")
+    inputs = tf_keras.Input(shape=model.input_shape[1:], name="obs")
+    x = inputs
+    for layer in body:
+        x = layer.__class__.from_config(layer.get_config())(x)
+    advantage = tf_keras.layers.Dense(head.units, name="advantage")(x)
+    value = tf_keras.layers.Dense(1, name="value")(x)
+    split = tf_keras.Model(inputs, [advantage, value], name=f"{model.name}_split")
+    for layer in body:
+        split.get_layer(layer.name).set_weights(layer.get_weights())
+    kernel, bias = head.get_weights()
+    split.get_layer("advantage").set_weights([kernel - kernel.mean(1, keepdims=True), bias - bias.mean()])
+    split.get_layer("value").set_weights([kernel.mean(1, keepdims=True), bias.mean(keepdims=True)])
+    return split
+
+
+def input_statistics(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature mean and std of flat float observations (std floored, so constant features pass)."""
+    x = np.asarray(observations, dtype=np.float64).reshape(len(observations), -1)
+    std = x.std(axis=0)
+    return x.mean(axis=0).astype(np.float32), np.where(std > 1e-6, std, 1.0).astype(np.float32)
+
+
+def input_range(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature midrange and half-range of flat float observations (floored as input_statistics's
+    std): (obs - midrange) / half-range puts every feature in [-1, 1].
+
+    Why: post-training int8 gives the whole input tensor the range of the calibration batch's
+    extremes. After (obs - mean) / std, one heavy-tailed feature (a LunarLander leg contact, 1 on a
+    few states) sets that range to tens of std and leaves the others a few dozen steps; scaled by
+    their ranges, every feature gets all 256 steps.
+    """
+    x = np.asarray(observations, dtype=np.float64).reshape(len(observations), -1)
+    low, high = x.min(axis=0), x.max(axis=0)
+    half = (high - low) / 2
+    return ((low + high) / 2).astype(np.float32), np.where(half > 1e-6, half, 1.0).astype(np.float32)
+
+
+def with_action_head(model: tf_keras.Model, observations: np.ndarray, floor_share: float = 0.125) -> tf_keras.Model:
+    """A split-head model (advantage, value) plus a third output that only chooses the action:
+    relu6(k (A + c)), with hi the largest best-action advantage on `observations`, c = floor_share
+    x hi and k = 6 / (hi + c). Its argmax is argmax A wherever the best advantage is at most hi.
+
+    Why: an int8 tensor has 256 steps over its calibrated range, and the advantage head's range
+    runs from the worst action's advantage on the worst state to the best one's (CartPole: -45..45
+    next to a median action gap of 0.06). The action only needs the top of that range: every
+    advantage below 0 is below the best one (advantages average to 0 over actions), so the floor
+    at -c loses no decision, and ReLU6 fuses into the int8 FULLY_CONNECTED, whose output range
+    then is [-c, hi]. The q_values output keeps the advantage head.
+    """
+    advantage_layer = model.get_layer("advantage")
+    features = tf_keras.Model(model.inputs, advantage_layer.input)
+    kernel, bias = advantage_layer.get_weights()
+    advantage = features(np.asarray(observations, dtype=np.float32)).numpy() @ kernel + bias
+    high = max(float(advantage.max(axis=1).max()), 1e-6)
+    floor = floor_share * high
+    scale = 6.0 / (high + floor)
+    head = tf_keras.layers.Dense(kernel.shape[1], activation="relu6", name="action_head")
+    outputs = [*model.outputs, head(advantage_layer.input)]
+    extended = tf_keras.Model(model.inputs, outputs, name=f"{model.name}_action_head")
+    head.set_weights([kernel * scale, (bias + floor) * scale])
+    return extended
+
+
+def fold_input_normalization(model: tf_keras.Model, mean: np.ndarray, std: np.ndarray) -> tf_keras.Model:
+    """A copy that takes z = (obs - mean) / std and computes what model computes on obs.
+
+    Exact in float: the first Dense layer's W x + b becomes (W * std) z + (b + mean W). Why: an
+    integer-quantized policy has one scale for its whole input tensor, so a feature with a small
+    range (CartPole's pole angle next to its velocities) rounds to a few steps; normalized features
+    share one range. The policy loader applies the normalization (see tflite_metadata).
+    """
+    first = weight_layers(model)[0]
+    if not isinstance(first, tf_keras.layers.Dense) or len(model.input_shape) != 2:
+        raise TypeError("input normalization folds into a first Dense layer on flat observations only")
+    copy = independent_copy(model)
+    kernel, bias = first.get_weights()
+    copy.get_layer(first.name).set_weights([kernel * std[:, None], bias + mean @ kernel])
+    return copy
