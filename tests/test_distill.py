@@ -93,13 +93,12 @@ def test_the_student_plays_and_the_teacher_labels_what_it_visits(trained_tiny):
     the teacher's Q-values for them."""
     from compress_dqn.compress.distill import Distiller, build_student
     from compress_dqn.rl.networks import make_actor
-    from compress_dqn.recipe.schema import StudentConfig
+    from compress_dqn.recipe.schema import FineTuneConfig, StudentConfig
 
     recipe, result = trained_tiny
     student = build_student(result.info, StudentConfig(net_arch=[8]))
-    distiller = Distiller(student, result.model, result.replay, steps=300, learning_rate=1e-3, batch_size=32,
-                          quiet=True, phase_steps=64, student_states=50, student_states_interval=100,
-                          env=recipe.env, seed=3)
+    ft = FineTuneConfig(steps=300, learning_rate=1e-3, batch_size=32, student_states=50, student_states_interval=100)
+    distiller = Distiller(student, result.model, result.replay, ft, quiet=True, phase_steps=64, env=recipe.env, seed=3)
     assert distiller.rounds == [100, 200]
     distiller.run()
     played = distiller.played
@@ -115,12 +114,12 @@ def test_the_student_plays_and_the_teacher_labels_what_it_visits(trained_tiny):
 
 def test_a_linear_schedule_ends_the_fine_tune_at_rest(trained_tiny):
     from compress_dqn.compress.distill import Distiller, build_student
-    from compress_dqn.recipe.schema import StudentConfig
+    from compress_dqn.recipe.schema import FineTuneConfig, StudentConfig
 
     recipe, result = trained_tiny
     student = build_student(result.info, StudentConfig(net_arch=[8]))
-    distiller = Distiller(student, result.model, result.replay, steps=200, learning_rate=1e-3, batch_size=32,
-                          quiet=True, learning_rate_schedule="linear")
+    ft = FineTuneConfig(steps=200, learning_rate=1e-3, batch_size=32, learning_rate_schedule="linear")
+    distiller = Distiller(student, result.model, result.replay, ft, quiet=True)
     distiller.run()
     assert int(distiller.optimizer.iterations) == 200
     assert float(distiller.optimizer.learning_rate) == pytest.approx(1e-3 / 200, rel=1e-4)  # the last step's

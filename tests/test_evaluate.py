@@ -200,3 +200,15 @@ def test_episodes_to_decide_reads_the_arm_that_must_clear_the_margin():
     assert needed == int(np.ceil(400 * (3.6 / 3.58) ** 2)) and needed > 400
     assert episodes_to_decide(100, -9.0, -4.0, -6.0, 5.0) == 400  # worse needs hi: -4 -> below -5
     assert episodes_to_decide(100, -9.0, -1.0, -5.0, 5.0) is None  # the mean on the margin
+
+
+def test_a_stored_verdict_label_reads_back_as_its_kind():
+    from compress_dqn.evaluation.verdicts import Verdict, keeps_return
+
+    assert Verdict.of("within 1%") is Verdict.WITHIN and Verdict.of("within 2.5%") is Verdict.WITHIN
+    assert Verdict.WITHIN.label(0.01) == "within 1%" and Verdict.WORSE.label(0.01) == "worse"
+    assert [Verdict.of(v) for v in ("better", "worse", "inconclusive", "reference")] == [
+        Verdict.BETTER, Verdict.WORSE, Verdict.INCONCLUSIVE, Verdict.REFERENCE]
+    assert Verdict.of(None) is None and Verdict.of("withinish") is None
+    assert keeps_return("better") and keeps_return("within 5%")
+    assert not any(keeps_return(v) for v in ("worse", "inconclusive", "reference", None))

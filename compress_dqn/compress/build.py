@@ -161,11 +161,8 @@ def _fine_tune(model: tf_keras.Model, ft: FineTuneConfig, recipe: Recipe, baseli
                ) -> dict[str, Any]:
     if ft.method == "distill":
         loss = Distiller(
-            model, baseline, replay, ft.steps, ft.learning_rate, ft.batch_size, callbacks=callbacks,
-            max_grad_norm=recipe.train.max_grad_norm, jit_compile=jit, label=label, quiet=quiet,
-            loss=ft.loss, temperature=ft.temperature, learning_rate_schedule=ft.learning_rate_schedule,
-            student_states=ft.student_states,
-            student_states_interval=ft.student_states_interval, env=recipe.env, seed=fine_tune_seed(recipe.seed, seed_label),
+            model, baseline, replay, ft, callbacks=callbacks, max_grad_norm=recipe.train.max_grad_norm,
+            jit_compile=jit, label=label, quiet=quiet, env=recipe.env, seed=fine_tune_seed(recipe.seed, seed_label),
         ).run()
         return {"method": "distill", "gradient_steps": ft.steps, "final_loss": loss}
     from compress_dqn.rl.trainer import DQNTrainer

@@ -18,7 +18,7 @@ from compress_dqn.rl.envs import EnvInfo
 from compress_dqn.errors import UserError
 from compress_dqn.rl.networks import KerasActor, NumpyActor, make_actor, network_for, q_from_outputs
 from compress_dqn.progress import Progress
-from compress_dqn.recipe.schema import StudentConfig
+from compress_dqn.recipe.schema import FineTuneConfig, StudentConfig
 from compress_dqn.replay.buffer import ReplayBuffer
 from compress_dqn.rl.train_state import TrainState
 from compress_dqn.rl.updates import UpdateFn, run_updates
@@ -155,30 +155,26 @@ class Distiller:
         student: tf_keras.Model,
         teacher: tf_keras.Model,
         replay: ReplayBuffer,
-        steps: int,
-        learning_rate: float,
-        batch_size: int,
+        ft: FineTuneConfig,
         max_grad_norm: float | None = 10.0,
         jit_compile: bool = True,
         label: str = "distill",
         quiet: bool = False,
         phase_steps: int = 100,
-        loss: str = "policy",
-        temperature: float = 0.01,
         callbacks: Sequence[tf_keras.callbacks.Callback] = (),
-        learning_rate_schedule: str = "constant",
-        student_states: int = 0,
-        student_states_interval: int = 5000,
         env: Any = None,
         seed: int = 0,
     ) -> None:
+        """`ft` gives the steps, learning rate and its schedule, batch size, loss, temperature and
+        student states; the rest is how the loop runs (the recipe's train block and the build's)."""
+        steps, learning_rate, batch_size = ft.steps, ft.learning_rate, ft.batch_size
         self.student, self.replay, self.steps = student, replay, steps
         self.batch_size, self.label, self.quiet = batch_size, label, quiet
         self.phase_steps = phase_steps
         self.state = TrainState()
         self.callbacks = LoopCallbacks(callbacks, student)
         self.teacher = make_actor(teacher)
-        if learning_rate_schedule == "linear":  # to 0 at the last step (the optimizer counts its steps)
+        if ft.learning_rate_schedule == "linear":  # to 0 at the last step (the optimizer counts its steps)
             learning_rate = tf_keras.optimizers.schedules.PolynomialDecay(learning_rate, steps, 0.0)
         self.optimizer = tf_keras.optimizers.Adam(learning_rate)
         self.optimizer.build(student.trainable_variables)
@@ -188,16 +184,17 @@ class Distiller:
         self.teacher_q = teacher_table(self.teacher, replay, steps * batch_size)
         self.played: StudentStates | None = None
         # The student plays after every interval of training (not before: an untrained student's states teach little).
-        self.rounds = list(range(student_states_interval, steps, student_states_interval)) if student_states else []
+        interval = ft.student_states_interval
+        self.rounds = list(range(interval, steps, interval)) if ft.student_states else []
         if self.rounds:
             if env is None:
                 raise ValueError("student_states: the student needs an environment (env) to play in")
             if replay.frame_stack != 1 or len(replay.obs_shape) != 1:
                 raise UserError("fine_tune.student_states: the student plays only flat-observation tasks "
                                 "(not frame stacks or images); set it to 0")
-            self.played = StudentStates(env, seed, student_states, len(self.rounds), replay.obs_shape, replay.n_actions)
+            self.played = StudentStates(env, seed, ft.student_states, len(self.rounds), replay.obs_shape, replay.n_actions)
         self.update = make_distill_update_fn(
-            student, self.optimizer, max_grad_norm, jit_compile, loss, temperature, value_scale
+            student, self.optimizer, max_grad_norm, jit_compile, ft.loss, ft.temperature, value_scale
         )
 
     def run(self) -> float:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from compress_dqn.errors import UserError
-from compress_dqn.evaluation.verdicts import keeps_return
+from compress_dqn.evaluation.verdicts import Verdict, keeps_return
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 from compress_dqn.evaluation.results import RunResults, SeedsResults, load_results
 
@@ -95,7 +95,7 @@ def _to_decide(versus: dict | None) -> int | None:
     an older version of the rule would otherwise be re-rendered as it was)."""
     from compress_dqn.evaluation.verdicts import episodes_to_decide
 
-    if not versus or versus.get("verdict") != "inconclusive":
+    if not versus or Verdict.of(versus.get("verdict")) is not Verdict.INCONCLUSIVE:
         return None
     lo, hi = versus["ci"]
     return episodes_to_decide(versus["episodes"], lo, hi, versus["mean"], versus["margin"])
@@ -161,10 +161,10 @@ def headline(results: RunResults) -> list[str]:
         lines += _keeper_lines(base, keepers)
     else:
         lines.append(NO_VARIANTS if len(table) == 1 else "No variant kept the baseline's return (see the verdicts below).")
-    losses = [r["name"] for r in table[1:] if r["verdict"] == "worse"]
+    losses = [r["name"] for r in table[1:] if Verdict.of(r["verdict"]) is Verdict.WORSE]
     if losses:
         lines.append(f"Worse than the tolerance: {', '.join(losses)}.")
-    undecided = [r for r in table[1:] if r["verdict"] == "inconclusive"]
+    undecided = [r for r in table[1:] if Verdict.of(r["verdict"]) is Verdict.INCONCLUSIVE]
     if undecided:
         names = [r["name"] + (f" (~{r['episodes_to_decide']:,} would decide it)" if r["episodes_to_decide"] else "")
                  for r in undecided]
@@ -199,13 +199,13 @@ def headline(results: RunResults) -> list[str]:
 # Plots
 # ---------------------------------------------------------------------------------------------
 
-_VERDICT_COLORS = {"reference": "#333333", "better": "#1a9850", "within": "#4575b4",
-                   "inconclusive": "#fdae61", "worse": "#d73027", None: "#999999"}
+_VERDICT_COLORS = {Verdict.REFERENCE: "#333333", Verdict.BETTER: "#1a9850", Verdict.WITHIN: "#4575b4",
+                   Verdict.INCONCLUSIVE: "#fdae61", Verdict.WORSE: "#d73027"}
 
 
 def _color(verdict: str | None) -> str:
     """Verdict colour; every "within N%" shares one."""
-    return _VERDICT_COLORS.get("within" if verdict and verdict.startswith("within") else verdict, "#999999")
+    return _VERDICT_COLORS.get(Verdict.of(verdict), "#999999")
 
 
 def _figure_bytes(fig: Any) -> bytes:
@@ -231,7 +231,7 @@ def plot_return_vs(results: RunResults, cost_key: str, what: str, unit: str, tit
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     # The front is drawn over the baseline and the variants that keep its return: a worse or undecided
     # variant's point estimate is not a trade-off the report offers.
-    eligible = [i for i, r in enumerate(table) if r["verdict"] == "reference" or keeps_return(r["verdict"])]
+    eligible = [i for i, r in enumerate(table) if Verdict.of(r["verdict"]) is Verdict.REFERENCE or keeps_return(r["verdict"])]
     front = [eligible[j] for j in pareto_front([costs[i] for i in eligible], [means[i] for i in eligible])]
     ax.plot([costs[i] for i in front], [means[i] for i in front], "-", color="#bbbbbb", lw=6, alpha=0.6, zorder=1)
     ax.plot([costs[i] for i in front], [means[i] for i in front], "o", ms=16, mfc="none", mec="#888888", mew=2,

@@ -9,12 +9,43 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from enum import Enum
 
 import numpy as np
 
 from compress_dqn.errors import UserError
 from compress_dqn.recipe.schema import EnvConfig
 from compress_dqn.rl.episodes import Act, run_episodes
+
+
+class Verdict(str, Enum):
+    """A variant's return against the baseline's, from the paired difference's CI.
+
+    results.json keeps the label (`label`): "within 1%" names its tolerance, so the kind is
+    read back with `Verdict.of`, never by comparing text.
+    """
+
+    BETTER = "better"
+    WITHIN = "within"
+    WORSE = "worse"
+    INCONCLUSIVE = "inconclusive"
+    REFERENCE = "reference"
+
+    @classmethod
+    def of(cls, label: str | None) -> Verdict | None:
+        """The kind of a stored label ("within 1%" -> WITHIN); None for None or a label it does not know."""
+        if label is None:
+            return None
+        head = label.split(" ", 1)[0]
+        return cls(head) if head in cls._value2member_map_ else None
+
+    def label(self, tolerance: float) -> str:
+        return f"within {100 * tolerance:g}%" if self is Verdict.WITHIN else self.value
+
+    @property
+    def keeps_return(self) -> bool:
+        """Within tolerance or better: the variant keeps the baseline's return."""
+        return self in (Verdict.BETTER, Verdict.WITHIN)
 
 
 @dataclass(frozen=True)
@@ -75,8 +106,9 @@ def sequential_plan(episodes: int, max_episodes: int | None) -> tuple[list[int],
 
 
 def keeps_return(verdict: str | None) -> bool:
-    """Whether a verdict says the variant keeps the baseline's return (within tolerance or better)."""
-    return verdict is not None and (verdict == "better" or verdict.startswith("within"))
+    """Whether a stored verdict label says the variant keeps the baseline's return (within tolerance or better)."""
+    kind = Verdict.of(verdict)
+    return kind is not None and kind.keeps_return
 
 
 def paired_difference(
@@ -122,17 +154,17 @@ def paired_difference(
     if unseen_loss > 0:
         lo = min(lo, bootstrap_ci(np.append(diff, -unseen_loss), confidence=confidence)[0])
     if lo > 0:
-        verdict = "better"
+        verdict = Verdict.BETTER
     elif lo >= -margin:
-        verdict = f"within {100 * tolerance:g}%"
+        verdict = Verdict.WITHIN
     elif hi < -margin:
-        verdict = "worse"
+        verdict = Verdict.WORSE
     else:
-        verdict = "inconclusive"
-    out = {"mean": float(diff.mean()), "ci": [lo, hi], "confidence": confidence, "verdict": verdict,
+        verdict = Verdict.INCONCLUSIVE
+    out = {"mean": float(diff.mean()), "ci": [lo, hi], "confidence": confidence, "verdict": verdict.label(tolerance),
            "tolerance": tolerance, "margin": margin, "episodes": n, "unseen_loss": unseen_loss,
            "episodes_differing": n - identical}
-    if verdict == "inconclusive":
+    if verdict is Verdict.INCONCLUSIVE:
         out["episodes_to_decide"] = episodes_to_decide(n, lo, hi, float(diff.mean()), margin)
     if random_mean is not None:
         out["random_mean"] = random_mean

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from compress_dqn.run.context import RunContext
+from compress_dqn.run import stage_keys as keys
 
 
 def play_unit(env_data: dict[str, Any], tflite: str | None, n_actions: int, first_seed: int, count: int) -> list[float]:
@@ -52,8 +53,8 @@ def _play(ctx: RunContext, wanted: dict[str, tuple[str | None, int, int]], worke
 def _play_look(ctx: RunContext, before: int, after: int, names: list[str], workers: int = 1) -> None:
     """Record episodes before..after of the reference (stage "reference:AFTER": the baseline and the
     random policy) and of each named variant (stages "look:AFTER:NAME"), played `workers` at once."""
-    reference_due = f"reference:{after}" not in ctx.stages.done
-    due = [name for name in names if f"look:{after}:{name}" not in ctx.stages.done]
+    reference_due = keys.reference(after) not in ctx.stages.done
+    due = [name for name in names if keys.look(after, name) not in ctx.stages.done]
     wanted: dict[str, tuple[str | None, int, int]] = {name: (name, before, after) for name in due}
     if reference_due:
         wanted |= {"baseline": ("baseline", before, after), "random": (None, before, after)}
@@ -61,9 +62,9 @@ def _play_look(ctx: RunContext, before: int, after: int, names: list[str], worke
         return
     played = _play(ctx, wanted, workers)
     if reference_due:
-        ctx.stages.finish(f"reference:{after}", {"baseline": played["baseline"], "random": played["random"]})
+        ctx.stages.finish(keys.reference(after), {"baseline": played["baseline"], "random": played["random"]})
     for name in due:
-        ctx.stages.finish(f"look:{after}:{name}", {"episodes": played[name]})
+        ctx.stages.finish(keys.look(after, name), {"episodes": played[name]})
 
 
 def reference_episodes(ctx: RunContext, upto: int) -> dict[str, list[float]]:
@@ -79,8 +80,8 @@ def reference_episodes(ctx: RunContext, upto: int) -> dict[str, list[float]]:
         if after > upto:
             break
         _play_look(ctx, before, after, [])
-        episodes["baseline"] += done[f"reference:{after}"]["baseline"]
-        episodes["random"] += done[f"reference:{after}"]["random"]
+        episodes["baseline"] += done[keys.reference(after)]["baseline"]
+        episodes["random"] += done[keys.reference(after)]["random"]
     return episodes
 
 
@@ -93,24 +94,25 @@ def decide(ctx: RunContext, names: list[str] | None = None, workers: int = 1) ->
 
     Returns every named variant's episode returns, and the baseline's and the random policy's
     over as many episodes as the longest of them ("baseline", "random", names)."""
-    from compress_dqn.evaluation.verdicts import paired_difference, sequential_plan
+    from compress_dqn.evaluation.verdicts import Verdict, paired_difference, sequential_plan
 
     cfg, done = ctx.recipe.eval, ctx.stages.done
     names = [v.name for v in ctx.recipe.variants] if names is None else names
-    played = {name: list(done[f"variant:{name}"]["return"]["episodes"]) for name in names}
+    played = {name: list(done[keys.variant(name)]["return"]["episodes"]) for name in names}
     plan, confidence = sequential_plan(cfg.episodes, cfg.max_episodes)
     still_open = list(names)
     for before, after in zip(plan, plan[1:]):
         reference = reference_episodes(ctx, before)
-        still_open = [name for name in still_open if paired_difference(
-            played[name], reference["baseline"], cfg.tolerance, reference["random"], confidence)["verdict"] == "inconclusive"]
+        verdicts = {name: paired_difference(played[name], reference["baseline"], cfg.tolerance, reference["random"],
+                                            confidence)["verdict"] for name in still_open}
+        still_open = [name for name in still_open if Verdict.of(verdicts[name]) is Verdict.INCONCLUSIVE]
         if not still_open:
             break
         for name in still_open:
-            if f"look:{after}:{name}" not in done:
+            if keys.look(after, name) not in done:
                 ctx.log(f"[{name}] inconclusive after {before} episodes: playing to {after}")
         _play_look(ctx, before, after, still_open, workers)
         for name in still_open:
-            played[name] += done[f"look:{after}:{name}"]["episodes"]
+            played[name] += done[keys.look(after, name)]["episodes"]
     longest = max([len(e) for e in played.values()], default=cfg.episodes)
     return {**reference_episodes(ctx, longest), **played}

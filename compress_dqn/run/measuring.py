@@ -9,6 +9,7 @@ from typing import Any
 
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run.context import RunContext, Stage
+from compress_dqn.run import stage_keys as keys
 
 LATENCY_SECONDS = 0.5
 """Timed calls per runtime and policy stop after this long, once 500 are in (measure_latency)."""
@@ -29,7 +30,7 @@ def measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
         "saved_model": measure_latency(SavedModelPolicy(folder / "saved_model"), ctx.heldout,
                                        seconds=LATENCY_SECONDS).to_dict(),
     }
-    memory = ctx.stages.done.get(f"memory:{name}") or probe_policy_memory(folder, probes_saved_model(ctx.recipe, name))
+    memory = ctx.stages.done.get(keys.memory(name)) or probe_policy_memory(folder, probes_saved_model(ctx.recipe, name))
     on_gpu = measure_gpu(folder / "saved_model", ctx.heldout, seconds=LATENCY_SECONDS)
     tf_rss = memory["saved_model"] and f"{memory['saved_model']['peak_rss'] / 2**20:.0f} MiB"
     ctx.log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
@@ -63,12 +64,12 @@ def probe_memory(ctx: RunContext, workers: int = 1) -> None:
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     todo = [name for name in policy_names(ctx.recipe)
-            if f"memory:{name}" not in ctx.stages.done and f"measure:{name}" not in ctx.stages.done]
+            if keys.memory(name) not in ctx.stages.done and keys.measure(name) not in ctx.stages.done]
     with ThreadPoolExecutor(max(1, workers)) as pool:  # threads: each waits on its probe process
         futures = {pool.submit(probe_policy_memory, ctx.folder(name), probes_saved_model(ctx.recipe, name)): name
                    for name in todo}
         for future in as_completed(futures):
-            ctx.stages.finish(f"memory:{futures[future]}", future.result())
+            ctx.stages.finish(keys.memory(futures[future]), future.result())
 
 
 def policy_names(recipe: Recipe) -> list[str]:
@@ -77,7 +78,7 @@ def policy_names(recipe: Recipe) -> list[str]:
 
 
 def measure_stages(recipe: Recipe) -> list[Stage]:
-    return [Stage(f"measure:{name}", partial(measure_stage, name)) for name in policy_names(recipe)]
+    return [Stage(keys.measure(name), partial(measure_stage, name)) for name in policy_names(recipe)]
 
 
 def micro_figures(tflite: Path) -> dict[str, Any]:

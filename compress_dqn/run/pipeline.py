@@ -33,6 +33,7 @@ from compress_dqn.run.manifest import write_manifest
 from compress_dqn.run.measuring import measure_stages, probe_memory
 from compress_dqn.run.rundir import RunOutcome
 from compress_dqn.run.variants import build_pool, build_variants, variant_workers
+from compress_dqn.run import stage_keys as keys
 
 
 def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
@@ -71,8 +72,8 @@ def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunRes
 
     cfg, done = ctx.recipe.eval, ctx.stages.done
     plan, confidence = sequential_plan(cfg.episodes, cfg.max_episodes)
-    variants = [_variant_result("baseline", done["export"], done["evaluate"], done["measure:baseline"])] + [
-        _variant_result(v.name, done[f"variant:{v.name}"], done[f"variant:{v.name}"], done[f"measure:{v.name}"])
+    variants = [_variant_result("baseline", done["export"], done["evaluate"], done[keys.measure("baseline")])] + [
+        _variant_result(v.name, done[keys.variant(v.name)], done[keys.variant(v.name)], done[keys.measure(v.name)])
         for v in ctx.recipe.variants
     ]
     for entry in variants:
@@ -87,7 +88,7 @@ def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunRes
               "heldout_episodes": cfg.heldout_episodes},
         random={"return": summarize(episodes["random"]).to_dict()},
         train=done["train"],
-        gpu=done["measure:baseline"]["gpu_note"] or "visible",
+        gpu=done[keys.measure("baseline")]["gpu_note"] or "visible",
         variants=variants,
     )
 

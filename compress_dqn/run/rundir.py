@@ -19,6 +19,7 @@ from compress_dqn.fileio import LOCK, lock_run_dir, remove_stale_temporaries, wr
 from compress_dqn.recipe.safe_yaml import read_yaml
 from compress_dqn.recipe.schema import Recipe, recipe_from_data
 from compress_dqn.run.manifest import MANIFEST, verify
+from compress_dqn.run.stage_keys import PER_POLICY_KINDS, StageKey
 
 
 @dataclass
@@ -131,9 +132,9 @@ class Stages:
         if any(name in ("train", "export") for name in gone):  # everything else starts from the baseline
             forget = [name for name in self.done if name != "train" or "train" in gone]
         else:
-            variants = {name.split(":", 1)[1] for name in gone if name.startswith("variant:")}
-            forget = [name for name in self.done if name.split(":", 1)[0] in ("variant", "memory", "measure", "look")
-                      and name.rsplit(":", 1)[-1] in variants]
+            parsed = {name: StageKey.parse(name) for name in self.done}
+            variants = {parsed[name].name for name in gone if parsed[name].kind == "variant"}
+            forget = [name for name, key in parsed.items() if key.kind in PER_POLICY_KINDS and key.name in variants]
         for name in forget:
             self.done.pop(name, None)
         self._save()

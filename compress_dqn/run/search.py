@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig, recipe_from_data
+from compress_dqn.run import stage_keys as keys
 
 _BYTES_PER_WEIGHT = {"qat": 1, "int8": 1, "dynamic": 1, "int16x8": 1, "float16": 2, None: 4}
 
@@ -123,9 +124,9 @@ def candidate_unit(recipe_data: dict[str, Any], seed_dir: str, variant_data: dic
     variant = VariantConfig(**variant_data)
     ctx = reopen_run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet,
                      log=(lambda _: None) if quiet else print)
-    stages = [Stage(f"variant:{variant.name}", lambda c: variant_stage(variant, c))]
+    stages = [Stage(keys.variant(variant.name), lambda c: variant_stage(variant, c))]
     if ctx.recipe.search.objective == "latency":
-        stages.append(Stage(f"measure:{variant.name}", lambda c: measure_stage(variant.name, c)))
+        stages.append(Stage(keys.measure(variant.name), lambda c: measure_stage(variant.name, c)))
     run_stages(ctx, stages)
     played = decide(ctx, [variant.name], workers=look_workers)
     episodes = played[variant.name]
@@ -134,7 +135,7 @@ def candidate_unit(recipe_data: dict[str, Any], seed_dir: str, variant_data: dic
     done = ctx.stages.done
     return {"verdict": versus["verdict"], "episodes": len(episodes), "difference": versus["mean"],
             "normalized_score": versus["normalized_score"],
-            "objective": objective_value(done[f"variant:{variant.name}"], done.get(f"measure:{variant.name}"),
+            "objective": objective_value(done[keys.variant(variant.name)], done.get(keys.measure(variant.name)),
                                          ctx.recipe.search.objective)}
 
 

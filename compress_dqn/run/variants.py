@@ -18,6 +18,7 @@ from compress_dqn.recipe.schema import Recipe, recipe_from_data
 from compress_dqn.run import resources
 from compress_dqn.run.context import RunContext, Stage, reopen_run, run_stages
 from compress_dqn.run.measuring import PROBE_ERRORS, probe_policy_memory, probes_saved_model
+from compress_dqn.run import stage_keys as keys
 
 
 def variant_seed(seed: int, name: str) -> int:
@@ -139,7 +140,7 @@ def _pick_candidate(variant: Any, ctx: RunContext, out: Path) -> tuple[Any, dict
 
 def variant_stages(recipe: Recipe) -> list[Stage]:
     """One stage per variant; each reads only the baseline's files, so it can run alone."""
-    return [Stage(f"variant:{v.name}", partial(variant_stage, v)) for v in recipe.variants]
+    return [Stage(keys.variant(v.name), partial(variant_stage, v)) for v in recipe.variants]
 
 
 def variant_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[str, Any], quiet: bool) -> dict[str, Any]:
@@ -170,7 +171,7 @@ def variant_and_memory_unit(recipe_data: dict[str, Any], run_dir: str, variant_d
 
 def unbuilt_variants(ctx: RunContext) -> list[Any]:
     """ctx.recipe's variants whose build stage has not finished."""
-    return [v for v in ctx.recipe.variants if f"variant:{v.name}" not in ctx.stages.done]
+    return [v for v in ctx.recipe.variants if keys.variant(v.name) not in ctx.stages.done]
 
 
 def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
@@ -198,24 +199,24 @@ def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
     units = [(data, str(ctx.run_dir), v.model_dump(mode="json", exclude_none=True), ctx.quiet) for v in todo]
     if ctx.recipe.executor != "local":
         map_units(variant_unit, units, ctx.recipe.executor, workers, ctx.recipe.address,
-                  on_result=lambda i, outputs: ctx.stages.finish(f"variant:{todo[i].name}", outputs))
+                  on_result=lambda i, outputs: ctx.stages.finish(keys.variant(todo[i].name), outputs))
         return
 
     units = [(*unit, probes_saved_model(ctx.recipe, v.name)) for unit, v in zip(units, todo)]
 
     def record(i: int, outputs: dict[str, Any]) -> None:
-        ctx.stages.finish(f"variant:{todo[i].name}", outputs["variant"])
-        if outputs["memory"] is not None and f"measure:{todo[i].name}" not in ctx.stages.done:
-            ctx.stages.finish(f"memory:{todo[i].name}", outputs["memory"])
+        ctx.stages.finish(keys.variant(todo[i].name), outputs["variant"])
+        if outputs["memory"] is not None and keys.measure(todo[i].name) not in ctx.stages.done:
+            ctx.stages.finish(keys.memory(todo[i].name), outputs["memory"])
 
     with ThreadPoolExecutor(1) as side:  # a thread: it waits on the probe's own process
-        probing = [] if {"memory:baseline", "measure:baseline"} & set(ctx.stages.done) else [
+        probing = [] if {keys.memory("baseline"), keys.measure("baseline")} & set(ctx.stages.done) else [
             side.submit(probe_policy_memory, ctx.base, probes_saved_model(ctx.recipe, "baseline"))]
         map_units(variant_and_memory_unit, units, ctx.recipe.executor, workers, ctx.recipe.address,
                   on_result=record, pool=pool)
         for future in probing:
             try:
-                ctx.stages.finish("memory:baseline", future.result())
+                ctx.stages.finish(keys.memory("baseline"), future.result())
             except PROBE_ERRORS:
                 pass  # probe_memory tries again after the looks
 
