@@ -106,6 +106,15 @@ def replace_dir(tmp: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def remove_dir(path: Path) -> None:
+    """Remove a directory as a crash would leave it whole or gone: renamed away first, then deleted
+    (a killed process leaves an .old- name that remove_stale_temporaries clears)."""
+    if path.exists():
+        old = path.with_name(f".old-{path.name}-{os.getpid()}")
+        os.replace(path, old)
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def remove_stale_temporaries(root: Path) -> int:
     """Delete the .tmp-*/.old-* leftovers of a killed process under root; returns how many."""
     stale = [p for p in Path(root).rglob("*") if p.name.startswith((".tmp-", ".old-"))]

@@ -1,7 +1,8 @@
 """The run directory: create it or check that it holds this recipe, lock it, and stages.json.
 
-A rerun of the same recipe resumes; one of a different recipe is refused with the first key that
-differs; a killed process's temporaries are dropped; a finished run's manifest is checked first.
+A rerun of the same recipe resumes; one that changes only what is built from the baseline (its
+variants, the evaluation caps) extends it; any other is refused with the keys that differ. A
+killed process's temporaries are dropped; a finished run's manifest is checked first.
 """
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation.results import RunResults, SeedsResults
-from compress_dqn.fileio import LOCK, lock_run_dir, remove_stale_temporaries, write_text_atomic
+from compress_dqn.fileio import LOCK, lock_run_dir, remove_dir, remove_stale_temporaries, write_text_atomic
 from compress_dqn.recipe.safe_yaml import read_yaml
 from compress_dqn.recipe.schema import Recipe, recipe_from_data
 from compress_dqn.run.manifest import MANIFEST, verify
@@ -31,21 +32,36 @@ class RunOutcome:
     resumed: bool
 
 
-def _first_difference(old: Any, new: Any, prefix: str = "") -> str | None:
+def differing_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two recipes as data (a list counts as one value)."""
     if isinstance(old, dict) and isinstance(new, dict):
-        for key in sorted(set(old) | set(new)):
-            found = _first_difference(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else key)
-            if found:
-                return found
-        return None
-    return None if old == new else f"{prefix}: {old!r} -> {new!r}"
+        return [key for name in sorted(set(old) | set(new))
+                for key in differing_keys(old.get(name), new.get(name), f"{prefix}.{name}" if prefix else name)]
+    return [] if old == new else [prefix]
 
 
 _PLACEMENT_KEYS = ("executor", "address", "workers")
+"""Where units run does not change what they compute: a sweep may resume on another engine."""
+REUSABLE_KEYS = ("name", "variants", "eval.max_episodes", "eval.tolerance")
+"""What a rerun may change on a finished baseline: what is built from it and how long verdicts may play."""
 
 
-def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
-    """Create the run directory, or check an existing one holds this same recipe. Returns resumed."""
+def _describe(old: Any, new: Any, key: str) -> str:
+    """`key: old -> new` where both are short, else the key alone (a variants list would fill the screen)."""
+    for part in key.split("."):
+        old = old.get(part) if isinstance(old, dict) else None
+        new = new.get(part) if isinstance(new, dict) else None
+    text = f"{key}: {old!r} -> {new!r}"
+    return text if len(text) <= 80 else key
+
+
+def prepare_run_dir(recipe: Recipe, run_dir: Path, log: Callable[[str], None] | None = None) -> bool:
+    """Create the run directory, or check an existing one holds this same recipe. Returns resumed.
+
+    A recipe that differs only in REUSABLE_KEYS takes over a started run: its baseline is kept and
+    variants whose definition changed or went away are deleted, so the resume (Stages.forget_missing)
+    builds just what is new.
+    """
     recipe_file = run_dir / "recipe.yaml"
     new = recipe.to_dict()
     if recipe_file.exists():
@@ -54,26 +70,23 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
             old = recipe_from_data(read_yaml(recipe_file), str(recipe_file)).to_dict()
         except (UserError, yaml.YAMLError):
             raise UserError(f"{run_dir}: its recipe.yaml is unreadable; pass another --out or delete the directory") from None
-        # Where units run does not change what they compute: a sweep may resume on another engine.
         for key in _PLACEMENT_KEYS:
             old.pop(key, None)
-        diff = _first_difference(old, {k: v for k, v in new.items() if k not in _PLACEMENT_KEYS})
+        diff = differing_keys(old, {k: v for k, v in new.items() if k not in _PLACEMENT_KEYS})
         if diff and not _started(run_dir):  # a run refused before its first stage: take the corrected recipe
             write_text_atomic(recipe_file, yaml.safe_dump(new, sort_keys=False))
             return False
-        if diff:
+        if any(key not in REUSABLE_KEYS for key in diff):
+            fixed = [key for key in diff if key not in REUSABLE_KEYS]
+            shown = "; ".join(_describe(old, new, key) for key in fixed[:3]) + (" ..." if len(fixed) > 3 else "")
             raise UserError(
-                f"{run_dir}: holds a run of a different recipe ({diff}); pass another --out or delete the directory"
-            )
+                f"{run_dir}: holds a run of a different recipe ({shown}): these change the baseline; pass another "
+                f"--out or delete the directory (on a finished baseline only {', '.join(REUSABLE_KEYS[1:])} may change)")
         remove_stale_temporaries(run_dir)  # what a killed process was writing
-        if (run_dir / MANIFEST).exists():
-            problems = verify(run_dir)
-            if problems:
-                more = f" (and {len(problems) - 1} more; see compress-dqn verify)" if len(problems) > 1 else ""
-                raise UserError(f"{run_dir}: a finished run with a damaged artifact: {problems[0]}{more}; "
-                                "pass another --out to rerun it")
-            # From here on files get rewritten: the run is in progress again until a new manifest.
-            (run_dir / MANIFEST).unlink()
+        _check_manifest(run_dir)
+        if diff:
+            _drop_changed_variants(old, new, run_dir, log)
+            write_text_atomic(recipe_file, yaml.safe_dump(new, sort_keys=False))
         return True
     if run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"{run_dir}: exists and is not a compress-dqn run directory; pass another --out")
@@ -81,6 +94,30 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path) -> bool:
     lock_run_dir(run_dir)
     write_text_atomic(recipe_file, yaml.safe_dump(new, sort_keys=False))
     return False
+
+
+def _check_manifest(run_dir: Path) -> None:
+    """A finished run must be intact before it is extended; from then on it is in progress again."""
+    if (run_dir / MANIFEST).exists():
+        problems = verify(run_dir)
+        if problems:
+            more = f" (and {len(problems) - 1} more; see compress-dqn verify)" if len(problems) > 1 else ""
+            raise UserError(f"{run_dir}: a finished run with a damaged artifact: {problems[0]}{more}; "
+                            "pass another --out to rerun it")
+        (run_dir / MANIFEST).unlink()
+
+
+def _drop_changed_variants(old: dict[str, Any], new: dict[str, Any], run_dir: Path,
+                           log: Callable[[str], None] | None) -> None:
+    """Delete the folders of variants that the new recipe defines differently or no longer has."""
+    kept = {v["name"]: v for v in new.get("variants") or []}
+    dropped = [v["name"] for v in old.get("variants") or [] if kept.get(v["name"]) != v]
+    for name in dropped:
+        remove_dir(run_dir / "variants" / name)
+    added = [name for name in kept if name not in {v["name"] for v in old.get("variants") or []}]
+    if log is not None:
+        log(f"{run_dir}: reusing its finished stages; new: {', '.join(added) or 'none'}; "
+            f"rebuilt or dropped: {', '.join(dropped) or 'none'}")
 
 
 def _started(run_dir: Path) -> bool:

@@ -1,0 +1,65 @@
+"""A rerun that changes only what is built from the baseline extends the run instead of refusing it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import TINY
+
+CHEAP = "measure.saved_model_memory=baseline"  # one TensorFlow memory probe per run, not one per policy
+ONE = "variants=[{name: f16, quantize: {mode: float16}}]"
+TWO = "variants=[{name: f16, quantize: {mode: float16}}, {name: dyn, quantize: {mode: dynamic}}]"
+CHANGED = "variants=[{name: f16, quantize: {mode: dynamic}}]"
+
+
+def _stages(run_dir):
+    return json.loads((run_dir / "stages.json").read_text())
+
+
+@pytest.mark.slow
+def test_adding_a_variant_builds_only_it_and_changing_one_rebuilds_it(tmp_path):
+    from compress_dqn.errors import UserError
+    from compress_dqn.recipe.schema import load_recipe
+    from compress_dqn.run.pipeline import run
+
+    out, logs = tmp_path / "run", []
+    run(load_recipe(TINY, [ONE, CHEAP]), out, quiet=True, log=lambda m: None)
+    first = _stages(out)
+    tflite = (out / "variants" / "f16" / "policy.tflite").stat().st_mtime_ns
+
+    outcome = run(load_recipe(TINY, [TWO, CHEAP, "eval.max_episodes=10"]), out, quiet=True, log=logs.append)
+    again = _stages(out)
+    assert outcome.resumed and [v.name for v in outcome.results.variants] == ["baseline", "f16", "dyn"]
+    for key in ("train", "evaluate", "variant:f16", "measure:f16"):  # the baseline and f16 were not redone
+        assert again[key] == first[key]
+    assert (out / "variants" / "f16" / "policy.tflite").stat().st_mtime_ns == tflite
+    assert "variant:dyn" in again and "max_episodes: 10" in (out / "recipe.yaml").read_text()
+    assert any("new: dyn" in line for line in logs)
+
+    run(load_recipe(TINY, [CHANGED, CHEAP]), out, quiet=True, log=lambda m: None)  # f16 redefined, dyn dropped
+    changed = _stages(out)
+    assert changed["variant:f16"]["compression"]["quantize"]["mode"] == "dynamic"
+    assert "variant:dyn" not in changed and not (out / "variants" / "dyn").exists()
+    assert changed["train"] == first["train"]
+
+    with pytest.raises(UserError, match=r"different recipe \(train.gamma: 0.99 -> 0.5\): these change the baseline"):
+        run(load_recipe(TINY, [CHANGED, CHEAP, "train.gamma=0.5"]), out, quiet=True, log=lambda m: None)
+
+
+def test_a_refused_rerun_names_the_keys_not_the_values_of_long_ones(tmp_path):
+    from compress_dqn.errors import UserError
+    from compress_dqn.recipe.schema import load_recipe
+    from compress_dqn.run.rundir import prepare_run_dir
+
+    run_dir = tmp_path / "r"
+    prepare_run_dir(load_recipe(TINY, [ONE, CHEAP]), run_dir)
+    (run_dir / "baseline").mkdir()
+    (run_dir / "baseline" / "weights.npz").write_bytes(b"x")  # started
+    changed = load_recipe(TINY, [TWO, "train.net_arch=[8, 8]", "env.kwargs={sutton_barto_reward: true}"])
+    with pytest.raises(UserError) as refused:
+        prepare_run_dir(changed, run_dir)
+    message = str(refused.value)
+    assert "\n" not in message and len(message) < 400
+    assert "env.kwargs" in message and "train.net_arch: [16, 16] -> [8, 8]" in message and "variants" not in message.split("(")[1].split(")")[0]
