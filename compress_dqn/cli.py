@@ -15,7 +15,7 @@ import click
 
 from compress_dqn import __version__
 from compress_dqn.errors import UserError
-from compress_dqn.recipe.presets import VARIANT_PRESETS, preset_for
+from compress_dqn.recipe.presets import VARIANT_PRESETS, preset_for, search_defaults
 
 EXIT_USAGE = 2
 _MAX_MESSAGE = 1000
@@ -116,9 +116,12 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
 
 
 def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_steps: int, epsilon: float,
-                frame_stack: int, episodes: int, seed: int) -> tuple[dict, list[str]]:
-    """A one-off recipe (as data) for a Q-network trained elsewhere, and the layers to keep dense
-    (like the shipped recipes: the small input and output layers)."""
+                frame_stack: int, episodes: int, max_episodes: int, seed: int) -> tuple[dict, list[str], bool]:
+    """A one-off recipe (as data) for a Q-network trained elsewhere, the layers to keep dense
+    (like the shipped recipes: the small input and output layers), and whether observations are flat.
+
+    Its verdicts use sequential looks as the shipped recipes do: identical episodes decide "within"
+    only from ~400 on, so a plain 100-episode evaluation would leave the best variants undecided."""
     from compress_dqn.port.baseline import load_model
     from compress_dqn.rl.envs import probe_env
     from compress_dqn.rl.networks import weight_layers
@@ -135,8 +138,9 @@ def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_step
     else:
         baseline["rollout"] = {"steps": rollout_steps, "epsilon": epsilon}
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", model.stem).lstrip(".-_") or "model"
+    flat = len(info.obs_shape) == 1 and frame_stack == 1
     return {"name": name, "seed": seed, "env": {"id": env_id, "frame_stack": frame_stack}, "baseline": baseline,
-            "eval": {"episodes": episodes, "seed": 0}}, keep_dense
+            "eval": {"episodes": episodes, "seed": 0, "max_episodes": max(max_episodes, episodes)}}, keep_dense, flat
 
 
 def _byo_options(command: Callable) -> Callable:
@@ -150,8 +154,12 @@ def _byo_options(command: Callable) -> Callable:
         click.option("--epsilon", type=click.FloatRange(0, 1), default=0.3, show_default=True, help="Rollout exploration."),
         click.option("--frame-stack", type=click.IntRange(min=1), default=1, show_default=True),
         click.option("--episodes", type=click.IntRange(min=1), default=100, show_default=True, help="Evaluation episodes."),
+        click.option("--max-episodes", type=click.IntRange(min=1), default=1600, show_default=True,
+                     help="While a verdict is undecided, double its episodes up to this many (eval.max_episodes); "
+                          "raise it and rerun on the same --out to decide more."),
         click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True),
         click.option("--quiet", is_flag=True, help="No progress output."),
+        _set_option,
     ]
     for option in reversed(options):
         command = option(command)
@@ -164,7 +172,8 @@ def _byo_options(command: Callable) -> Callable:
               help="Comma-separated presets: " + ", ".join(VARIANT_PRESETS) + ".")
 @_user_errors
 def compress(model: Path, env_id: str, variants: str, out: Path | None, transitions: Path | None, rollout_steps: int,
-             epsilon: float, frame_stack: int, episodes: int, seed: int, quiet: bool) -> None:
+             epsilon: float, frame_stack: int, episodes: int, max_episodes: int, seed: int, quiet: bool,
+             overrides: tuple[str, ...]) -> None:
     """Compress a Q-network trained elsewhere (.keras, .h5, Keras SavedModel): a one-off recipe.
 
     The run directory's recipe.yaml is the recipe this made; `compress-dqn run` takes it as is.
@@ -174,12 +183,13 @@ def compress(model: Path, env_id: str, variants: str, out: Path | None, transiti
     if unknown or not names:
         raise UserError(f"--variants: unknown preset {', '.join(unknown) or '(none given)'}; "
                         f"choose from {', '.join(VARIANT_PRESETS)}")
-    data, keep_dense = _byo_recipe(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, seed)
-    data["variants"] = [{"name": n, **preset_for(n, keep_dense)} for n in names]
-    from compress_dqn.run.pipeline import run as run_pipeline
+    data, keep_dense, flat = _byo_recipe(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes,
+                                         max_episodes, seed)
+    data["variants"] = [{"name": n, **preset_for(n, keep_dense, flat)} for n in names]
     from compress_dqn.recipe.schema import recipe_from_data
+    from compress_dqn.run.pipeline import run as run_pipeline
 
-    recipe = recipe_from_data(data, "compress")
+    recipe = recipe_from_data(data, "compress", overrides)
     outcome = run_pipeline(recipe, out or Path("runs") / data["name"], quiet=quiet, log=lambda m: click.echo(m, err=True))
     _echo_outcome(outcome, outcome.results.baseline.returns["mean"])
 
@@ -200,21 +210,23 @@ def _widths(text: str) -> list[list[int]]:
               help="Share of (baseline - random) return a policy may lose.")
 @_user_errors
 def search(model: Path, env_id: str, out: Path | None, transitions: Path | None, rollout_steps: int, epsilon: float,
-           frame_stack: int, episodes: int, seed: int, quiet: bool, objective: str, students: str, sparsities: str,
-           tolerance: float) -> None:
+           frame_stack: int, episodes: int, max_episodes: int, seed: int, quiet: bool, overrides: tuple[str, ...],
+           objective: str, students: str, sparsities: str, tolerance: float) -> None:
     """Find the smallest policy that keeps a Q-network's return (trained elsewhere): a one-off search recipe."""
     try:
         targets = [float(x) for x in sparsities.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"--sparsities: {sparsities!r} is not a list like 0.8,0.9,0.95") from None
     widths = _widths(students)
-    data, keep_dense = _byo_recipe(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, seed)
-    data["eval"] = {**data["eval"], "tolerance": tolerance, "max_episodes": 4 * episodes}
-    data["search"] = {"objective": objective, "students": widths, "sparsities": targets, "prune_exclude": keep_dense}
+    data, keep_dense, flat = _byo_recipe(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes,
+                                         max_episodes, seed)
+    data["eval"] = {**data["eval"], "tolerance": tolerance}
+    data["search"] = {"objective": objective, "students": widths, "sparsities": targets, "prune_exclude": keep_dense,
+                      **search_defaults(flat)}
     from compress_dqn.recipe.schema import recipe_from_data
     from compress_dqn.run.search import run_search
 
-    recipe = recipe_from_data(data, "search")
+    recipe = recipe_from_data(data, "search", overrides)
     outcome = run_search(recipe, out or Path("runs") / f"{data['name']}-search", quiet=quiet,
                          log=lambda m: click.echo(m, err=True))
     _echo_outcome(outcome, outcome.results.aggregate[0].iqm_return)

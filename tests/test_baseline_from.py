@@ -65,7 +65,8 @@ def test_compress_shortcut_and_transitions_file(saved_model_file, tmp_path):
     np.savez(data, **{k: np.asarray(v) for k, v in rows.items()})
 
     result = CliRunner().invoke(main, ["compress", str(path), "--env", "CartPole-v1", "--variants", "ptq-int8,prune-80",
-                                       "--transitions", str(data), "--episodes", "3", "--out", str(tmp_path / "run"),
+                                       "--transitions", str(data), "--episodes", "3", "--max-episodes", "3",
+                                       "--set", "variants.prune-80.fine_tune.steps=300", "--out", str(tmp_path / "run"),
                                        "--quiet"])
     assert result.exit_code == 0, result.output
     results = json.loads((tmp_path / "run" / "results.json").read_text())

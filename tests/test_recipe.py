@@ -173,3 +173,32 @@ def test_validate_warns_about_what_is_valid_but_will_not_work_here(tmp_path):
     assert result.exit_code == 0 and result.stdout.startswith("ok: ")
     assert "warning: on this machine, this run needs about" in result.stderr
     assert "warning: train.learning_starts (5000) is not below train.total_timesteps (1000)" in result.stderr
+
+
+def test_compress_presets_carry_selection_dagger_and_best_of_builds_where_the_task_allows():
+    from compress_dqn.recipe.presets import VARIANT_PRESETS, preset_for, search_defaults
+    from compress_dqn.recipe.schema import recipe_from_data
+
+    student = preset_for("student-32x32-qat-int8", ["q_values"])
+    assert student["fine_tune"]["select_interval"] and student["fine_tune"]["student_states"]
+    assert student["candidates"]["count"] > 1 and student["fine_tune"]["learning_rate_schedule"] == "linear"
+    assert "student_states" not in preset_for("prune-80", ["q_values"], flat_observations=False)["fine_tune"]
+    assert preset_for("prune-80", ["q_values", "hidden_0"])["prune"]["exclude"] == ["q_values", "hidden_0"]
+    assert "student_states" not in search_defaults(flat_observations=False)["student_fine_tune"]
+    assert "student_states" in VARIANT_PRESETS["prune-80"]["fine_tune"]  # the shared table is not edited
+    # Every preset and the search defaults validate as a recipe.
+    data = {"env": {"id": "CartPole-v1"}, "baseline": {"from": "m.keras"},
+            "variants": [{"name": n, **preset_for(n, ["q_values"])} for n in VARIANT_PRESETS],
+            "search": {"students": [[8]], **search_defaults()}}
+    recipe_from_data(data, "presets")
+
+
+def test_set_reaches_a_variant_by_name():
+    from compress_dqn.errors import UserError
+    from compress_dqn.recipe.schema import recipe_from_data
+
+    data = {"env": {"id": "CartPole-v1"}, "variants": [{"name": "a", "quantize": {"mode": "int8"}}, {"name": "b"}]}
+    recipe = recipe_from_data(data, "r", ("variants.b.quantize.mode=dynamic",))
+    assert [v.quantize.mode if v.quantize else None for v in recipe.variants] == ["int8", "dynamic"]
+    with pytest.raises(UserError, match="no variant named 'c'"):
+        recipe_from_data(data, "r", ("variants.c.quantize.mode=dynamic",))

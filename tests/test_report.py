@@ -33,6 +33,7 @@ def test_rows_and_headline_from_fixed_results():
     # Paired: the baseline's mean on the variant's own episodes, not over however many the longest verdict used.
     assert f"vs the baseline's {ptq['return_mean'] - ptq['diff_mean']:.1f} on the same {ptq['episodes']} episodes" in lines[1]
     assert any(line.startswith("Not decided within 100 episodes: prune-80") and "student-32x32-qat-int8" in line
+               and "raise eval.max_episodes" in line
                for line in lines)
     assert [r["verdict"] for r in table] == ["reference", "better", "inconclusive", "inconclusive"]
     assert table[1]["normalized_score"] > 1.0 and table[0]["normalized_score"] == 1.0

@@ -170,7 +170,9 @@ def headline(results: RunResults) -> list[str]:
                  for r in undecided]
         estimated = any(r["episodes_to_decide"] for r in undecided)
         why = " (paired episodes, if the mean difference and its spread hold)" if estimated else ""
-        lines.append(f"Not decided within {results.eval['max_episodes']} episodes: {', '.join(names)}{why}.")
+        lines.append(f"Not decided within {results.eval['max_episodes']} episodes: {', '.join(names)}{why}. To decide "
+                     "them, raise eval.max_episodes (compress and search: --max-episodes) and rerun on the same "
+                     "directory: the episodes already played are kept.")
     on_micro = [r for r in keepers if r["micro_arena_bytes"] is not None]
     for budget in (32 * 1024, 256 * 1024):
         fits = [r for r in on_micro if r["micro_arena_bytes"] + r["micro_flash_bytes"] <= budget]

@@ -1,7 +1,11 @@
 """Named compression variants for `compress-dqn compress --variants`: the shipped recipes' choices.
 
-Plain data, so the CLI lists them without importing TensorFlow. `keep_dense` names the layers that
-pruning and clustering leave alone (the small input and output layers of an MLP).
+Plain data, so the CLI lists them without importing TensorFlow. They carry what recovered the
+return on LunarLander, where CartPole's settings did not (recipes/lunarlander.yaml, docs/lunarlander.md):
+fine-tunes that keep the best snapshot on held-out selection episodes, learn the baseline's actions
+on states the compressed policy reaches itself (student_states, DAgger: flat observations only),
+decay the step size to 0, and a student kept as the best of several builds. `keep_dense` names the
+layers that pruning and clustering leave alone (the small input and output layers of an MLP).
 """
 
 from __future__ import annotations
@@ -9,26 +13,57 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+_SELECT = {"learning_rate_schedule": "linear", "select_interval": 5000, "student_states": 5000}
+"""Selection of the best snapshot, DAgger states and a decaying step size, for every fine-tune."""
+_RECOVER = {"steps": 40000, "learning_rate": 3e-4, **_SELECT}
+"""How a pruned or clustered network recovers: the pruning ramp ends at 60% of the steps."""
+
 VARIANT_PRESETS: dict[str, dict[str, Any]] = {
     "ptq-dynamic": {"quantize": {"mode": "dynamic"}},
     "ptq-float16": {"quantize": {"mode": "float16"}},
     "ptq-int8": {"quantize": {"mode": "int8"}},
-    "qat-int8": {"quantize": {"mode": "qat"}, "fine_tune": {"steps": 3000, "learning_rate": 1e-4}},
-    "prune-80": {"prune": {"sparsity": 0.8}, "fine_tune": {"steps": 6000, "learning_rate": 3e-4}},
-    "prune-90-int8": {"prune": {"sparsity": 0.9}, "quantize": {"mode": "int8"},
-                      "fine_tune": {"steps": 6000, "learning_rate": 3e-4}},
-    "pqat-90-int8": {"prune": {"sparsity": 0.9}, "quantize": {"mode": "qat", "qat_steps": 3000},
-                     "fine_tune": {"steps": 6000, "learning_rate": 3e-4}},
-    "cluster-16": {"cluster": {"clusters": 16}, "fine_tune": {"steps": 3000, "learning_rate": 1e-4}},
-    "student-32x32-qat-int8": {"student": {"net_arch": [32, 32]}, "quantize": {"mode": "qat", "qat_steps": 10000},
-                               "fine_tune": {"steps": 40000, "learning_rate": 1e-3}},
+    "qat-int8": {"quantize": {"mode": "qat"}, "fine_tune": {"steps": 20000, "learning_rate": 1e-4, **_SELECT}},
+    "prune-80": {"prune": {"sparsity": 0.8}, "fine_tune": _RECOVER},
+    "prune-90-int8": {"prune": {"sparsity": 0.9}, "quantize": {"mode": "int8"}, "fine_tune": _RECOVER},
+    "pqat-90-int8": {"prune": {"sparsity": 0.9}, "quantize": {"mode": "qat", "qat_steps": 20000, "qat_learning_rate": 1e-4},
+                     "fine_tune": _RECOVER},
+    "cluster-16": {"cluster": {"clusters": 16}, "fine_tune": _RECOVER},
+    "student-32x32-qat-int8": {"student": {"net_arch": [32, 32]},
+                               "quantize": {"mode": "qat", "qat_steps": 20000, "qat_learning_rate": 3e-4},
+                               "fine_tune": {"steps": 40000, "learning_rate": 1e-3, **_SELECT},
+                               "candidates": {"count": 3, "episodes": 200, "seed": 200000}},
 }
 
+SEARCH_DEFAULTS: dict[str, Any] = {
+    "student_quantize": "qat",
+    "student_fine_tune": {"steps": 40000, "learning_rate": 1e-3, **_SELECT},
+    "student_candidates": {"count": 3, "episodes": 200, "seed": 200000},
+    "qat_steps": 20000,
+    "qat_learning_rate": 3e-4,
+    "prune_fine_tune": _RECOVER,
+}
+"""The search's student and pruning settings for `compress-dqn search` (recipes/lunarlander-search.yaml's)."""
 
-def preset_for(name: str, keep_dense: list[str]) -> dict[str, Any]:
-    """The preset's variant settings, with keep_dense excluded from pruning and clustering."""
-    preset = copy.deepcopy(VARIANT_PRESETS[name])
+
+def _for_task(settings: dict[str, Any], flat_observations: bool) -> dict[str, Any]:
+    """Student states (DAgger) play only flat-observation tasks: image tasks fine-tune without them."""
+    settings = copy.deepcopy(settings)
+    if not flat_observations:
+        for fine_tune in [settings.get("fine_tune"), settings.get("student_fine_tune"), settings.get("prune_fine_tune")]:
+            if fine_tune:
+                fine_tune.pop("student_states", None)
+    return settings
+
+
+def preset_for(name: str, keep_dense: list[str], flat_observations: bool = True) -> dict[str, Any]:
+    """The preset's variant settings for a task, with keep_dense excluded from pruning and clustering."""
+    preset = _for_task(VARIANT_PRESETS[name], flat_observations)
     for technique in ("prune", "cluster"):
         if technique in preset:
             preset[technique]["exclude"] = list(keep_dense)
     return preset
+
+
+def search_defaults(flat_observations: bool = True) -> dict[str, Any]:
+    """SEARCH_DEFAULTS for a task (see _for_task)."""
+    return _for_task(SEARCH_DEFAULTS, flat_observations)

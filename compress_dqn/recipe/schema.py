@@ -726,7 +726,8 @@ def format_validation_error(exc: ValidationError, limit: int = 3) -> str:
 
 
 def _apply_override(data: dict[str, Any], override: str) -> None:
-    """Apply `train.gamma=0.9` (the value is read as YAML) to the raw recipe data."""
+    """Apply `train.gamma=0.9` (the value is read as YAML) to the raw recipe data; `variants.NAME.key`
+    reaches into the variant of that name."""
     key, sep, raw = override.partition("=")
     if not sep or not key.strip():
         raise UserError(f"--set {override!r}: write KEY=VALUE, e.g. --set train.total_timesteps=1000")
@@ -738,8 +739,12 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
         value = raw
     node = data
     parts = key.strip().split(".")
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
         child = node.get(part)
+        if part == "variants" and isinstance(child, list):  # variants.NAME.key: the variant of that name
+            child = {v.get("name"): v for v in child if isinstance(v, dict)}
+            if parts[i + 1] not in child:
+                raise UserError(f"--set {override!r}: the recipe has no variant named {parts[i + 1]!r}")
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
