@@ -187,7 +187,7 @@ class TrainConfig(StrictModel):
     init: Literal["fan_in_uniform", "glorot_uniform"] = "fan_in_uniform"
     """Weight initialization: kernels and biases from U(+-1/sqrt(fan_in)), PyTorch's default and
     so SB3's (the RL Zoo's hyperparameters were tuned with it), or Keras' Glorot kernels with zero
-    biases. See benchmarks/train_cartpole.py for the comparison."""
+    biases. docs/training-cartpole.md compares the two (benchmarks/train_cartpole.py)."""
     learning_rate: _real(0.0, 1.0, lo_open=True) = 1e-4
     """Adam step size. The RL Zoo's `lin_6.3e-4` means 6.3e-4 with learning_rate_schedule: linear."""
     learning_rate_schedule: Literal["constant", "linear"] = "constant"
@@ -240,12 +240,11 @@ class TrainConfig(StrictModel):
     capped (CartPole-v1: 500), the cap is a safe bar: later weights can only tie it. Needs eval_interval."""
     jit_compile: bool | None = None
     """Compile the update step with XLA (null: yes, except convolutional networks on a CPU, where
-    XLA's convolutions were 2.4x (MinAtar) to 5.7x (Atari) slower than TensorFlow's own)."""
+    XLA's convolutions are slower than TensorFlow's own; docs/training-cartpole.md)."""
     intra_op_threads: Annotated[int | None, BeforeValidator(_parse_count)] = None
     """TensorFlow intra-op threads (null: TensorFlow's default; a multi-seed run divides the
-    CPUs among the seeds training at once). Units that run side by side want one each; one seed
-    alone trains faster on all: the Zoo's CartPole update (256x256, batch 64) took 14.1-16.4 s a
-    seed on two threads against 18.6-20.5 s on one, on 2 cores."""
+    CPUs among the seeds training at once). Units that run side by side want one each, so they
+    do not fight over cores; one seed alone trains faster on all (docs/training-cartpole.md)."""
     mixed_precision: bool = False
     """Train in mixed float16 on a GPU (Keras' mixed_float16 policy; Q-values stay float32).
     Ignored with a note on CPU, where float16 is slower; the exported policy is float32 either way."""
@@ -289,8 +288,8 @@ class RolloutConfig(StrictModel):
     steps: PositiveCount = 20_000
     """Environment steps to collect (calibration, distillation and TD fine-tuning sample these)."""
     epsilon: Probability = 0.3
-    """Share of random actions. Calibration needs states beyond the greedy path: on CartPole,
-    int8 calibrated on an epsilon=0.05 rollout lost half the return, on epsilon=0.3 none."""
+    """Share of random actions. Calibration needs states beyond the greedy path, which a nearly
+    greedy rollout seldom leaves (docs/quantization.md compares two values on CartPole)."""
 
 
 class BaselineConfig(StrictModel):
@@ -472,11 +471,11 @@ class FineTuneConfig(StrictModel):
 class CandidatesConfig(StrictModel):
     """Build the variant `count` times and keep the build that plays best on fresh episodes.
 
-    Why: a fine-tuned build is one draw of its seed. On LunarLander's seed 2, seven builds of
-    the same 32x32 int8 student ranged from +2.5 to -36.3 against a 1% margin of ~4.5, and their
-    paired differences on 200 fresh episodes ranked them as 3,200 evaluation episodes did
-    (benchmarks/student_replicas.py). Candidate k is built as a variant named NAME.cK would be
-    (its seeds follow its name), without loading a pruning other variants share."""
+    Why: a fine-tuned build is one draw of its seed, and builds of one variant can land on both
+    sides of the margin; a paired difference on fresh episodes ranks builds much as the full
+    evaluation does (docs/students.md, benchmarks/student_replicas.py). Candidate k is built as a
+    variant named NAME.cK would be (its seeds follow its name), without loading a pruning other
+    variants share."""
 
     count: _count(2) = 3
     """Builds to choose from; the variant costs that many builds."""
@@ -569,10 +568,10 @@ class MeasureConfig(StrictModel):
 
     saved_model_memory: Literal["all", "baseline"] = "all"
     """Whose SavedModel inference memory is probed: every policy's, or the baseline's only. Each
-    probe is a fresh process that imports TensorFlow (~8 s of CPU), and TensorFlow's runtime is
-    most of the figure (601-611 MiB across the demo's ten policies), so "baseline" spares a quick
-    run that cost and still shows what serving through TensorFlow takes. Every policy's TFLite
-    memory is probed either way."""
+    probe is a fresh process that imports TensorFlow, and TensorFlow's runtime is most of the
+    figure and much the same for every policy, so "baseline" spares a quick run those imports and
+    still shows what serving through TensorFlow takes (docs/measurements.md). Every policy's
+    TFLite memory is probed either way."""
 
 
 class Recipe(StrictModel):
