@@ -77,8 +77,7 @@ def configure_threads(intra_op: int | None) -> None:
     """Set TensorFlow's intra-op thread count (None keeps TensorFlow's default).
 
     Units that run side by side take one thread each so that they do not oversubscribe the CPUs;
-    one unit alone gains from more (the Zoo's CartPole update: ~25% faster on two threads than on
-    one, on 2 cores). Must run before the first TensorFlow op.
+    one unit alone gains from more (docs/training-cartpole.md). Must run before the first TensorFlow op.
     """
     if intra_op is None:
         return

@@ -104,17 +104,15 @@ def qat_fine_tune(variant: VariantConfig) -> FineTuneConfig:
     return ft.model_copy(update={"steps": q.qat_steps or ft.steps, "learning_rate": q.qat_learning_rate or ft.learning_rate})
 
 
-# What one gradient step of each kind costs, relative to a pruning step, measured on the CartPole
-# demo's 256x256 builds (2 cores): pruning 5.7 ms, QAT 7 ms, pruning-preserving QAT ~12 ms and
-# clustering 12.8 ms (tfmot's clustering wrapper finds every weight's centroid at each step).
+# What one gradient step of each kind costs, relative to a pruning step: clustering's wrapper finds
+# every weight's centroid at each step. The timings behind these ratios: docs/executors.md.
 STEP_COST = {"distill": 1.0, "prune": 1.0, "cluster": 2.2, "qat": 1.2, "pqat": 2.1, "cqat": 2.2}
 
 
 def build_cost(variant: VariantConfig, recipe: Recipe) -> float:
     """A variant's build cost in pruning-step units (its fine-tune, then QAT): a parallel build
     starts the costliest first, so that a long build does not start last and leave the other
-    workers idle. On the demo, counting a clustering step as a pruning step started cluster-16
-    after the other fine-tunes, and it ran alone for its last 23 s."""
+    workers idle (docs/executors.md)."""
     q = variant.quantize
     cost = 0.0
     if variant.prune or variant.cluster or variant.student:
@@ -216,7 +214,7 @@ def _pruned_and_recovered(variant: VariantConfig, model: tf_keras.Model, recipe:
     the baseline (pruning_key), load it.
 
     Why: variants often share their pruning (the demo's prune-90-int8 and pqat-90-int8 both prune
-    to 90% with the same 6,000-step fine-tune, ~35 s of a 2-core machine each), and the pruning
+    to 90% with the same 6,000-step fine-tune), and the pruning
     fine-tune is most of their build. A shared pruning's fine-tune is seeded by the key, not the
     variant's name; the builder that computes it loads it back from the file as every later one
     does; and the replay draws and random state the stages after it see are the same either way.

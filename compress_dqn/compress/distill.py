@@ -46,7 +46,7 @@ def make_distill_update_fn(
     student's softmax(Q / temperature), which ranks actions wherever their gap exceeds the
     temperature, plus the Q-values' squared error divided by their variance (value_scale). The
     second term keeps outputs on the Q scale: with near-hard targets, KL alone keeps widening
-    the student's gaps (LunarLander: Q errors of ~45), which then ruins int8 ranges.
+    the student's gaps (its Q errors grow large), which then ruins int8 ranges.
     """
     tau = tf.constant(temperature, tf.float32)
     inv_var = tf.constant(1.0 / max(value_scale, 1e-8), tf.float32)

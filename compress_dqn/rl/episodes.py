@@ -43,7 +43,7 @@ def run_episodes_side_by_side(q_values: QValues, env: EnvConfig, seeds: Iterable
     its own environment: one forward pass per step, over a row for every episode.
 
     Why: some actors cost the same per call at batch 1 as at batch 10 (a fake-quantized Keras
-    model: ~0.85 ms either way), so playing one episode at a time spends nearly all of a QAT
+    model), so playing one episode at a time spends nearly all of a QAT
     fine-tune's snapshot selection on call overhead. Each episode sees the same observations
     and takes the greedy action of its own row, so the returns equal run_episodes's wherever
     q_values gives a row the same values in a batch as alone. Every call gets every episode's

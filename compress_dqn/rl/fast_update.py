@@ -5,7 +5,7 @@ Same math as the generic update (updates.py): the same TD loss and its exact gra
 update of the optimizer's own slots and iteration counter, one gradient step after another. Only
 summation orders differ (float32 round-off, ~1e-7 relative); tests/test_train.py pins the two
 paths together. It exists only because XLA on CPU runs it faster than the GradientTape path
-(recipes/cartpole-zoo.yaml trains ~12% faster); delete it once that stops being true.
+(recipes/cartpole-zoo.yaml trains faster: docs/training-cartpole.md); delete it once that stops being true.
 """
 
 from __future__ import annotations

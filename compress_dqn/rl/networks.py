@@ -246,9 +246,9 @@ class NumpyActor:
     def refresh(self) -> None:
         """Copy the current weights (call after each training phase).
 
-        One compiled read of every variable, not model.get_weights() (one eager read each): a
-        LunarLander run refreshes after each of its 37,500 phases, and get_weights took ~1 ms of
-        each against ~0.2 ms (both on a busy 2-core machine). Same values, same order."""
+        One compiled read of every variable, not model.get_weights() (one eager read each): a run
+        refreshes after each of its tens of thousands of phases (docs/lunarlander-training.md).
+        Same values, same order."""
         if self._read_weights is None:
             variables = self._variables
             self._read_weights = tf.function(lambda: [tf.identity(v) for v in variables]).get_concrete_function()

@@ -322,9 +322,9 @@ class RunLog:
     """A run's progress line and TensorBoard scalars, with the recent episode returns they show."""
 
     phase_log_interval = 1000
-    """Env steps between TensorBoard points of the phases' mean loss and Q-value. One eager scalar
-    costs ~0.5 ms, three per phase as much as a LunarLander [256, 256] phase's gradient step: a
-    point per phase added ~70 s to a 200k-step run. SB3 also logs means over an interval."""
+    """Env steps between TensorBoard points of the phases' mean loss and Q-value. One eager scalar per
+    phase costs about as much as a small phase's gradient step (docs/lunarlander-training.md); SB3
+    also logs means over an interval."""
 
     def __init__(self, run: RunOptions, total_steps: int, state: TrainState) -> None:
         self.label = run.label

@@ -126,10 +126,9 @@ class Learner(Protocol):
 def call_update(update: UpdateFn, arrays: tuple[np.ndarray, ...]) -> tuple[tf.Tensor, tf.Tensor]:
     """update(*arrays), through the concrete function traced for these shapes and dtypes.
 
-    A tf.function call binds and hashes its arguments to find its trace each time (~0.5 ms on a
-    2-core machine). A LunarLander run calls once per 4 env steps, 37,500-50,000 times, and a call
-    with a [64, 64] network costs ~1.3 ms without that lookup, so it is done once per shape here.
-    The same graph runs, so results are identical.
+    A tf.function call binds and hashes its arguments to find its trace each time, which costs
+    about as much as a small network's update (docs/lunarlander-training.md), so it is done once
+    per shape here. The same graph runs, so results are identical.
     """
     if not hasattr(update, "get_concrete_function"):
         return update(*arrays)

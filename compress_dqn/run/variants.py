@@ -180,8 +180,8 @@ def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
 
     When they are built in a local pool, each worker also probes its variant's memory once built
     (a probe that fails is left to probe_memory), and the baseline's probe runs beside the
-    builds: on the 2-core demo the probes (a TensorFlow import each, for the SavedModel) took
-    ~40 s of wall time after the builds, part of it with one core idle. Ray units leave memory to
+    builds, so the probes (a TensorFlow import each, for the SavedModel) overlap the builds instead
+    of following them with a core idle (docs/executors.md). Ray units leave memory to
     probe_memory, so every policy's figure comes from the same machine. `pool`: a local pool
     started ahead (build_pool), else map_units starts one."""
     from concurrent.futures import ThreadPoolExecutor
@@ -231,7 +231,7 @@ def variant_workers(ctx: RunContext) -> int:
 
 
 def warm_build_worker() -> None:
-    """A build worker's imports, TensorFlow's among them (~6 s of CPU). No TensorFlow op runs,
+    """A build worker's imports, TensorFlow's among them. No TensorFlow op runs,
     so variant_unit can still set the worker's thread count."""
     import compress_dqn.compress.build  # noqa: F401
     import compress_dqn.deploy.export  # noqa: F401
@@ -243,8 +243,8 @@ def warm_build_worker() -> None:
 def build_pool(ctx: RunContext, workers: int) -> Iterator[Any]:
     """The local pool that will build ctx's variants, started now so that its workers import
     TensorFlow while this process trains the baseline (one TensorFlow thread on the demo: a core
-    stays free); None where builds do not run in a local pool. On the 2-core demo each worker
-    spent ~12 s starting after training, before its first build."""
+    stays free); None where builds do not run in a local pool. Started after training, each worker
+    would spend its import time before its first build (docs/executors.md)."""
     from compress_dqn.run.executors import start_local_pool
 
     todo = unbuilt_variants(ctx)
