@@ -87,7 +87,7 @@ def test_summary_measures_flash_arena_and_ops(policies):
     assert {"QUANTIZE", "FULLY_CONNECTED", "ARG_MAX", "ADD", "DEQUANTIZE"} == set(summary["ops"])
     # Measured, not guessed: TFLM runs in an arena of exactly that size and not in one byte less.
     data = policies["int8"].read_bytes()
-    probe = micro._ArenaProbe(data, 1)
+    probe = micro.ArenaProbe(data, 1)
     try:
         assert probe.runs(summary["arena_bytes"]) and not probe.runs(summary["arena_bytes"] - 1)
     finally:
@@ -286,7 +286,7 @@ def test_damaged_models_are_refused_not_crashed(policies):
     """TFLM follows the flatbuffer's offsets unchecked; flipped bytes must give an error, not a segfault."""
     code = (
         "import sys, numpy as np\n"
-        "from compress_dqn import micro\n"
+        "from compress_dqn.deploy import micro\n"
         "from compress_dqn.errors import UserError\n"
         "data = open(sys.argv[1], 'rb').read()\n"
         "rng = np.random.default_rng(0)\n"
