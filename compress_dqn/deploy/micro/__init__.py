@@ -13,7 +13,7 @@ and can round a small action gap the other way. Nothing here imports TensorFlow.
 """
 
 from compress_dqn.deploy.micro.arena import (
-    ARENA_MARGIN, ARENA_MARGIN_MIN, RAM_BUDGETS, ArenaProbe, measure_arena, micro_summary, with_margin,
+    ARENA_MARGIN, ARENA_MARGIN_MIN, FITS_COUNTS, RAM_BUDGETS, TFLM_RUNTIME_FLASH, ArenaProbe, flash_fits, measure_arena, micro_summary, with_margin,
 )
 from compress_dqn.deploy.micro.cpp import c_name, default_name, export_micro
 from compress_dqn.deploy.micro.model import (
@@ -23,7 +23,7 @@ from compress_dqn.deploy.micro.play import MicroPolicy
 from compress_dqn.deploy.micro.rewrite import Compression, int8_io_model, try_compression
 
 __all__ = [
-    "ARENA_MARGIN", "ARENA_MARGIN_MIN", "INSTALL_HINT", "RAM_BUDGETS", "RESOLVER_METHODS", "SIGNATURE", "ArenaProbe",
+    "ARENA_MARGIN", "ARENA_MARGIN_MIN", "FITS_COUNTS", "TFLM_RUNTIME_FLASH", "flash_fits", "INSTALL_HINT", "RAM_BUDGETS", "RESOLVER_METHODS", "SIGNATURE", "ArenaProbe",
     "Compression", "MicroPolicy", "ModelInfo", "available", "c_name", "default_name", "export_micro", "inspect_model",
     "int8_io_model", "measure_arena", "micro_summary", "try_compression", "with_margin",
 ]

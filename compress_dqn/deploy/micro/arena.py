@@ -24,6 +24,16 @@ RAM_BUDGETS = {"32KB": 32 * 1024, "256KB": 256 * 1024}
 ARENA_MARGIN = 0.25
 """Margin on the measured arena: 25%, at least 1 KiB (kernel scratch buffers differ per port)."""
 ARENA_MARGIN_MIN = 1024
+TFLM_RUNTIME_FLASH = {
+    "low_bytes": 16 * 1024, "high_bytes": 22 * 1024,
+    "source": "TFLite Micro overview (tensorflow.org/lite/microcontrollers/overview, now "
+              "ai.google.dev/edge/litert/microcontrollers/overview): the core runtime fits in 16 KB on an Arm "
+              "Cortex M3, 22 KB with the operators of its speech keyword model",
+}
+"""TFLM's own code in flash, which the model array does not count: a stated estimate from TFLM's docs,
+not measured here (it depends on the port, the compiler and the kernels linked in)."""
+FITS_COUNTS = ("fits[budget]: the tensor arena with margin fits RAM of that size; fits_flash[budget]: the model "
+               "array plus the TFLM runtime's high estimate fits flash of that size")
 
 
 class ArenaProbe:
@@ -144,16 +154,24 @@ def with_margin(arena_bytes: int) -> int:
     return -(-padded // 16) * 16
 
 
+def flash_fits(model_bytes: int) -> dict[str, bool]:
+    """Whether the model array plus TFLM's own code (its docs' high estimate) fits each flash budget."""
+    return {budget: model_bytes + TFLM_RUNTIME_FLASH["high_bytes"] <= size for budget, size in RAM_BUDGETS.items()}
+
+
 def micro_summary(tflite_path_or_bytes: str | Path | bytes) -> dict[str, Any]:
     """Whether TFLM runs this policy and what it costs; never raises for a model it cannot run.
 
     Returns {"runs", "arena_bytes" (measured; None when it does not run), "arena_bytes_with_margin",
-    "flash_bytes" (the model array's length; the TFLM library's code is extra), "ops", "reason",
-    "fits": {"32KB", "256KB"}} where fits compares the arena with margin against those RAM budgets.
+    "flash_bytes" (the model array's length), "runtime_flash_estimate" (TFLM's own code, from its docs),
+    "ops", "reason", "fits": {"32KB", "256KB"}, "fits_flash": the same keys, "fits_counts"} where fits
+    compares the arena with margin against those RAM budgets and fits_flash the model array plus the
+    runtime's high estimate against flash of that size.
     """
     result: dict[str, Any] = {"runs": False, "arena_bytes": None, "arena_bytes_with_margin": None,
-                              "flash_bytes": 0, "ops": [], "reason": None,
-                              "fits": {budget: False for budget in RAM_BUDGETS}}
+                              "flash_bytes": 0, "ops": [], "reason": None, "runtime_flash_estimate": TFLM_RUNTIME_FLASH,
+                              "fits": {budget: False for budget in RAM_BUDGETS},
+                              "fits_flash": {budget: False for budget in RAM_BUDGETS}, "fits_counts": FITS_COUNTS}
     try:
         data, label = read_tflite(tflite_path_or_bytes)
         result["flash_bytes"] = len(data)
@@ -168,6 +186,7 @@ def micro_summary(tflite_path_or_bytes: str | Path | bytes) -> dict[str, Any]:
         return result
     padded = with_margin(arena)
     result.update(runs=True, arena_bytes=arena, arena_bytes_with_margin=padded,
-                  fits={budget: padded <= size for budget, size in RAM_BUDGETS.items()})
+                  fits={budget: padded <= size for budget, size in RAM_BUDGETS.items()},
+                  fits_flash=flash_fits(len(data)))
     return result
 

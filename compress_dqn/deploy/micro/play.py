@@ -14,7 +14,7 @@ from compress_dqn.deploy.micro.model import (
     SIGNATURE, failure_reason, generous_arena, inspect_model, native_stderr, new_interpreter, refuse_missing,
 )
 from compress_dqn.deploy.policy import read_tflite
-from compress_dqn.deploy.tflite_metadata import input_normalization
+from compress_dqn.deploy.tflite_metadata import caller_normalization
 from compress_dqn.errors import UserError
 
 
@@ -41,7 +41,8 @@ class MicroPolicy:
         self.input_dtype = np.dtype(details["dtype"])
         self.input_quantization = _quant(details)
         self.quantized_input = self.input_quantization is not None and self.input_dtype.kind in "iu"
-        self.input_normalization = input_normalization(data, label, features=int(np.prod(self.obs_shape)))  # (mean, std) or None
+        # (mean, std) an int8-input policy's caller applies, or None; a float-input one has it in its graph.
+        self.input_normalization = caller_normalization(data, label, int(np.prod(self.obs_shape)), self.quantized_input)
         self.q_index, self.action_index = info.outputs["q_values"], info.outputs["action"]
         q_details = self._interp.get_output_details(self.q_index)
         self.n_actions = int(q_details["shape"][-1])
@@ -57,7 +58,7 @@ class MicroPolicy:
             raise UserError(f"{label}: {failure_reason(lines, error)}")
 
     def _prepare(self, obs: np.ndarray) -> np.ndarray:
-        if self.input_normalization is not None:  # as TFLitePolicy does: the model takes (obs - mean) / std
+        if self.input_normalization is not None:  # as TFLitePolicy does: the caller of an int8 input normalizes
             mean, std = self.input_normalization
             obs = (np.asarray(obs, np.float32).reshape(-1, mean.size) - mean) / std
         if self.quantized_input:  # as TFLitePolicy does, so both runtimes see the same integers

@@ -10,9 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from compress_dqn.deploy.graph_input import graph_normalization
 from compress_dqn.deploy.micro.arena import measure_arena
 from compress_dqn.deploy.micro.model import SIGNATURE, tflm_runtime
 from compress_dqn.deploy.micro.play import same_outputs
+from compress_dqn.deploy.tflite_metadata import with_input_normalization
 from compress_dqn.errors import UserError
 
 
@@ -68,17 +70,28 @@ class _Int8IO:
         return op if ok and op.inputs[0].quantization is not None and len(op.inputs[0].quantization.scales) == 1 else None
 
     def input(self) -> None:
-        """Drop the QUANTIZE after a float observation input."""
+        """Drop the QUANTIZE after a float observation input, and the normalization (SUB, DIV) before
+        it where the graph has one (the caller applies both: graph_input.py)."""
         obs = self.graph.inputs[0]
         if obs.dtype == self.types.FLOAT32:
-            users = self.graph.consumers_of(obs)
+            chain = self._normalization_ops(obs)
+            head = chain[-1].outputs[0] if chain else obs
+            users = self.graph.consumers_of(head)
             if len(users) != 1 or users[0].opcode != self.ops.QUANTIZE or users[0].outputs[0].dtype != self.types.INT8:
                 raise UserError(f"{self.label}: its float input is not quantized to int8 first (a float model?); {_INT8_IO_HINT}")
             self.replace[id(obs)] = users[0].outputs[0]
-            self.dropped.append(users[0])
+            self.dropped += [*chain, users[0]]
         elif obs.dtype != self.types.INT8:
             raise UserError(f"{self.label}: its input is {_type_name(self.schema, obs.dtype)}, not float32 or int8; "
                             "--int8-io cannot rewrite it")
+
+    def _normalization_ops(self, obs: Any) -> list[Any]:
+        """[SUB, DIV] where the observation is normalized by them alone (graph_input.py), else []."""
+        users = self.graph.consumers_of(obs)
+        if len(users) != 1 or users[0].opcode != self.ops.SUB:
+            return []
+        after = self.graph.consumers_of(users[0].outputs[0])
+        return [users[0], after[0]] if len(after) == 1 and after[0].opcode == self.ops.DIV else []
 
     def output(self) -> None:
         """Drop the DEQUANTIZE before float q_values, or make a split head's float ADD an int8 one."""
@@ -125,6 +138,7 @@ class _Int8IO:
         graph.operators = [op for op in graph.operators if not any(op is gone for gone in self.dropped)]
         used = {id(t) for op in graph.operators for t in [*op.inputs, *op.outputs] if t is not None}
         orphans = {id(t) for op in self.dropped for t in op.outputs} | set(replace)
+        orphans |= {id(t) for op in self.dropped for t in op.inputs if t is not None and t.buffer is not None}  # mean, std
         graph.tensors = [t for t in graph.tensors if id(t) in used or id(t) not in orphans]
         graph.inputs = [replace.get(id(t), t) for t in graph.inputs]
         graph.outputs = [replace.get(id(t), t) for t in graph.outputs]
@@ -138,7 +152,8 @@ def int8_io_model(data: bytes, label: str = "<bytes>") -> bytes:
     """The same full-integer policy with int8 observation input and int8 q_values output.
 
     Why: a device without an FPU should never convert floats. Removes the QUANTIZE after the float
-    input and the DEQUANTIZE before the float q_values, as the TFLite converter does for
+    input (and the normalization in front of it, which then travels as the metadata the caller
+    follows, see tflite_metadata.caller_normalization) and the DEQUANTIZE before the float q_values, as the TFLite converter does for
     inference_input_type=int8. A QAT split head (q = DEQUANTIZE(advantage) + DEQUANTIZE(value) in
     float) gets an int8 ADD instead, its output range the sum of the two heads' ranges: q_values
     move by at most half a step of that range, the `action` (argmax of the int8 advantage) not at
@@ -154,7 +169,11 @@ def int8_io_model(data: bytes, label: str = "<bytes>") -> bytes:
     if not rewrite.replace:
         return data
     rewrite.apply()
-    return _aligned(bytes(model.build()))
+    rewritten = bytes(model.build())
+    normalization = graph_normalization(data)
+    if normalization is not None:  # its ops are gone: the caller normalizes before quantizing
+        rewritten = with_input_normalization(rewritten, *normalization)
+    return _aligned(rewritten)
 
 
 def _type_name(schema: Any, code: int) -> str:
