@@ -121,10 +121,14 @@ class TFLitePolicy:
         return np.array(self._interp.get_tensor(self._action["index"]))
 
     def act(self, obs: np.ndarray) -> int:
-        # The per-step hot path: LiteRT's own set+invoke+get is 2-8 us, so this adds three checks
-        # and a view (obs[None]) to it, no copy, no conversion; anything else takes _act_slowly.
-        if self._fast and type(obs) is np.ndarray and obs.dtype == self.input_dtype and obs.shape == self.obs_shape:
-            self._set_tensor(self._in_index, obs[None])
+        # The per-step hot path: LiteRT's own set+invoke+get is 2-8 us. This adds a view (obs[None])
+        # and no check of its own: set_tensor refuses a wrong dtype or shape (ValueError), and
+        # anything not an array of the input's dtype and shape takes _act_slowly.
+        if self._fast:
+            try:
+                self._set_tensor(self._in_index, obs[None])
+            except (ValueError, TypeError, IndexError, KeyError):
+                return self._act_slowly(obs)
             self._invoke()
             return self._get_tensor(self._action_index).item()
         return self._act_slowly(obs)

@@ -75,6 +75,23 @@ def add_metadata(data: bytes, name: str, payload: bytes) -> bytes:
     return pack_model(model, len(data) + len(payload))
 
 
+def without_metadata(data: bytes, name: str) -> bytes:
+    """The model without metadata entry `name` (its buffer left empty), or the bytes as they are."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    if name.encode() not in data:
+        return data
+    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    kept = []
+    for entry in model.metadata or []:
+        if (entry.name.decode() if isinstance(entry.name, bytes) else entry.name) == name:
+            model.buffers[entry.buffer].data = None
+        else:
+            kept.append(entry)
+    model.metadata = kept
+    return pack_model(model, len(data))
+
+
 def input_normalization(data: bytes, label: str = "<bytes>", features: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """(mean, std) per input feature, if the model expects normalized observations; checked to be
     finite, with std > 0 and (given `features`, the model's input size) one pair per feature, so
