@@ -98,7 +98,9 @@ def usage_text(filename: str, policy: TFLitePolicy, action_output: int) -> str:
 # {filename}
 
 A DQN policy: one observation of shape {list(policy.obs_shape)} ({policy.input_dtype.name}) in, Q-values
-for {policy.n_actions} actions and the greedy action (int32) out. {note}
+for {policy.n_actions} actions and the greedy action (int32) out. {note} Play the `action` output:
+an int8 policy's Q-values are rounded on a coarser scale than the head that chooses the action,
+so their argmax can tie where the action does not.
 
 ## Python (LiteRT: `pip install ai-edge-litert`)
 
