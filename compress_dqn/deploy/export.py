@@ -101,11 +101,11 @@ def export_policy(model: Any, info: Any, out: Path, built: Any = None, check_obs
     """SavedModel + TFLite for one model (a BuiltVariant says how to convert; None: fp32).
 
     Both take raw observations. The TFLite file is converted from built.tflite_model(), which
-    takes normalized observations where the variant has an input normalization; the file gets it
-    back as graph ops in front of its input (graph_input.carry_input_normalization) and chooses the action on its own head where it has one
-    (quantize.action_head). With built.try_sparse_format, the TFLite sparse weight format is
-    kept only if it is smaller AND the runtime loads it and computes the same Q-values (XNNPACK
-    cannot prepare every sparse layout).
+    takes normalized observations where the variant has an input normalization (the file gets it
+    back as ops in front of its input: graph_input.carry_input_normalization), and chooses the
+    action on its own head where it has one (quantize.action_head). With built.try_sparse_format,
+    the TFLite sparse weight format is kept only if it is smaller AND the runtime loads it and
+    computes the same Q-values (XNNPACK cannot prepare every sparse layout).
     """
     from compress_dqn.deploy.graph_input import carry_input_normalization
 

@@ -74,7 +74,8 @@ def with_normalization_ops(data: bytes, mean: np.ndarray, std: np.ndarray) -> by
 
 def _tensor(schema: Any, like: Any, name: bytes, buffer: int) -> Any:
     tensor = schema.TensorT()
-    tensor.shape, tensor.shapeSignature = np.array(like.shape), None if like.shapeSignature is None else np.array(like.shapeSignature)
+    tensor.shape = np.array(like.shape)
+    tensor.shapeSignature = None if like.shapeSignature is None else np.array(like.shapeSignature)
     tensor.type, tensor.buffer, tensor.name = schema.TensorType.FLOAT32, buffer, name
     return tensor
 
@@ -84,14 +85,15 @@ def _constant(schema: Any, model: Any, values: np.ndarray, name: bytes) -> Any:
     buffer.data = np.frombuffer(values.astype("<f4").tobytes(), dtype=np.uint8)
     model.buffers.append(buffer)
     tensor = schema.TensorT()
-    tensor.shape, tensor.type, tensor.buffer, tensor.name = np.array([values.size], np.int32), schema.TensorType.FLOAT32, len(model.buffers) - 1, name
+    tensor.shape, tensor.type, tensor.name = np.array([values.size], np.int32), schema.TensorType.FLOAT32, name
+    tensor.buffer = len(model.buffers) - 1
     return tensor
 
 
 def _op(schema: Any, model: Any, code: int, inputs: list[int], outputs: list[int], options_type: int, options: Any) -> Any:
     """An operator of builtin `code` (its operator code added to the model where missing; version 1: float)."""
     codes = model.operatorCodes
-    index = next((i for i, c in enumerate(codes) if max(c.builtinCode, c.deprecatedBuiltinCode) == code and not c.customCode), None)
+    index = next((i for i, c in enumerate(codes) if _builtin(c) == code and not c.customCode), None)
     if index is None:
         entry = schema.OperatorCodeT()
         entry.builtinCode, entry.deprecatedBuiltinCode, entry.version = code, min(code, 127), 1
@@ -103,6 +105,11 @@ def _op(schema: Any, model: Any, code: int, inputs: list[int], outputs: list[int
     return op
 
 
+def _builtin(code: Any) -> int:
+    """An operator code's builtin op (the schema keeps codes below 127 in a deprecated field too)."""
+    return max(code.builtinCode, code.deprecatedBuiltinCode)
+
+
 def graph_normalization(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     """(mean, std) of a normalization with_normalization_ops put in front of the model's input, or None."""
     from ai_edge_litert import schema_py_generated as schema
@@ -112,13 +119,14 @@ def graph_normalization(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     ops = graph.operators or []
     if len(ops) < 2:
         return None
-    kinds = [max(model.operatorCodes[op.opcodeIndex].builtinCode, model.operatorCodes[op.opcodeIndex].deprecatedBuiltinCode) for op in ops[:2]]
+    kinds = [_builtin(model.operatorCodes[op.opcodeIndex]) for op in ops[:2]]
     sub, div = ops[:2]
     if (kinds != [schema.BuiltinOperator.SUB, schema.BuiltinOperator.DIV] or int(sub.inputs[0]) != int(graph.inputs[0])
             or int(div.inputs[0]) != int(sub.outputs[0])):
         return None
 
     def values(index: int) -> np.ndarray:
-        return np.frombuffer(bytes(model.buffers[graph.tensors[index].buffer].data), dtype="<f4").astype(np.float32)
+        data = model.buffers[graph.tensors[index].buffer].data
+        return np.frombuffer(bytes(data), dtype="<f4").astype(np.float32)
 
     return values(int(sub.inputs[1])), values(int(div.inputs[1]))

@@ -121,7 +121,7 @@ class TFLitePolicy:
         return np.array(self._interp.get_tensor(self._action["index"]))
 
     def act(self, obs: np.ndarray) -> int:
-        # The per-step hot path: LiteRT's own set+invoke+get is 2-8 us. This adds a view (obs[None])
+        # The per-step hot path: LiteRT's own set+invoke+get is a few microseconds. This adds a view (obs[None])
         # and no check of its own: set_tensor refuses a wrong dtype or shape (ValueError), and
         # anything not an array of the input's dtype and shape takes _act_slowly.
         if self._fast:
