@@ -172,7 +172,9 @@ def headline(results: RunResults) -> list[str]:
         why = " (paired episodes, if the mean difference and its spread hold)" if estimated else ""
         lines.append(f"Not decided within {results.eval['max_episodes']} episodes: {', '.join(names)}{why}.")
     on_micro = [r for r in keepers if r["micro_arena_bytes"] is not None]
-    runtime = 22 * 1024  # TFLM's own code, the high end of its docs' 16-22 KB (deploy.micro.TFLM_RUNTIME_FLASH)
+    from compress_dqn.deploy.micro import TFLM_RUNTIME_FLASH
+
+    runtime = TFLM_RUNTIME_FLASH["high_bytes"]  # TFLM's own code in flash, the high end of its docs' estimate
     for budget in (32 * 1024, 256 * 1024):
         fits = [r for r in on_micro if r["micro_arena_bytes"] <= budget and r["micro_flash_bytes"] + runtime <= budget]
         if fits:
