@@ -342,8 +342,8 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
     import numpy as np
 
     from compress_dqn.run.manifest import check_artifact
-    from compress_dqn.evaluation.measure import dir_bytes, gzip_bytes, measure_latency, measure_memory
-    from compress_dqn.deploy.policy import TFLitePolicy, load_policy
+    from compress_dqn.evaluation.measure import compare_with_litert, dir_bytes, gzip_bytes, measure_latency, measure_memory
+    from compress_dqn.deploy.policy import TFLitePolicy, load_policy, read_tflite
 
     check_artifact(policy)
     loaded = load_policy(policy)
@@ -359,6 +359,8 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
         "runtime": runtime,
         "size": {"bytes": dir_bytes(policy), "gzip_bytes": gzip_bytes(policy) if runtime == "tflite" else None},
         "latency_us": measure_latency(loaded, obs, calls=calls).to_dict(),
+        # Our act() beside LiteRT's bare invoke and set+invoke+get on the same file: the loader's overhead.
+        "litert_us": compare_with_litert(loaded, read_tflite(policy)[0], obs) if runtime == "tflite" else None,
         "memory_bytes": measure_memory(policy, runtime) if memory else None,
     }
     click.echo(json.dumps(report))
@@ -366,20 +368,34 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
 
 @main.command()
 @click.argument("policy", type=click.Path(path_type=Path))
-@click.option("--target", type=click.Choice(["micro"]), default="micro", show_default=True,
-              help="micro: C++ for TensorFlow Lite Micro (model array, header, example, README).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory (default: micro/NAME).")
-@click.option("--int8-io", is_flag=True, help="int8 observation input and q_values output (full-integer policies).")
-@click.option("--name", help="C++ identifier for the files and namespace (default: the variant or file name).")
+@click.option("--target", type=click.Choice(["micro", "tflite"]), default="micro", show_default=True,
+              help="micro: C++ for TensorFlow Lite Micro (model array, header, example, README). "
+                   "tflite: the one self-contained .tflite to ship, with LiteRT usage for Python and C++.")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="micro: output directory (default: micro/NAME); tflite: the file (default: ./NAME.tflite).")
+@click.option("--int8-io", is_flag=True, help="micro: int8 observation input and q_values output (full-integer policies).")
+@click.option("--name", help="micro: C++ identifier for the files and namespace (default: the variant or file name).")
 @click.option("--compress", "tflm_compress", is_flag=True,
-              help="Keep TFLM's look-up-table weight compression when it shrinks the model losslessly.")
+              help="micro: keep TFLM's look-up-table weight compression when it shrinks the model losslessly.")
 @_user_errors
 def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None, tflm_compress: bool) -> None:
-    """Export a .tflite policy for a microcontroller, with measured flash and RAM; prints JSON."""
+    """Export a .tflite policy to ship (tflite) or for a microcontroller with measured flash and RAM (micro); prints JSON."""
     from compress_dqn.run.manifest import check_artifact
-    from compress_dqn.deploy.micro import export_micro
 
     check_artifact(policy)
+    if target == "tflite":
+        from compress_dqn.deploy.ship import export_tflite_file
+
+        if int8_io or name or tflm_compress:
+            raise UserError("--int8-io, --name and --compress are for --target micro; drop them for --target tflite")
+        if out is not None and out.is_dir():
+            raise UserError(f"{out}: is a directory; --out names the .tflite file to write")
+        click.echo(json.dumps(export_tflite_file(policy, out)))
+        return
+    from compress_dqn.deploy.micro import export_micro
+
+    if out is not None and out.exists() and not out.is_dir():
+        raise UserError(f"{out}: is a file; --out names the directory for the micro export")
     click.echo(json.dumps(export_micro(policy, out, int8_io=int8_io, name=name, compress=tflm_compress)))
 
 

@@ -83,3 +83,18 @@ def test_batch_actions_equal_one_by_one_actions(exported):
     obs = np.random.default_rng(3).normal(0, 2, size=(200, 4)).astype(np.float32)
     for policy in (load_policy(out / "saved_model"), load_policy(out / "policy.tflite")):
         assert policy.actions(obs).tolist() == [policy.act(o) for o in obs]
+
+
+def test_act_takes_any_observation_form_and_acts_alike(exported):
+    """act()'s fast path hands the array to LiteRT unchecked: other dtypes, shapes and lists go the slow way."""
+    _, out = exported
+    policy = load_policy(out / "policy.tflite")
+    obs = np.random.default_rng(4).normal(0, 2, size=(50, 4)).astype(np.float32)
+    expected = policy.actions(obs).tolist()
+    for form in (lambda o: o, lambda o: o.astype(np.float64), lambda o: o[None], lambda o: o.tolist(),
+                 lambda o: np.asfortranarray(o[None])[0]):
+        assert [policy.act(form(o)) for o in obs] == expected
+    policy.actions(obs)  # batch 50: act() must resize back to 1
+    assert [policy.act(o) for o in obs] == expected
+    with pytest.raises((ValueError, UserError)):
+        policy.act(np.zeros(5, np.float32))

@@ -70,6 +70,16 @@ def policies(tmp_path_factory):
     converter = tf.lite.TFLiteConverter.from_concrete_functions([module.serve.get_concrete_function()], module)
     paths["prod"] = out / "prod.tflite"
     paths["prod"].write_bytes(converter.convert())
+    # As the pipeline exports a normalized int8 policy: calibrated on (obs - mean) / std, which the
+    # file computes itself in front of its input (graph_input.py).
+    from compress_dqn.deploy.graph_input import carry_input_normalization
+    from compress_dqn.compress.rewrites import fold_input_normalization
+
+    mean, std = np.array([0.1, -0.5, 0.02, 0.3], np.float32), np.array([2.0, 1.0, 0.05, 0.5], np.float32)
+    folded = fold_input_normalization(model, mean, std)
+    raw = _export(folded, out / "normalized_graph.tflite", converter_setup(QuantizeConfig(mode="int8"), calibration))
+    paths["normalized"] = out / "normalized.tflite"
+    paths["normalized"].write_bytes(carry_input_normalization(raw.read_bytes(), mean, std))
     return paths
 
 
@@ -88,7 +98,7 @@ def test_summary_measures_flash_arena_and_ops(policies):
     assert {"QUANTIZE", "FULLY_CONNECTED", "ARG_MAX", "ADD", "DEQUANTIZE"} == set(summary["ops"])
     # Measured, not guessed: TFLM runs in an arena of exactly that size and not in one byte less.
     data = policies["int8"].read_bytes()
-    probe = micro._ArenaProbe(data, 1)
+    probe = micro.ArenaProbe(data, 1)
     try:
         assert probe.runs(summary["arena_bytes"]) and not probe.runs(summary["arena_bytes"] - 1)
     finally:
@@ -287,7 +297,7 @@ def test_damaged_models_are_refused_not_crashed(policies):
     """TFLM follows the flatbuffer's offsets unchecked; flipped bytes must give an error, not a segfault."""
     code = (
         "import sys, numpy as np\n"
-        "from compress_dqn import micro\n"
+        "from compress_dqn.deploy import micro\n"
         "from compress_dqn.errors import UserError\n"
         "data = open(sys.argv[1], 'rb').read()\n"
         "rng = np.random.default_rng(0)\n"
@@ -335,3 +345,57 @@ def test_without_tflite_micro_the_command_says_how_to_install(monkeypatch, tmp_p
         code, _, err = _cli(*args)
         assert code == 2 and err.count("\n") == 1 and "pip install 'compress-dqn[micro]'" in err, err
     assert micro.micro_summary(policy)["reason"].endswith("pip install 'compress-dqn[micro]'")
+
+
+NORMALIZED_SCALES = np.array([2.0, 1.0, 0.05, 0.5], np.float32)
+
+
+@needs_tflm
+def test_a_normalized_policy_runs_on_tflm_from_raw_observations_and_its_int8_io_export_says_how(policies, tmp_path):
+    """On TFLM the file normalizes raw observations itself (SUB, DIV); with --int8-io those ops go and
+    the header, example and README give the caller the mean, std, scale and zero point."""
+    raw = (np.random.default_rng(6).normal(0, 1, size=(1000, 4)) * NORMALIZED_SCALES).astype(np.float32)
+    summary = micro.micro_summary(policies["normalized"])
+    assert summary["ops"][:3] == ["SUB", "DIV", "QUANTIZE"]
+    expected = LiteRTBuiltin(policies["normalized"]).actions(raw)
+    assert len(set(expected.tolist())) == 2
+    np.testing.assert_array_equal(micro.MicroPolicy(policies["normalized"]).actions(raw), expected)
+    out = tmp_path / "n"
+    code, stdout, err = _cli("export", str(policies["normalized"]), "--out", str(out), "--int8-io", "--name", "n")
+    assert code == 0, err
+    report = json.loads(stdout)
+    assert report["ops"] == ["FULLY_CONNECTED", "ARG_MAX", "ADD"] and report["input"]["dtype"] == "int8"
+    deployed = micro.MicroPolicy(out / "n.tflite")
+    np.testing.assert_allclose(deployed.input_normalization[1], [2.0, 1.0, 0.05, 0.5])
+    np.testing.assert_array_equal(deployed.actions(raw), expected)
+    header, example = (out / "n_model.h").read_text(), (out / "n_example.cc").read_text()
+    assert "constexpr float input_mean[4]" in header and "constexpr float input_std[4]" in header
+    assert "n_quantize(raw, observation);" in example and "the caller normalizes" in (out / "README.md").read_text()
+    if shutil.which("g++") is None:
+        pytest.skip("no host C++ compiler (g++) to compile the generated quantize helper")
+    # The example's n_quantize() gives the int8 input MicroPolicy feeds TFLM for the same raw observations.
+    helper = example[example.index("void n_quantize("):example.index("#ifndef N_NO_MAIN")]
+    (tmp_path / "q.cc").write_text(
+        '#include <cmath>\n#include <cstdint>\n#include <cstdio>\n#include "n_model.h"\n' + helper +
+        "int main() {\n  float raw[4];\n  int8_t q[4];\n"
+        "  while (std::scanf(\"%f %f %f %f\", &raw[0], &raw[1], &raw[2], &raw[3]) == 4) {\n"
+        "    n_quantize(raw, q);\n    std::printf(\"%d %d %d %d\\n\", q[0], q[1], q[2], q[3]);\n  }\n}\n")
+    build = subprocess.run(["g++", "-std=c++17", "-Wall", "-Werror", f"-I{out}", str(tmp_path / "q.cc"), "-o",
+                            str(tmp_path / "q")], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    text = "\n".join(" ".join(f"{v:.9g}" for v in row) for row in raw[:300])
+    done = subprocess.run([str(tmp_path / "q")], input=text, capture_output=True, text=True)
+    got = np.array([[int(v) for v in line.split()] for line in done.stdout.splitlines()])
+    np.testing.assert_array_equal(got, np.stack([deployed._prepare(o).reshape(4) for o in raw[:300]]))
+
+
+@needs_tflm
+def test_the_summary_states_tflm_s_own_flash_and_what_fits_counts(policies):
+    summary = micro.micro_summary(policies["int8"])
+    estimate = summary["runtime_flash_estimate"]
+    assert estimate["low_bytes"] == 16 * 1024 and estimate["high_bytes"] == 22 * 1024 and "Cortex M3" in estimate["source"]
+    assert summary["fits_flash"] == {budget: summary["flash_bytes"] + 22 * 1024 <= size
+                                     for budget, size in micro.RAM_BUDGETS.items()}
+    assert "RAM" in summary["fits_counts"] and "flash" in summary["fits_counts"]
+    assert micro.flash_fits(10 * 1024) == {"32KB": True, "256KB": True}
+    assert micro.flash_fits(11 * 1024) == {"32KB": False, "256KB": True}  # 11 KB + 22 KB of runtime > 32 KB

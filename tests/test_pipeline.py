@@ -85,11 +85,12 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
         assert 0 < student["micro"]["arena_bytes"] < student["micro"]["arena_bytes_with_margin"]
         assert not fp16["micro"]["runs"] and "float16 models do not run on TFLM" in fp16["micro"]["reason"]
 
-    # The int8 student takes normalized observations; its file says so and the loader applies it.
-    policy = TFLitePolicy(tmp_path / "run" / student["artifacts"]["tflite"])
-    mean, std = policy.input_normalization
+    # The int8 student normalizes raw observations in its own graph (SUB, DIV in front of its input).
+    from compress_dqn.deploy.graph_input import graph_normalization
+
+    mean, std = graph_normalization((tmp_path / "run" / student["artifacts"]["tflite"]).read_bytes())
     assert student["compression"]["input_normalization"] == {"mean": mean.tolist(), "std": std.tolist(), "scaling": "std"}
-    assert TFLitePolicy(tmp_path / "run" / fp16["artifacts"]["tflite"]).input_normalization is None
+    assert graph_normalization((tmp_path / "run" / fp16["artifacts"]["tflite"]).read_bytes()) is None
 
     # Agreement is measured on held-out episodes, not on the evaluation's.
     assert results["eval"]["heldout_seed"] == 1_000_000

@@ -6,6 +6,7 @@ import pytest
 from compress_dqn.compress.build import build_variant
 from compress_dqn.compress.build import dense_kernels
 from compress_dqn.deploy.export import export_policy
+from compress_dqn.deploy.graph_input import graph_normalization
 from compress_dqn.deploy.policy import TFLitePolicy
 
 from conftest import variant
@@ -36,7 +37,7 @@ def agreement(path, trained_tiny):
 def test_int8_has_int8_weights_and_keeps_actions(trained_tiny, tmp_path):
     path, built = tflite_for(trained_tiny, tmp_path, quantize={"mode": "int8", "calibration_samples": 200})
     assert "int8" in weight_dtypes(path)
-    assert built.input_normalization is not None and TFLitePolicy(path).input_normalization is not None
+    assert built.input_normalization is not None and graph_normalization(path.read_bytes()) is not None  # in its graph
     assert agreement(path, trained_tiny) > 0.9
 
 
@@ -61,7 +62,7 @@ def test_int8_action_head_and_range_scaling(trained_tiny, tmp_path):
     scale, zero_point = tensors[arg_max["inputs"][0]]["quantization"]
     assert zero_point == -128 and scale == pytest.approx(6 / 255, rel=1e-3)
     policy = TFLitePolicy(path)
-    center, half = policy.input_normalization  # the loader applies (obs - midrange) / half-range
+    center, half = graph_normalization(path.read_bytes())  # the file computes (obs - midrange) / half-range
     np.testing.assert_allclose(center, built.input_normalization[0])
     np.testing.assert_allclose(np.abs(built.calibration).max(0), 1.0, atol=1e-5)
     assert agreement(path, trained_tiny) > 0.9
@@ -127,10 +128,10 @@ def test_other_modes_convert_and_act(trained_tiny, tmp_path, mode):
 
 def test_qat_runs_on_normalized_input(trained_tiny, tmp_path):
     """QAT gives each input feature its own range as post-training int8 does: the fine-tune trains
-    the fake-quantized model behind a fixed normalization layer, the .tflite takes normalized
-    observations (its metadata says how) and computes what the SavedModel computes on raw ones."""
+    the fake-quantized model behind a fixed normalization layer, and the .tflite (which normalizes
+    raw observations in its graph) computes what the SavedModel computes on raw ones."""
     path, built = tflite_for(trained_tiny, tmp_path, quantize={"mode": "qat", "qat_steps": 50}, fine_tune={"steps": 50})
-    assert built.input_normalization is not None and TFLitePolicy(path).input_normalization is not None
+    assert built.input_normalization is not None and graph_normalization(path.read_bytes()) is not None  # in its graph
     _, result = trained_tiny
     obs = result.replay.gather(result.replay.sample_indices(300)).observations
     advantage, value = built.export_model(obs)  # the split head, on raw observations

@@ -1,5 +1,10 @@
-"""Input normalization of integer policies: written into the .tflite, applied by the loader, and
-why it exists (one int8 input scale for features of very different ranges loses the small ones)."""
+"""Input normalization of integer policies: inside the .tflite's graph (any runtime plays it on raw
+observations), metadata only for an int8 input's caller, and why it exists (one int8 input scale for
+features of very different ranges loses the small ones)."""
+
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,7 +16,10 @@ from compress_dqn.compress.rewrites import fold_input_normalization, input_stati
 from compress_dqn.rl.networks import build_q_network
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.recipe.schema import QuantizeConfig
-from compress_dqn.deploy.tflite_metadata import add_metadata, input_normalization, read_metadata, with_input_normalization
+from compress_dqn.deploy.graph_input import carry_input_normalization, graph_normalization
+from compress_dqn.deploy.tflite_metadata import (
+    INPUT_NORMALIZATION, add_metadata, input_normalization, read_metadata, with_input_normalization,
+)
 
 SCALES = np.array([2.0, 2.0, 0.02, 0.05], np.float32)  # CartPole-like: small angle features matter most
 
@@ -36,7 +44,8 @@ def observations(n, seed):
 
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory):
-    """fp32, plain int8 and normalized int8 TFLite files of one model."""
+    """fp32, plain int8 and normalized int8 TFLite files of one model, the latter's graph before its
+    normalization went in, and (mean, std)."""
     out = tmp_path_factory.mktemp("meta")
     model, calibration = sensitive_model(), observations(500, 1)
     export_saved_model(model, (4,), np.float32, out / "raw")
@@ -45,11 +54,12 @@ def policies(tmp_path_factory):
     mean, std = input_statistics(calibration)
     export_saved_model(fold_input_normalization(model, mean, std), (4,), np.float32, out / "normalized")
     normalized = convert_tflite(out / "normalized", converter_setup(QuantizeConfig(mode="int8"), (calibration - mean) / std))
-    return fp32, int8, with_input_normalization(normalized, mean, std), (mean, std)
+    int8_io = convert_tflite(out / "normalized", converter_setup(QuantizeConfig(mode="int8", int8_io=True), (calibration - mean) / std))
+    return fp32, int8, carry_input_normalization(normalized, mean, std), (mean, std), normalized, int8_io
 
 
 def test_metadata_round_trip_keeps_the_model_runnable(policies):
-    fp32, _, _, _ = policies
+    fp32 = policies[0]
     assert read_metadata(fp32, "x") is None and input_normalization(fp32) is None
     tagged = add_metadata(fp32, "x", b"hello")
     assert read_metadata(add_metadata(tagged, "x", b"again"), "x") == b"again"  # replaced, not duplicated
@@ -58,12 +68,13 @@ def test_metadata_round_trip_keeps_the_model_runnable(policies):
 
 
 def test_normalized_int8_keeps_the_actions_plain_int8_loses(policies):
-    fp32, int8, normalized, (mean, std) = policies
+    fp32, int8, normalized, (mean, std), _, _ = policies
     held_out = observations(2000, 3)  # not the calibration states
     reference = TFLitePolicy(fp32).actions(held_out)
     plain = TFLitePolicy(int8)
     policy = TFLitePolicy(normalized)
-    np.testing.assert_allclose(policy.input_normalization[0], mean)
+    np.testing.assert_allclose(graph_normalization(normalized)[0], mean)
+    assert policy.input_normalization is None and INPUT_NORMALIZATION.encode() not in normalized  # in the graph
     plain_agreement = np.mean(plain.actions(held_out) == reference)
     agreement = np.mean(policy.actions(held_out) == reference)
     assert 0.2 < np.mean(reference) < 0.8  # both actions occur
@@ -72,7 +83,7 @@ def test_normalized_int8_keeps_the_actions_plain_int8_loses(policies):
 
 
 def test_a_normalization_that_does_not_fit_the_input_is_refused(policies):
-    fp32, _, _, _ = policies
+    fp32 = policies[0]
     bad = with_input_normalization(fp32, np.zeros(3), np.ones(3))
     with pytest.raises(UserError, match="3 features"):
         TFLitePolicy(bad)
@@ -85,7 +96,7 @@ def test_a_normalization_that_does_not_fit_the_input_is_refused(policies):
 
 def test_normalization_metadata_is_exact_and_short(policies):
     """The loader reads back exactly the float32 statistics written, at float32's shortest decimals."""
-    fp32, _, _, _ = policies
+    fp32 = policies[0]
     rng = np.random.default_rng(7)
     mean = (rng.normal(0, 1, 8) * np.logspace(-7, 5, 8)).astype(np.float32)
     std = (rng.uniform(0.5, 2, 8) * np.logspace(-6, 4, 8)).astype(np.float32)
@@ -124,3 +135,66 @@ def test_slim_tensor_names_keep_the_computation(tmp_path, mode):
     inner = [t.name.decode() for i, t in enumerate(graph.tensors) if i not in set(graph.inputs) | set(graph.outputs)]
     assert inner and all(name == f"t{i}" for name, i in zip(inner, [i for i in range(len(graph.tensors))
                                                                      if i not in set(graph.inputs) | set(graph.outputs)]))
+
+
+def _plain(data: bytes, obs: np.ndarray, reference_kernels: bool) -> np.ndarray:
+    """Actions from LiteRT's Interpreter alone, as anyone's code would get them (no compress-dqn loader)."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    kind = OpResolverType.BUILTIN_REF if reference_kernels else OpResolverType.AUTO
+    runner = Interpreter(model_content=data, experimental_op_resolver_type=kind).get_signature_runner("serving_default")
+    return np.concatenate([runner(observations=row[None])["action"] for row in obs])
+
+
+def test_a_normalized_policy_plays_raw_observations_in_plain_litert_and_tflm(policies):
+    """The normalization ops compute what the loader did in numpy, bit for bit: same actions on raw
+    observations as the graph without them on (obs - mean) / std, with reference and XNNPACK kernels."""
+    from compress_dqn.deploy import micro
+
+    _, _, normalized, (mean, std), before, _ = policies
+    raw = observations(1000, 4)
+    for reference in (True, False):
+        np.testing.assert_array_equal(_plain(normalized, raw, reference), _plain(before, (raw - mean) / std, reference))
+    assert 0.2 < np.mean(_plain(normalized, raw, True)) < 0.8
+    if micro.available():
+        np.testing.assert_array_equal(micro.MicroPolicy(normalized).actions(raw), _plain(normalized, raw, True))
+
+
+def test_an_int8_input_keeps_its_normalization_as_metadata_for_its_caller(policies):
+    """An int8 input is quantized by its caller, so the caller normalizes: the loader does it for it."""
+    _, _, _, (mean, std), _, int8_io = policies
+    carried = carry_input_normalization(int8_io, mean, std)
+    assert graph_normalization(carried) is None and input_normalization(carried) is not None
+    policy = TFLitePolicy(carried)
+    held_out = observations(1000, 3)
+    assert policy.input_dtype == np.int8
+    assert np.mean(policy.actions(held_out) == TFLitePolicy(policies[0]).actions(held_out)) >= 0.95
+
+
+def test_an_older_file_needing_its_loader_is_refused_and_export_tflite_makes_it_self_contained(policies, tmp_path):
+    from compress_dqn.cli import main
+    from click.testing import CliRunner
+
+    _, _, _, (mean, std), before, _ = policies
+    legacy = tmp_path / "legacy.tflite"
+    legacy.write_bytes(with_input_normalization(before, mean, std))  # how exports carried it until now
+    with pytest.raises(UserError, match="--target tflite"):
+        TFLitePolicy(legacy)
+    out = tmp_path / "ship" / "policy.tflite"
+    (tmp_path / "ship").mkdir()
+    result = CliRunner().invoke(main, ["export", str(legacy), "--target", "tflite", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["rewrote_metadata_normalization"] and report["input"] == {"dtype": "float32", "shape": [4], "caller_normalizes": False}
+    raw = observations(500, 5)
+    shipped = out.read_bytes()
+    assert INPUT_NORMALIZATION.encode() not in shipped
+    np.testing.assert_array_equal(_plain(shipped, raw, False), _plain(before, (raw - mean) / std, False))
+    # The usage snippet runs as written, with LiteRT and numpy alone, on raw observations.
+    usage = (tmp_path / "ship" / "policy.usage.md").read_text()
+    snippet = usage.split("```python\n")[1].split("```")[0]
+    check = snippet + "import sys, json\nprint(json.dumps([act(o) for o in json.loads(sys.stdin.read())]))\n"
+    done = subprocess.run([sys.executable, "-c", check], cwd=out.parent, input=json.dumps(raw.tolist()),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == _plain(shipped, raw, False).tolist()

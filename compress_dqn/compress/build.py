@@ -48,7 +48,8 @@ class BuiltVariant:
     try_sparse_format: bool
     details: dict[str, Any] = field(default_factory=dict)
     input_normalization: tuple[np.ndarray, np.ndarray] | None = None
-    """(mean, std): the TFLite policy takes (obs - mean) / std (see rewrites.fold_input_normalization)."""
+    """(mean, std): tflite_model() takes (obs - mean) / std (rewrites.fold_input_normalization); the
+    exported file computes it itself in front of its input (deploy.graph_input)."""
     normalized_model: tf_keras.Model | None = None
     """The model on normalized observations where it was trained as such (QAT); export_model is it
     behind a fixed normalization layer."""

@@ -100,14 +100,14 @@ def same_policy(candidate: bytes, reference: bytes, observations: Any) -> bool:
 def export_policy(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any = None) -> dict[str, Any]:
     """SavedModel + TFLite for one model (a BuiltVariant says how to convert; None: fp32).
 
-    The SavedModel takes raw observations. The TFLite file is converted from built.tflite_model(),
-    which takes normalized observations where the variant has an input normalization (written
-    into the file's metadata) and chooses the action on its own head where it has one
-    (quantize.action_head). With built.try_sparse_format, the TFLite sparse weight format is
-    kept only if it is smaller AND the runtime loads it and computes the same Q-values (XNNPACK
-    cannot prepare every sparse layout).
+    Both take raw observations. The TFLite file is converted from built.tflite_model(), which
+    takes normalized observations where the variant has an input normalization (the file gets it
+    back as ops in front of its input: graph_input.carry_input_normalization), and chooses the
+    action on its own head where it has one (quantize.action_head). With built.try_sparse_format,
+    the TFLite sparse weight format is kept only if it is smaller AND the runtime loads it and
+    computes the same Q-values (XNNPACK cannot prepare every sparse layout).
     """
-    from compress_dqn.deploy.tflite_metadata import with_input_normalization
+    from compress_dqn.deploy.graph_input import carry_input_normalization
 
     export_saved_model(model, info.obs_shape, info.obs_dtype, out / "saved_model")
     source = out / "saved_model"
@@ -119,7 +119,7 @@ def export_policy(model: Any, info: Any, out: Path, built: Any = None, check_obs
         def convert(sparse: bool) -> bytes:
             data = convert_tflite(source, built.converter(sparse) if built is not None else None)
             if built is not None and built.input_normalization is not None:
-                data = with_input_normalization(data, *built.input_normalization)
+                data = carry_input_normalization(data, *built.input_normalization)
             return data
 
         data = convert(False)

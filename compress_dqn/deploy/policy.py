@@ -39,7 +39,7 @@ class TFLitePolicy:
         from ai_edge_litert.interpreter import Interpreter
 
         from compress_dqn._quiet import quiet_stderr
-        from compress_dqn.deploy.tflite_metadata import input_normalization
+        from compress_dqn.deploy.tflite_metadata import caller_normalization
 
         try:
             with quiet_stderr():
@@ -65,9 +65,11 @@ class TFLitePolicy:
         self.n_actions = int(self._q["shape_signature"][-1])
         self.input_dtype = np.dtype(self._in["dtype"])
         self._quantized_input = bool(self._in["quantization"][0]) and self.input_dtype.kind in "iu"
-        self.input_normalization = input_normalization(content, label, features=int(np.prod(self.obs_shape)))
+        # Only an int8-input policy leaves its normalization to the caller: a float one has it in its graph.
+        self.input_normalization = caller_normalization(content, label, int(np.prod(self.obs_shape)), self._quantized_input)
         self._needs_prepare = self._quantized_input or self.input_normalization is not None
         self._one_shape = (1, *self.obs_shape)
+        self._fast = False  # act() may hand the observation to LiteRT as it is (batch 1, nothing to prepare)
         self._in_index, self._action_index = self._in["index"], self._action["index"]
         # Bound methods of the Python wrapper: they do not pin the interpreter's buffers.
         self._set_tensor, self._get_tensor, self._invoke = self._interp.set_tensor, self._interp.get_tensor, self._interp.invoke
@@ -88,6 +90,7 @@ class TFLitePolicy:
                         if "TFLM_DECODE" in str(exc) else "; re-export it with compress-dqn export")
                 raise UserError(f"{self._label}: the TFLite runtime cannot prepare it ({reason}){hint}") from None
             self._batch = batch
+            self._fast = batch == 1 and not self._needs_prepare
 
     def _prepare(self, obs: np.ndarray) -> np.ndarray:
         if self.input_normalization is not None:  # the policy takes (obs - mean) / std
@@ -118,12 +121,24 @@ class TFLitePolicy:
         return np.array(self._interp.get_tensor(self._action["index"]))
 
     def act(self, obs: np.ndarray) -> int:
-        # The per-step hot path: a few microseconds in all, so every Python-level step counts.
+        # The per-step hot path: LiteRT's own set+invoke+get is a few microseconds. This adds a view (obs[None])
+        # and no check of its own: set_tensor refuses a wrong dtype or shape (ValueError), and
+        # anything not an array of the input's dtype and shape takes _act_slowly.
+        if self._fast:
+            try:
+                self._set_tensor(self._in_index, obs[None])
+            except (ValueError, TypeError, IndexError, KeyError):
+                return self._act_slowly(obs)
+            self._invoke()
+            return self._get_tensor(self._action_index).item()
+        return self._act_slowly(obs)
+
+    def _act_slowly(self, obs: np.ndarray) -> int:
         if self._batch != 1:
             self._resize(1)
         if self._needs_prepare or getattr(obs, "dtype", None) != self.input_dtype:
             obs = self._prepare(obs)
-        self._set_tensor(self._in_index, obs.reshape(self._one_shape))
+        self._set_tensor(self._in_index, np.asarray(obs).reshape(self._one_shape))
         self._invoke()
         return int(self._get_tensor(self._action_index)[0])
 

@@ -1,8 +1,9 @@
 """Edits of a TFLite flatbuffer without TensorFlow: named metadata entries, and short tensor names.
 
-A deployed policy must carry everything it needs to act in one file: the per-feature input
-normalization of an integer-quantized policy travels as the metadata entry
-`INPUT_NORMALIZATION` (JSON: {"mean": [...], "std": [...]}) that `policy.TFLitePolicy` applies.
+A policy with a float input carries its input normalization as graph ops (graph_input.py). One
+with an integer input (int8 I/O) cannot: its caller normalizes and quantizes, and the metadata
+entry `INPUT_NORMALIZATION` (JSON: {"mean": [...], "std": [...]}) says with what, as the C++
+header of a micro export does.
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ def slim_tensor_names(data: bytes) -> bytes:
         for i, tensor in enumerate(graph.tensors or []):
             if i not in keep:
                 tensor.name = f"t{i}"
-    return _pack(model, len(data))
+    return pack_model(model, len(data))
 
 
-def _pack(model: object, size_hint: int) -> bytes:
+def pack_model(model: object, size_hint: int) -> bytes:
+    """A schema ModelT packed as a .tflite flatbuffer."""
     import flatbuffers
 
     builder = flatbuffers.Builder(size_hint + 1024)
@@ -70,7 +72,24 @@ def add_metadata(data: bytes, name: str, payload: bytes) -> bytes:
     entry.name = name
     entry.buffer = len(model.buffers) - 1
     model.metadata.append(entry)
-    return _pack(model, len(data) + len(payload))
+    return pack_model(model, len(data) + len(payload))
+
+
+def without_metadata(data: bytes, name: str) -> bytes:
+    """The model without metadata entry `name` (its buffer left empty), or the bytes as they are."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    if name.encode() not in data:
+        return data
+    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    kept = []
+    for entry in model.metadata or []:
+        if (entry.name.decode() if isinstance(entry.name, bytes) else entry.name) == name:
+            model.buffers[entry.buffer].data = None
+        else:
+            kept.append(entry)
+    model.metadata = kept
+    return pack_model(model, len(data))
 
 
 def input_normalization(data: bytes, label: str = "<bytes>", features: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -99,8 +118,22 @@ def input_normalization(data: bytes, label: str = "<bytes>", features: int | Non
     return mean, std
 
 
+def caller_normalization(data: bytes, label: str, features: int, integer_input: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """The (mean, std) a caller applies before quantizing the model's integer input (int8 I/O), or None.
+
+    A float-input model carries its normalization in its graph (graph_input.py); one that still has
+    the entry was written before that, and only a loader reading it would play it right: refused,
+    with the command that rewrites it self-contained.
+    """
+    found = input_normalization(data, label, features)
+    if found is not None and not integer_input:
+        raise UserError(f"{label}: an older export that needs its loader to normalize the observation (metadata "
+                        f"{INPUT_NORMALIZATION}); make it self-contained: compress-dqn export {label} --target tflite")
+    return found
+
+
 def with_input_normalization(data: bytes, mean: np.ndarray, std: np.ndarray) -> bytes:
-    """The model, marked as taking (obs - mean) / std; the policy loader normalizes for it."""
+    """The model, marked as taking (obs - mean) / std, for a caller that quantizes its integer input."""
     spec = {"mean": _shortest(mean), "std": _shortest(std)}
     return add_metadata(data, INPUT_NORMALIZATION, json.dumps(spec, separators=(",", ":")).encode())
 

@@ -130,6 +130,73 @@ def measure_latency(policy: Any, observations: np.ndarray, calls: int = 2000, wa
     )
 
 
+def compare_with_litert(policy: Any, content: bytes, observations: np.ndarray, rounds: int = 20,
+                        per_round: int = 250) -> dict[str, float]:
+    """p50 microseconds of `policy.act(obs)` beside LiteRT's own batch-1 work on the same file:
+    `invoke()` alone, and `set_tensor` + `invoke` + `get_tensor` (the least any Python caller does).
+
+    A plain `Interpreter` as TFLitePolicy makes one (XNNPACK, one thread) gets the observations
+    ready in its input's dtype beforehand (an int8 input quantized), so the difference is our
+    loader's own overhead. The three alternate in rounds, so that a busy machine's drift lands
+    on each alike.
+    """
+    from ai_edge_litert.interpreter import Interpreter
+
+    from compress_dqn._quiet import quiet_stderr
+
+    with quiet_stderr():
+        interp = Interpreter(model_content=content, num_threads=1)
+        interp.allocate_tensors()
+    runner = interp.get_signature_runner("serving_default")
+    (inp,), action = runner.get_input_details().values(), runner.get_output_details()["action"]["index"]
+    del runner
+    ready = [_as_input(np.asarray(obs)[None], inp) for obs in observations]
+    rows = [np.asarray(obs) for obs in observations]
+    set_tensor, invoke, get_tensor, act, index = interp.set_tensor, interp.invoke, interp.get_tensor, policy.act, inp["index"]
+
+    def set_invoke_get(x: np.ndarray) -> None:
+        set_tensor(index, x)
+        invoke()
+        get_tensor(action)
+
+    timed: dict[str, list[float]] = {"act": [], "set_invoke_get": [], "invoke": []}
+    calls = {"act": (act, rows), "set_invoke_get": (set_invoke_get, ready), "invoke": (lambda _: invoke(), ready)}
+    for warm in (True, *([False] * rounds)):
+        for name, (call, inputs) in calls.items():
+            times = _time_calls(call, inputs, per_round)
+            if not warm:
+                timed[name] += times
+    p50 = {name: float(np.percentile(times, 50) / 1e3) for name, times in timed.items()}
+    return {"act_p50": p50["act"], "set_invoke_get_p50": p50["set_invoke_get"], "invoke_p50": p50["invoke"],
+            "act_overhead_us": p50["act"] - p50["set_invoke_get"], "calls_each": rounds * per_round}
+
+
+def _as_input(x: np.ndarray, details: dict) -> np.ndarray:
+    dtype = np.dtype(details["dtype"])
+    scale, zero_point = details["quantization"]
+    if scale and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        x = np.clip(np.round(x.astype(np.float32) / scale + zero_point), info.min, info.max)
+    return np.ascontiguousarray(x, dtype=dtype)
+
+
+def _time_calls(call: Any, inputs: list, n: int) -> list[float]:
+    """Nanoseconds of each of n calls (the garbage collector paused, as measure_latency does)."""
+    perf_counter_ns, times, count = time.perf_counter_ns, [], len(inputs)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for i in range(n):
+            x = inputs[i % count]
+            start = perf_counter_ns()
+            call(x)
+            times.append(perf_counter_ns() - start)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return times
+
+
 def measure_memory(artifact: Path, runtime: str, steps: int = 1000, timeout: float = 300) -> dict[str, Any]:
     """Peak RSS of a fresh process that loads one artifact with its runtime and acts `steps` times.
 

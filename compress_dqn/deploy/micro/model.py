@@ -1,0 +1,242 @@
+"""Loading and inspecting a policy for TensorFlow Lite Micro (TFLM): its ops, a checked flatbuffer, an interpreter.
+
+Nothing here imports TensorFlow; `tflite_micro` is imported only when a function needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from compress_dqn.errors import UserError
+
+INSTALL_HINT = "TFLite Micro is not installed; run: pip install 'compress-dqn[micro]'"
+SIGNATURE = "serving_default"
+
+# Builtin op (schema name) -> the tflite::MicroMutableOpResolver method that registers it, from
+# tensorflow/lite/micro/micro_mutable_op_resolver.h. An op missing here is one TFLM lacks.
+RESOLVER_METHODS: dict[str, str] = {
+    "ABS": "AddAbs", "ADD": "AddAdd", "ADD_N": "AddAddN", "ARG_MAX": "AddArgMax", "ARG_MIN": "AddArgMin",
+    "ASSIGN_VARIABLE": "AddAssignVariable", "AVERAGE_POOL_2D": "AddAveragePool2D",
+    "BATCH_MATMUL": "AddBatchMatMul", "BATCH_TO_SPACE_ND": "AddBatchToSpaceNd",
+    "BROADCAST_ARGS": "AddBroadcastArgs", "BROADCAST_TO": "AddBroadcastTo", "CALL_ONCE": "AddCallOnce",
+    "CAST": "AddCast", "CEIL": "AddCeil", "CONCATENATION": "AddConcatenation", "CONV_2D": "AddConv2D",
+    "COS": "AddCos", "CUMSUM": "AddCumSum", "DEPTH_TO_SPACE": "AddDepthToSpace",
+    "DEPTHWISE_CONV_2D": "AddDepthwiseConv2D", "DEQUANTIZE": "AddDequantize", "DIV": "AddDiv",
+    "DYNAMIC_UPDATE_SLICE": "AddDynamicUpdateSlice", "EMBEDDING_LOOKUP": "AddEmbeddingLookup",
+    "ELU": "AddElu", "EQUAL": "AddEqual", "EXP": "AddExp", "EXPAND_DIMS": "AddExpandDims", "FILL": "AddFill",
+    "FLOOR": "AddFloor", "FLOOR_DIV": "AddFloorDiv", "FLOOR_MOD": "AddFloorMod",
+    "FULLY_CONNECTED": "AddFullyConnected", "GATHER": "AddGather", "GATHER_ND": "AddGatherNd",
+    "GREATER": "AddGreater", "GREATER_EQUAL": "AddGreaterEqual", "HARD_SWISH": "AddHardSwish", "IF": "AddIf",
+    "L2_NORMALIZATION": "AddL2Normalization", "L2_POOL_2D": "AddL2Pool2D", "LEAKY_RELU": "AddLeakyRelu",
+    "LESS": "AddLess", "LESS_EQUAL": "AddLessEqual", "LOG": "AddLog", "LOGICAL_AND": "AddLogicalAnd",
+    "LOGICAL_NOT": "AddLogicalNot", "LOGICAL_OR": "AddLogicalOr", "LOGISTIC": "AddLogistic",
+    "LOG_SOFTMAX": "AddLogSoftmax", "MAXIMUM": "AddMaximum", "MAX_POOL_2D": "AddMaxPool2D",
+    "MIRROR_PAD": "AddMirrorPad", "MEAN": "AddMean", "MINIMUM": "AddMinimum", "MUL": "AddMul", "NEG": "AddNeg",
+    "NOT_EQUAL": "AddNotEqual", "PACK": "AddPack", "PAD": "AddPad", "PADV2": "AddPadV2", "PRELU": "AddPrelu",
+    "QUANTIZE": "AddQuantize", "READ_VARIABLE": "AddReadVariable", "REDUCE_ALL": "AddReduceAll",
+    "REDUCE_MAX": "AddReduceMax", "REDUCE_MIN": "AddReduceMin", "RELU": "AddRelu", "RELU6": "AddRelu6",
+    "RESHAPE": "AddReshape", "RESIZE_BILINEAR": "AddResizeBilinear",
+    "RESIZE_NEAREST_NEIGHBOR": "AddResizeNearestNeighbor", "REVERSE_V2": "AddReverseV2", "ROUND": "AddRound",
+    "RSQRT": "AddRsqrt", "SELECT_V2": "AddSelectV2", "SHAPE": "AddShape", "SIN": "AddSin", "SLICE": "AddSlice",
+    "SOFTMAX": "AddSoftmax", "SPACE_TO_BATCH_ND": "AddSpaceToBatchNd", "SPACE_TO_DEPTH": "AddSpaceToDepth",
+    "SPLIT": "AddSplit", "SPLIT_V": "AddSplitV", "SQUEEZE": "AddSqueeze", "SQRT": "AddSqrt",
+    "SQUARE": "AddSquare", "SQUARED_DIFFERENCE": "AddSquaredDifference", "STRIDED_SLICE": "AddStridedSlice",
+    "SUB": "AddSub", "SUM": "AddSum", "SVDF": "AddSvdf", "TANH": "AddTanh", "TRANSPOSE_CONV": "AddTransposeConv",
+    "TRANSPOSE": "AddTranspose", "UNPACK": "AddUnpack",
+    "UNIDIRECTIONAL_SEQUENCE_LSTM": "AddUnidirectionalSequenceLSTM", "VAR_HANDLE": "AddVarHandle",
+    "WHILE": "AddWhile", "ZEROS_LIKE": "AddZerosLike",
+    # Custom ops TFLM ships; TFLM_DECODE decompresses LUT-compressed weights (see try_compression).
+    "TFLM_DECODE": "AddDecode", "TFLite_Detection_PostProcess": "AddDetectionPostprocess",
+}
+
+
+
+def tflm_runtime() -> Any:
+    """The tflite_micro.runtime module, or the one-line install hint."""
+    try:
+        from tflite_micro import runtime
+    except ImportError:
+        raise UserError(INSTALL_HINT) from None
+    return runtime
+
+
+def available() -> bool:
+    """Whether the tflite-micro package can be imported (tests and callers skip on False)."""
+    try:
+        tflm_runtime()
+    except UserError:
+        return False
+    return True
+
+
+@dataclass
+class ModelInfo:
+    """What the flatbuffer says, before any interpreter runs it."""
+
+    ops: list[str]
+    """Operator names in order of first use (builtin schema names, or the custom code)."""
+    missing: list[str]
+    """Ops TFLM has no kernel for."""
+    outputs: dict[str, int] = field(default_factory=dict)
+    """Signature output name -> position in the subgraph's outputs (interpreter.get_output index)."""
+    n_inputs: int = 0
+
+
+def inspect_model(data: bytes, label: str = "<bytes>") -> ModelInfo:
+    """Ops and the serving signature, read with the flatbuffer schema TFLM ships (no interpreter)."""
+    tflm_runtime()
+    from tflite_micro.tensorflow.lite.micro.python import schema_py_generated as schema
+
+    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    try:
+        model = schema.ModelT.InitFromPackedBuf(data, 0)  # touches every field: a truncated file fails here
+        if not model.subgraphs:
+            raise ValueError("no subgraphs")
+        graph = model.subgraphs[0]
+        ops: list[str] = []
+        for op in (op for g in model.subgraphs for op in g.operators or []):
+            code = model.operatorCodes[op.opcodeIndex]
+            builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+            name = code.customCode.decode() if builtin == schema.BuiltinOperator.CUSTOM else names.get(builtin, f"BUILTIN_{builtin}")
+            if name not in ops:
+                ops.append(name)
+        outputs: dict[str, int] = {}
+        graph_outputs = [int(i) for i in (graph.outputs if graph.outputs is not None else [])]
+        for sig in model.signatureDefs or []:
+            if sig.signatureKey.decode() == SIGNATURE:
+                for out in sig.outputs or []:
+                    if out.tensorIndex in graph_outputs:
+                        outputs[out.name.decode()] = graph_outputs.index(out.tensorIndex)
+        n_inputs = len(graph.inputs if graph.inputs is not None else [])
+        problem = _index_problem(model, schema)
+    except Exception as exc:  # the Python flatbuffer reader raises many types on damaged data
+        raise UserError(f"{label}: not a readable TFLite model ({type(exc).__name__}); is it truncated or damaged?") from None
+    if problem:  # TFLM does not verify the flatbuffer: a bad index would crash it, not fail
+        raise UserError(f"{label}: damaged TFLite model ({problem}); re-export the policy")
+    missing = [op for op in ops if op not in RESOLVER_METHODS]
+    return ModelInfo(ops=ops, missing=missing, outputs=outputs, n_inputs=n_inputs)
+
+
+_ITEM_BYTES = {"FLOAT32": 4, "FLOAT16": 2, "INT32": 4, "UINT8": 1, "INT64": 8, "BOOL": 1, "INT16": 2,
+               "INT8": 1, "FLOAT64": 8, "UINT64": 8, "UINT32": 4, "UINT16": 2}
+
+
+def _index_problem(model: Any, schema: Any) -> str | None:
+    """The first out-of-range index or short constant buffer, which TFLM (no verifier) would follow."""
+    types = {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
+    n_buffers, n_codes = len(model.buffers or []), len(model.operatorCodes or [])
+    for g, graph in enumerate(model.subgraphs):
+        tensors = graph.tensors or []
+        n = len(tensors)
+        for t, tensor in enumerate(tensors):
+            if not 0 <= tensor.buffer < max(n_buffers, 1):
+                return f"tensor {t} names buffer {tensor.buffer} of {n_buffers}"
+            shape = [int(d) for d in (tensor.shape if tensor.shape is not None else [])]
+            if any(d < 0 for d in shape):
+                return f"tensor {t} has shape {shape}"
+            data = model.buffers[tensor.buffer].data if n_buffers else None
+            size = _ITEM_BYTES.get(types.get(tensor.type, ""))
+            dense = tensor.sparsity is None  # a sparse-format tensor holds only its nonzero blocks
+            if dense and data is not None and len(data) and size and len(data) < size * int(np.prod(shape, dtype=np.int64)):
+                return f"tensor {t} holds {len(data)} bytes for shape {shape}"
+        for i, op in enumerate(graph.operators or []):
+            if not 0 <= op.opcodeIndex < n_codes:
+                return f"operator {i} names op code {op.opcodeIndex} of {n_codes}"
+            ins = list(op.inputs if op.inputs is not None else [])
+            outs = list(op.outputs if op.outputs is not None else [])
+            if any(not -1 <= int(x) < n for x in ins) or any(not 0 <= int(x) < n for x in outs):
+                return f"operator {i} of subgraph {g} names a tensor beyond its {n}"
+        for x in [*(graph.inputs if graph.inputs is not None else []), *(graph.outputs if graph.outputs is not None else [])]:
+            if not 0 <= int(x) < n:
+                return f"subgraph {g} input/output {int(x)} beyond its {n} tensors"
+    for sig in model.signatureDefs or []:
+        if not 0 <= sig.subgraphIndex < len(model.subgraphs):
+            return f"signature names subgraph {sig.subgraphIndex}"
+        n = len(model.subgraphs[sig.subgraphIndex].tensors or [])
+        if any(not 0 <= m.tensorIndex < n for m in [*(sig.inputs or []), *(sig.outputs or [])]):
+            return "signature names a tensor out of range"
+    return None
+
+
+def refuse_missing(info: ModelInfo, label: str) -> None:
+    if "DENSIFY" in info.missing:  # the converter's sparse weight format, expanded at load
+        raise UserError(f"{label}: its pruned weights are in TFLite's sparse format, whose DENSIFY op "
+                        "TFLite Micro has no kernel for: set the variant's prune.sparse_format: false "
+                        "(or convert without Optimize.EXPERIMENTAL_SPARSITY)")
+    if info.missing:
+        raise UserError(f"{label}: TFLite Micro has no kernel for op {', '.join(info.missing)}; "
+                        "it cannot run on a microcontroller: export the policy without it")
+
+
+@contextlib.contextmanager
+def native_stderr() -> Iterator[list[str]]:
+    """Capture what TFLM's C++ prints on fd 2 (errors, allocation records) into the yielded list."""
+    lines: list[str] = []
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield lines
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read().decode("utf-8", "replace").splitlines())
+
+
+def failure_reason(lines: list[str], exc: Exception) -> str:
+    """One line from TFLM's own messages: which op failed and why."""
+    text = [line.strip() for line in lines if line.strip()]
+    node = next((line for line in text if line.startswith("Node ")), None)
+    missing = next((line for line in text if "Didn't find op" in line or "unsupported op" in line.lower()), None)
+    if missing:
+        return missing
+    if node:
+        op = node.split()[1]
+        detail = text[text.index(node) - 1] if text.index(node) > 0 else ""
+        detail = re.sub(r"^\S+\.cc:\d+ ", "", detail)
+        hint = ""
+        if "filter type" in detail or "DEQUANTIZE" == op:
+            hint = " (dynamic-range and float16 models do not run on TFLM: use quantize: {mode: int8} or fp32)"
+        return f"TFLite Micro cannot prepare op {op}: {detail}{hint}".rstrip(": ")
+    return text[-1] if text else str(exc).splitlines()[0]
+
+
+def generous_arena(data: bytes) -> int:
+    return max(10 * len(data), 64 * 1024)
+
+
+def new_interpreter(data: bytes, arena: int, label: str) -> Any:
+    """A TFLM interpreter over data, or a UserError naming what TFLM refused."""
+    runtime = tflm_runtime()
+    with native_stderr() as lines:
+        try:
+            interp = runtime.Interpreter.from_bytes(data, arena_size=int(arena))
+            error = None
+        except Exception as exc:  # RuntimeError from TFLM; others from its flatbuffer reader
+            interp, error = None, exc
+    if error is not None:
+        raise UserError(f"{label}: {failure_reason(lines, error)}")
+    return interp
+
+
+def invoke_zeros(interp: Any, n_inputs: int) -> None:
+    for i in range(n_inputs):
+        details = interp.get_input_details(i)
+        interp.set_input(np.zeros(details["shape"], details["dtype"]), i)
+    interp.invoke()
+
