@@ -50,12 +50,3 @@ def check_port(path: str | Path, model: Any, replay: ReplayBuffer, info: Any) ->
         observations = replay.sample_observations(min(CHECK_STATES, replay.num_transitions))
     return cross_check(path, model, observations, info)
 
-
-def summary(record: dict[str, Any] | None) -> str | None:
-    """One line for the report and the log."""
-    if record is None:
-        return None
-    if not record.get("checked"):
-        return f"Port from a {record['format']}: {record['reason']}."
-    return (f"Port from a {record['format']} checked against {record['runtime']} on {record['states']} states: "
-            f"largest |dQ| {record['max_abs_q_diff']:.2g}, greedy-action agreement {record['action_agreement']:.3f}.")

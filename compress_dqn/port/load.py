@@ -20,7 +20,7 @@ import numpy as np
 from compress_dqn.errors import UserError
 
 FOREIGN_SUFFIXES = (".zip", ".pt", ".pth", ".cleanrl_model", ".onnx")
-KINDS = {"sb3": "Stable-Baselines3 DQN zip", "torch": "PyTorch state dict", "onnx": "ONNX model"}
+KINDS = {"sb3": "a Stable-Baselines3 DQN zip", "torch": "a PyTorch state dict", "onnx": "an ONNX model"}
 
 
 def file_kind(path: Path) -> str:
