@@ -76,9 +76,9 @@ def test_vecnormalize_statistics_are_folded_in_not_ignored(cartpole_states, tmp_
 
 def test_sb3_cnn_policy_takes_the_environments_channel_last_frames(tmp_path):
     path = tmp_path / "cnn.zip"
-    fixtures.sb3_cnn(path, shape=(36, 36, 2), n_actions=3)
-    info = SimpleNamespace(env_id="Frames", obs_shape=(36, 36, 2), obs_dtype=np.dtype(np.uint8), n_actions=3, frame_stack=1)
-    frames = np.random.default_rng(0).integers(0, 256, (64, 36, 36, 2), dtype=np.uint8)
+    fixtures.sb3_cnn(path, shape=(44, 44, 2), n_actions=3)  # 2x2 after the convolutions: the flatten order matters
+    info = SimpleNamespace(env_id="Frames", obs_shape=(44, 44, 2), obs_dtype=np.dtype(np.uint8), n_actions=3, frame_stack=1)
+    frames = np.random.default_rng(0).integers(0, 256, (64, 44, 44, 2), dtype=np.uint8)
     record = assert_exact(path, info, frames)
     assert any("1/255" in note for note in record["notes"]) and any("channel" in note for note in record["notes"])
 
