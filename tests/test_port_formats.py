@@ -160,3 +160,14 @@ def test_reading_onnx_without_the_onnx_package_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx raises ImportError
     with pytest.raises(UserError, match=r"pip install 'compress-dqn\[onnx\]'"):
         load_model(PORT / "sb3_cartpole.onnx", CARTPOLE)
+
+
+@pytest.mark.parametrize("name", ["sb3_cartpole.zip", "cleanrl_cartpole.cleanrl_model", "sb3_cartpole.onnx"])
+def test_the_check_catches_a_wrong_port(name, cartpole_states):
+    """The check compares with the source, not with the port: a port off by one weight shows."""
+    model = load_model(PORT / name, CARTPOLE)
+    kernel, bias = model.layers[0].get_weights()
+    kernel[0, 0] += 1.0
+    model.layers[0].set_weights([kernel, bias])
+    record = cross_check(PORT / name, model, cartpole_states, CARTPOLE)
+    assert record["checked"] and record["max_abs_q_diff"] > 1e-3
