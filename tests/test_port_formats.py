@@ -171,3 +171,20 @@ def test_the_check_catches_a_wrong_port(name, cartpole_states):
     model.layers[0].set_weights([kernel, bias])
     record = cross_check(PORT / name, model, cartpole_states, CARTPOLE)
     assert record["checked"] and record["max_abs_q_diff"] > 1e-3
+
+
+def test_damaged_or_foreign_files_are_refused_in_one_line(tmp_path):
+    truncated = tmp_path / "dqn.zip"
+    truncated.write_bytes((PORT / "sb3_cartpole.zip").read_bytes()[:-200])
+    plain_zip = tmp_path / "other.zip"
+    with __import__("zipfile").ZipFile(plain_zip, "w") as archive:
+        archive.writestr("readme.txt", "not a policy")
+    garbage = tmp_path / "q.onnx"
+    garbage.write_bytes(b"\x00\x01garbage" * 10)
+    legacy = tmp_path / "old.pth"
+    legacy.write_bytes(b"\x80\x02" + b"\x00" * 30)
+    for path, fragment in ((truncated, "without SB3's data and policy.pth entries .or a damaged one"), (plain_zip, "without SB3's data and policy.pth"),
+                           (garbage, "not an ONNX model"), (legacy, "legacy")):
+        with pytest.raises(UserError, match=fragment) as caught:
+            load_model(path, CARTPOLE)
+        assert "\n" not in str(caught.value)

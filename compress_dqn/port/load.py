@@ -27,20 +27,28 @@ def file_kind(path: Path) -> str:
     """'keras' (a .keras/.h5 file or SavedModel directory), 'sb3', 'torch' or 'onnx'."""
     if path.is_dir():
         return "keras"
-    with open(path, "rb") as handle:
-        head = handle.read(8)
+    if not path.is_file():  # a FIFO or device would block or never end
+        raise UserError(f"baseline.from: {path}: not a regular file; give a model file or a SavedModel directory")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError as exc:
+        raise UserError(f"baseline.from: {path}: cannot be read ({exc.strerror}); check its permissions") from None
     if head.startswith(b"\x89HDF"):
         return "keras"
     if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise UserError(f"baseline.from: {path}: a damaged zip ({str(exc)[:80]}); download or save it again") from None
         if "data" in names and "policy.pth" in names:
             return "sb3"
+        if path.suffix == ".zip":  # checked first: a truncated SB3 zip can read as the torch archive inside it
+            raise UserError(f"baseline.from: {path}: a zip without SB3's data and policy.pth entries (or a damaged "
+                            "one); expected a Stable-Baselines3 model.save() zip")
         if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
             return "torch"
-        if path.suffix == ".zip":
-            raise UserError(f"baseline.from: {path}: a zip without SB3's data and policy.pth entries; "
-                            "expected a Stable-Baselines3 model.save() zip")
         return "keras"
     if path.suffix == ".onnx":
         return "onnx"
