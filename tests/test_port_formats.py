@@ -22,7 +22,7 @@ from compress_dqn.port.check import cross_check
 DATA = Path(__file__).resolve().parent / "data"
 PORT = DATA / "port"
 sys.path.insert(0, str(DATA))
-import make_port_fixtures as fixtures  # noqa: E402
+import make_port_fixtures as fixtures
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
 

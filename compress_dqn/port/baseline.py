@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.errors import UserError
-from compress_dqn.port.load import FOREIGN_SUFFIXES, file_kind, port_model
+from compress_dqn.port.load import file_kind, port_model
 from compress_dqn.replay.buffer import ReplayBuffer
 
 TRANSITION_KEYS = ("observations", "actions", "rewards", "next_observations", "terminated", "truncated")
@@ -46,7 +46,7 @@ def load_model(path: str | Path, info: Any) -> Any:
         return port_model(path, info, kind)
     if path.is_file() and path.suffix not in (".keras", ".h5"):
         raise UserError(f"baseline.from: {path}: expected a .keras or .h5 file, a Keras SavedModel directory, "
-                        f"a Stable-Baselines3 DQN .zip, a PyTorch state dict ({', '.join(FOREIGN_SUFFIXES[1:4])}) "
+                        "a Stable-Baselines3 DQN .zip, a PyTorch state dict (.pt, .pth, .cleanrl_model) "
                         "or an .onnx file")
     if path.is_file() and path.suffix == ".keras" and not zipfile.is_zipfile(path):
         raise UserError(f"baseline.from: {path}: not a zip-format .keras file (a damaged file, or HDF5 bytes "

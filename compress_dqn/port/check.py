@@ -34,7 +34,7 @@ def cross_check(path: str | Path, model: Any, observations: np.ndarray, info: An
     if kind == "keras":
         return None
     port = read_port(path, info, kind)
-    record: dict[str, Any] = {"format": KINDS[kind], "states": int(len(observations)), "notes": list(port.net.notes)}
+    record: dict[str, Any] = {"format": KINDS[kind], "states": len(observations), "notes": list(port.net.notes)}
     try:
         reference = port.reference()
     except ImportError as exc:

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import io
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from compress_dqn.errors import UserError
-from compress_dqn.port.spec import Layer, PortedNet, chw_rows_to_hwc, conv_kernel, conv_output_hw
+from compress_dqn.port.spec import (
+    Layer,
+    PortedNet,
+    chw_rows_to_hwc,
+    conv_kernel,
+    conv_output_hw,
+)
 
 NATURE_STRIDES = {8: 4, 4: 2, 3: 1}  # the Nature DQN convolutions: kernel -> stride
 ONNX_HINT = ("export the network to ONNX instead (torch.onnx.export(q_network, obs, 'q.onnx')), which records "
@@ -126,7 +131,3 @@ def reference(data: bytes, order: list[tuple[str, int]], transposed: bool, scale
         return x.numpy()
 
     return q_values
-
-
-def is_state_dict_path(path: Path) -> bool:
-    return path.suffix in (".pt", ".pth", ".cleanrl_model")

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from compress_dqn.errors import UserError
 
-FOREIGN_SUFFIXES = (".zip", ".pt", ".pth", ".cleanrl_model", ".onnx")
 KINDS = {"sb3": "a Stable-Baselines3 DQN zip", "torch": "a PyTorch state dict", "onnx": "an ONNX model"}
 
 

@@ -15,7 +15,13 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.errors import UserError
-from compress_dqn.port.spec import Layer, PortedNet, chw_rows_to_hwc, conv_kernel, conv_output_hw
+from compress_dqn.port.spec import (
+    Layer,
+    PortedNet,
+    chw_rows_to_hwc,
+    conv_kernel,
+    conv_output_hw,
+)
 
 SUPPORTED = ("Gemm", "MatMul", "Add", "Relu", "Tanh", "Conv", "Flatten", "Reshape", "Div", "Mul", "Cast", "Identity", "Constant")
 

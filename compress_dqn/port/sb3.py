@@ -22,15 +22,18 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.errors import UserError
-from compress_dqn.port.spec import Layer, PortedNet, chw_rows_to_hwc, conv_kernel, conv_output_hw, fold_input_normalization
+from compress_dqn.port.spec import (
+    Layer,
+    PortedNet,
+    chw_rows_to_hwc,
+    conv_kernel,
+    conv_output_hw,
+    fold_input_normalization,
+)
 from compress_dqn.port.tensor_pickle import read_restricted_pickle, read_state_dict
 
 NATURE_CNN = ((8, 4), (4, 2), (3, 1))  # (kernel, stride) of NatureCNN's three convolutions
 _ACTIVATION_NAMES = {"ReLU": "relu", "Tanh": "tanh"}
-
-
-def is_sb3_zip(names: list[str]) -> bool:
-    return "data" in names and "policy.pth" in names
 
 
 def _readable(entry: Any, key: str, default: Any = None) -> Any:

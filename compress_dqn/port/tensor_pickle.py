@@ -136,14 +136,14 @@ class Inert:
     def __setstate__(self, state: Any) -> None:
         self.state = state
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Inert:
-        return Inert(*args)
-
 
 def read_restricted_pickle(data: bytes, label: str, inert_prefixes: tuple[str, ...]) -> Any:
     """A plain pickle whose classes under `inert_prefixes` become Inert records and whose numpy arrays
     are rebuilt by numpy; any other global is refused with one line."""
-    from numpy._core.multiarray import _reconstruct, scalar  # numpy's own array rebuilders (numpy >= 2)
+    from numpy._core.multiarray import (  # numpy's own array rebuilders (numpy >= 2)
+        _reconstruct,
+        scalar,
+    )
 
     allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype, ("collections", "OrderedDict"): OrderedDict}
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):  # pickles from numpy 1 and 2
