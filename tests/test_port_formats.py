@@ -188,3 +188,14 @@ def test_damaged_or_foreign_files_are_refused_in_one_line(tmp_path):
         with pytest.raises(UserError, match=fragment) as caught:
             load_model(path, CARTPOLE)
         assert "\n" not in str(caught.value)
+
+
+def test_results_read_the_port_check_and_old_results_have_none():
+    from compress_dqn.evaluation.results import RunResults
+
+    base = {"schema_version": 2, "env_id": "CartPole-v1", "eval": {}, "random": {}, "gpu": "", "variants": []}
+    assert RunResults.from_dict({**base, "train": {"env_steps": 10}}).port_check is None  # a trained baseline
+    record = {"format": "an ONNX model", "checked": False, "states": 512, "notes": [],
+              "reason": "not cross-checked: onnxruntime is not installed (pip install 'compress-dqn[onnx]' to ...)"}
+    check = RunResults.from_dict({**base, "train": {"port_check": record}}).port_check
+    assert check.summary() == f"Port from an ONNX model: {record['reason']}."
