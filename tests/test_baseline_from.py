@@ -177,3 +177,21 @@ def test_loaded_frame_stacked_transitions_are_all_kept():
     assert summary["transitions"] == n and replay.num_transitions == n
     batch = replay.gather(np.flatnonzero(replay._flags[: replay.size] & 1))
     assert sorted(map(bytes, batch.observations)) == sorted(map(bytes, frames[..., :k]))
+
+
+@pytest.mark.slow
+def test_compress_an_sb3_zip_records_the_port_check(tmp_path):
+    """A Stable-Baselines3 zip runs through `compress`; results.json and the report carry the port check."""
+    from compress_dqn.evaluation.results import load_results
+
+    path = Path(__file__).resolve().parent / "data" / "port" / "sb3_cartpole.zip"
+    result = CliRunner().invoke(main, ["compress", str(path), "--env", "CartPole-v1", "--variants", "ptq-int8",
+                                       "--rollout-steps", "400", "--episodes", "3", "--out", str(tmp_path / "run"),
+                                       "--quiet"])
+    assert result.exit_code == 0, result.output
+    check = load_results(tmp_path / "run" / "results.json").port_check
+    assert check is not None and check.checked and check.states == 400
+    assert check.max_abs_q_diff <= 1e-4 and check.action_agreement == 1.0
+    assert "stable-baselines3" in check.runtime
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "Port from a Stable-Baselines3 DQN zip checked against stable-baselines3" in report

@@ -421,6 +421,8 @@ def _notes(results: RunResults) -> list[str]:
                else f"{data.get('transitions')} transitions from {data.get('path')}")
         notes.insert(0, f"Baseline: not trained here but loaded from {source['from']} (SHA-256 "
                         f"{source.get('sha256', '?')[:12]}...); calibration, distillation and fine-tuning used {how}.")
+        if results.port_check is not None:
+            notes.insert(1, results.port_check.summary())
     return notes
 
 

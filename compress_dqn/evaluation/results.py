@@ -71,6 +71,34 @@ class VariantResult:
 
 
 @dataclass
+class PortCheck:
+    """A policy brought from another framework: its ported Q-values against the source's own runtime.
+
+    Stored in results.json under train.port_check (absent for a Keras file or a trained baseline).
+    """
+
+    format: str
+    checked: bool
+    states: int
+    notes: list[str] = field(default_factory=list)
+    runtime: str | None = None
+    max_abs_q_diff: float | None = None
+    action_agreement: float | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PortCheck:
+        return cls(**_known(cls, data))
+
+    def summary(self) -> str:
+        """One line for the report."""
+        if not self.checked:
+            return f"Port from {self.format}: {self.reason}."
+        return (f"Port from {self.format} checked against {self.runtime} on {self.states} states: largest "
+                f"|dQ| {self.max_abs_q_diff:.2g}, greedy-action agreement {self.action_agreement:.3f}.")
+
+
+@dataclass
 class RunResults:
     """One training seed's run: the baseline, its variants, and how they were evaluated."""
 
@@ -89,6 +117,12 @@ class RunResults:
 
     def variant(self, name: str) -> VariantResult:
         return next(v for v in self.variants if v.name == name)
+
+    @property
+    def port_check(self) -> PortCheck | None:
+        """The port check of a baseline brought from another framework (None when nothing was ported)."""
+        record = (self.train or {}).get("port_check")
+        return PortCheck.from_dict(record) if record else None
 
     def to_dict(self) -> dict[str, Any]:
         data = {"schema_version": self.schema_version, "env_id": self.env_id, "eval": self.eval,

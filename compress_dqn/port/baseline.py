@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.errors import UserError
+from compress_dqn.port.load import file_kind, port_model
 from compress_dqn.replay.buffer import ReplayBuffer
 
 TRANSITION_KEYS = ("observations", "actions", "rewards", "next_observations", "terminated", "truncated")
@@ -27,7 +28,8 @@ def _shape(value: Any) -> tuple:
 
 
 def load_model(path: str | Path, info: Any) -> Any:
-    """A tf_keras model from .keras, .h5 or a Keras SavedModel directory, checked against the env.
+    """A tf_keras model from .keras, .h5 or a Keras SavedModel directory, or ported from a
+    Stable-Baselines3 zip, a PyTorch state dict or an ONNX file; checked against the env.
 
     Safe mode is forced on for every format: tf_keras honours `safe_mode` only for zip .keras
     files, and an .h5 file (or HDF5 bytes named .keras) with a Lambda layer would otherwise run the
@@ -39,8 +41,17 @@ def load_model(path: str | Path, info: Any) -> Any:
     path = Path(path)
     if not path.exists():
         raise UserError(f"baseline.from: {path}: no such file or directory; check the path")
+    kind = file_kind(path)
+    if kind == "run":
+        from compress_dqn.port.run_dir import load_run_network
+
+        return load_run_network(path, info)
+    if kind != "keras":
+        return port_model(path, info, kind)
     if path.is_file() and path.suffix not in (".keras", ".h5"):
-        raise UserError(f"baseline.from: {path}: expected a .keras or .h5 file or a SavedModel directory")
+        raise UserError(f"baseline.from: {path}: expected a .keras or .h5 file, a Keras SavedModel directory, "
+                        "a Stable-Baselines3 DQN .zip, a PyTorch state dict (.pt, .pth, .cleanrl_model) "
+                        "or an .onnx file")
     if path.is_file() and path.suffix == ".keras" and not zipfile.is_zipfile(path):
         raise UserError(f"baseline.from: {path}: not a zip-format .keras file (a damaged file, or HDF5 bytes "
                         "under a .keras name); save it again with model.save('q.keras'), or name an HDF5 file .h5")

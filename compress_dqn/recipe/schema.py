@@ -298,7 +298,8 @@ class BaselineConfig(StrictModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
 
     from_: str = Field(alias="from", min_length=1)
-    """A tf_keras model file (.keras or .h5) or a Keras SavedModel directory: observations -> Q-values."""
+    """A tf_keras model (.keras, .h5, Keras SavedModel directory), a Stable-Baselines3 DQN .zip, a PyTorch
+    state dict (.pt, .pth, .cleanrl_model) or an .onnx file: observations -> Q-values."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """How to collect data by playing the loaded policy (ignored when transitions is given)."""
     transitions: str | None = None

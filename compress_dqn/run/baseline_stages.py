@@ -104,6 +104,7 @@ def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], N
     """The train stage for a brought baseline: load and check it, then collect its data."""
 
     from compress_dqn.port.baseline import file_digest, load_model, load_transitions, rollout
+    from compress_dqn.port.check import check_port
 
     source = recipe.baseline
     model = load_model(source.from_, info)
@@ -121,6 +122,7 @@ def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], N
     log(f"[baseline] loaded {source.from_}; data: {data['kind']} ({replay.num_transitions} transitions)")
     return {
         "source": {"from": str(source.from_), "sha256": file_digest(source.from_), "data": data},
+        "port_check": check_port(source.from_, model, replay, info),
         "replay_capacity": replay.capacity,
         "replay_nbytes": replay.nbytes,
     }

@@ -1,0 +1,52 @@
+"""The port check: a ported network's Q-values against the source's own runtime, on states the policy visits.
+
+An importer can be wrong in ways no shape check sees (a transposed kernel, a flatten order, a
+missed /255), so every port runs the original file in its own runtime (SB3's QNetwork on torch,
+torch, onnxruntime) on the same observations and records the largest absolute Q difference and
+how often the greedy actions agree. Without that runtime the record says the port was not
+cross-checked and why, instead of passing silently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compress_dqn.port.load import KINDS, file_kind, read_port
+from compress_dqn.replay.buffer import ReplayBuffer, sampling_undone
+
+CHECK_STATES = 512
+
+
+def compare(ported: np.ndarray, source: np.ndarray) -> dict[str, float]:
+    """Largest |dQ| and greedy-action agreement between two (n, actions) Q-value arrays."""
+    ported, source = np.asarray(ported, dtype=np.float64), np.asarray(source, dtype=np.float64)
+    return {"max_abs_q_diff": float(np.max(np.abs(ported - source))),
+            "action_agreement": float(np.mean(ported.argmax(axis=1) == source.argmax(axis=1)))}
+
+
+def cross_check(path: str | Path, model: Any, observations: np.ndarray, info: Any) -> dict[str, Any] | None:
+    """The port check on `observations` (None for a Keras file or a run's baseline: nothing was ported)."""
+    path = Path(path)
+    kind = file_kind(path)
+    if kind in ("keras", "run"):
+        return None
+    port = read_port(path, info, kind)
+    record: dict[str, Any] = {"format": KINDS[kind], "states": len(observations), "notes": list(port.net.notes)}
+    try:
+        reference = port.reference()
+    except ImportError as exc:
+        return {**record, "checked": False, "reason": f"not cross-checked: {exc}"}
+    source_q = reference(observations)
+    ported_q = model.predict(np.asarray(observations), batch_size=256, verbose=0)
+    return {**record, "checked": True, "runtime": port.runtime(), **compare(ported_q, source_q)}
+
+
+def check_port(path: str | Path, model: Any, replay: ReplayBuffer, info: Any) -> dict[str, Any] | None:
+    """The port check on states of the baseline's data, leaving the replay's sampling where it was."""
+    with sampling_undone(replay):
+        observations = replay.sample_observations(min(CHECK_STATES, replay.num_transitions))
+    return cross_check(path, model, observations, info)
+

@@ -1,0 +1,136 @@
+"""Which kind of policy file a user gave (Keras, SB3 zip, PyTorch state dict, ONNX), and its port to tf_keras.
+
+The kind is decided once, here, from what the file is (zip members, magic bytes), with the suffix
+only as a tie-breaker: an RL Zoo download renamed .pt, or a .keras that is really HDF5, still goes
+to the right reader. Each foreign format becomes a PortedNet and one builder makes the Keras model.
+`reference_of` gives the source's own runtime (torch, SB3, onnxruntime) for the port check, or the
+reason it cannot run here.
+"""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compress_dqn.errors import UserError
+
+KINDS = {"sb3": "a Stable-Baselines3 DQN zip", "torch": "a PyTorch state dict", "onnx": "an ONNX model"}
+
+
+def file_kind(path: Path) -> str:
+    """'keras' (a .keras/.h5 file or SavedModel directory), 'run' (a compress-dqn run directory),
+    'sb3', 'torch' or 'onnx'."""
+    from compress_dqn.port.run_dir import run_root
+
+    if path.is_dir():
+        return "run" if run_root(path) is not None else "keras"
+    if not path.is_file():  # a FIFO or device would block or never end
+        raise UserError(f"baseline.from: {path}: not a regular file; give a model file or a SavedModel directory")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError as exc:
+        raise UserError(f"baseline.from: {path}: cannot be read ({exc.strerror}); check its permissions") from None
+    if head.startswith(b"\x89HDF"):
+        return "keras"
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise UserError(f"baseline.from: {path}: a damaged zip ({str(exc)[:80]}); download or save it again") from None
+        if "data" in names and "policy.pth" in names:
+            return "sb3"
+        if path.suffix == ".zip":  # checked first: a truncated SB3 zip can read as the torch archive inside it
+            raise UserError(f"baseline.from: {path}: a zip without SB3's data and policy.pth entries (or a damaged "
+                            "one); expected a Stable-Baselines3 model.save() zip")
+        if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+            return "torch"
+        return "keras"
+    if path.suffix == ".onnx":
+        return "onnx"
+    if path.suffix in (".pt", ".pth", ".cleanrl_model"):
+        return "torch"  # the state-dict reader names what is wrong with it (legacy format, not a zip)
+    return "keras"
+
+
+@dataclass
+class Port:
+    """A foreign policy read and ported: the net, and how to run the source for the check."""
+
+    kind: str
+    net: Any
+    reference: Callable[[], Callable[[np.ndarray], np.ndarray]]
+    runtime: Callable[[], str]
+
+
+def _need(module: str, extra: str, purpose: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ImportError(f"{module} is not installed (pip install 'compress-dqn[{extra}]' to {purpose})")
+
+
+def _version(module: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"{module} {version(module)}"
+    except PackageNotFoundError:
+        return module
+
+
+def read_port(path: Path, info: Any, kind: str) -> Port:
+    """Read a foreign policy file into a PortedNet (no torch, SB3 or onnxruntime needed)."""
+    from compress_dqn.port import cleanrl, onnx_net, sb3
+    from compress_dqn.port.tensor_pickle import read_file, read_state_dict
+
+    data = read_file(path)
+    label = f"baseline.from: {path}"
+    if kind == "sb3":
+        policy = sb3.SB3Policy(path, data)
+        net = policy.ported(tuple(info.obs_shape))
+
+        def sb3_reference() -> Callable[[np.ndarray], np.ndarray]:
+            _need("torch", "sb3", "cross-check against SB3")
+            _need("stable_baselines3", "sb3", "cross-check against SB3")
+            return policy.reference()
+
+        return Port(kind, net, sb3_reference, lambda: f"{_version('stable-baselines3')}, {_version('torch')}")
+    if kind == "torch":
+        state = read_state_dict(data, label)
+        net, order, transposed = cleanrl.infer(state, label, tuple(info.obs_shape), info.obs_dtype, info.n_actions)
+
+        def torch_reference() -> Callable[[np.ndarray], np.ndarray]:
+            _need("torch", "torch", "cross-check against PyTorch")
+            return cleanrl.reference(data, order, transposed, net.input_scale)
+
+        return Port(kind, net, torch_reference, lambda: _version("torch"))
+    net, transposed = onnx_net.read_onnx(path, data, tuple(info.obs_shape))
+
+    def onnx_reference() -> Callable[[np.ndarray], np.ndarray]:
+        _need("onnxruntime", "onnx", "cross-check against onnxruntime")
+        return onnx_net.reference(data, transposed)
+
+    return Port(kind, net, onnx_reference, lambda: _version("onnxruntime"))
+
+
+def port_model(path: Path, info: Any, kind: str) -> Any:
+    """The tf_keras model of a foreign policy file, taking the environment's raw observations."""
+    from compress_dqn.port.spec import build_keras
+
+    port = read_port(path, info, kind)
+    name = re.sub(r"[^A-Za-z0-9_]", "_", path.stem) or "ported"
+    model = build_keras(port.net, tuple(info.obs_shape), f"{name}_ported")
+    out = model.output_shape[1:]
+    if tuple(out) != (info.n_actions,):
+        raise UserError(f"baseline.from: {path}: the network gives {tuple(out)} outputs but {info.env_id} has "
+                        f"{info.n_actions} actions")
+    return model
+

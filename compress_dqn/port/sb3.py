@@ -1,0 +1,216 @@
+"""Stable-Baselines3 DQN zips (model.save(), RL Zoo): the online Q-network as a PortedNet, and SB3's own forward pass.
+
+The zip's `data` is JSON whose non-JSON entries (spaces, classes) are cloudpickled; only their
+readable fields are used here, never the pickles. Weights come from `policy.pth` (`q_net.*`, not
+`q_net_target.*`) through the tensor-only reader. What SB3 does to an observation inside the policy
+is reproduced inside the ported network: `/255` for image spaces when `normalize_images` (SB3's
+preprocess_obs) and, because SB3 trained on channel-first frames (VecTransposeImage) while the
+environment gives height x width x channels, the first Dense layer after the convolutions takes
+Keras's flatten order. VecNormalize statistics (vecnormalize.pkl beside the zip, as the RL Zoo saves
+them) are read with a restricted unpickler and folded into the first layer.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compress_dqn.errors import UserError
+from compress_dqn.port.spec import (
+    Layer,
+    PortedNet,
+    chw_rows_to_hwc,
+    conv_kernel,
+    conv_output_hw,
+    fold_input_normalization,
+)
+from compress_dqn.port.tensor_pickle import read_restricted_pickle, read_state_dict
+
+NATURE_CNN = ((8, 4), (4, 2), (3, 1))  # (kernel, stride) of NatureCNN's three convolutions
+_ACTIVATION_NAMES = {"ReLU": "relu", "Tanh": "tanh"}
+
+
+def _readable(entry: Any, key: str, default: Any = None) -> Any:
+    """A field of a `data` entry: plain JSON, or the readable text SB3 stores beside a cloudpickle."""
+    if isinstance(entry, dict) and ":serialized:" in entry:
+        value = entry.get(key, default)
+        if isinstance(value, str) and key != "activation_fn" and key != "features_extractor_class":
+            try:
+                return json.loads(value.replace("'", '"').replace("True", "true").replace("False", "false"))
+            except ValueError:
+                return value
+        return value
+    return entry.get(key, default) if isinstance(entry, dict) else default
+
+
+def _numbers(text: Any) -> list[float]:
+    return [float(t) for t in re.findall(r"-?(?:inf|\d+\.?\d*(?:e[-+]?\d+)?)", str(text))]
+
+
+def _layers(state: dict[str, np.ndarray], prefix: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    index = sorted({int(m.group(1)) for k in state if (m := re.fullmatch(re.escape(prefix) + r"(\d+)\.weight", k))})
+    return [(state[f"{prefix}{i}.weight"], state[f"{prefix}{i}.bias"]) for i in index]
+
+
+class SB3Policy:
+    """What a DQN zip says about its Q-network: spaces, preprocessing and weights."""
+
+    def __init__(self, path: Path, data: bytes) -> None:
+        self.path = path
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        try:
+            self.data = json.loads(archive.read("data"))
+        except ValueError as exc:
+            raise UserError(f"baseline.from: {path}: its `data` entry is not JSON ({str(exc)[:80]}); a damaged zip?") from None
+        self.pth = archive.read("policy.pth")
+        module = str(_readable(self.data.get("policy_class"), "__module__", ""))
+        if module and not module.startswith("stable_baselines3.dqn"):
+            raise UserError(f"baseline.from: {path}: a policy of {module}, not of SB3's DQN; "
+                            "only DQN Q-networks (MlpPolicy, CnnPolicy) are ported")
+        space, actions = self.data.get("observation_space", {}), self.data.get("action_space", {})
+        self.obs_shape = tuple(int(d) for d in (_readable(space, "_shape") or []))
+        self.obs_dtype = str(_readable(space, "dtype", ""))
+        self.low, self.high = _numbers(_readable(space, "low", "")), _numbers(_readable(space, "high", ""))
+        if "Discrete" not in str(actions.get(":type:", "")):
+            raise UserError(f"baseline.from: {path}: its action space is {actions.get(':type:', '?')}; DQN needs Discrete")
+        self.n_actions = int(_numbers(_readable(actions, "n"))[0])
+        kwargs = self.data.get("policy_kwargs") or {}
+        self.normalize_images = bool(_readable(kwargs, "normalize_images", True))
+        activation = str(_readable(kwargs, "activation_fn", "ReLU"))
+        name = next((n for n in _ACTIVATION_NAMES if re.search(rf"\b{n}\b", activation)), None)
+        if name is None:
+            raise UserError(f"baseline.from: {path}: activation {activation}; ported activations: "
+                            f"{', '.join(_ACTIVATION_NAMES)}")
+        self.torch_activation, self.activation_fn = name, _ACTIVATION_NAMES[name]
+        extractor = str(_readable(kwargs, "features_extractor_class", "") or "")
+        if extractor and not re.search(r"\b(NatureCNN|FlattenExtractor)\b", extractor):
+            raise UserError(f"baseline.from: {path}: features extractor {extractor}; ported: NatureCNN (CnnPolicy) "
+                            "and FlattenExtractor (MlpPolicy)")
+        state = read_state_dict(self.pth, f"baseline.from: {path} (policy.pth)")
+        self.state = {k[len("q_net."):]: v for k, v in state.items() if k.startswith("q_net.")}
+        if not self.state:
+            raise UserError(f"baseline.from: {path}: policy.pth has no q_net.* tensors; not a DQN policy")
+
+    @property
+    def is_image(self) -> bool:
+        """SB3's is_image_space: 3-D uint8 Box bounded by 0 and 255."""
+        return (len(self.obs_shape) == 3 and self.obs_dtype == "uint8" and set(self.low) <= {0.0}
+                and set(self.high) <= {255.0})
+
+    def transposed_for(self, env_shape: tuple[int, ...]) -> bool:
+        """True when SB3 saw channel-first frames of the environment's channel-last ones."""
+        if tuple(env_shape) == self.obs_shape:
+            if len(env_shape) == 3 and self.cnn:
+                raise UserError(f"baseline.from: {self.path}: the environment gives channel-first {env_shape} frames; "
+                                "the ported network takes height x width x channels (the gymnasium default)")
+            return False
+        c, h, w = self.obs_shape if len(self.obs_shape) == 3 else (0, 0, 0)
+        if len(env_shape) == 3 and tuple(env_shape) == (h, w, c):
+            return True
+        raise UserError(f"baseline.from: {self.path}: SB3 saved observations of shape {self.obs_shape}, "
+                        f"the environment gives {tuple(env_shape)}; check --env and --frame-stack")
+
+    @property
+    def cnn(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return _layers(self.state, "features_extractor.cnn.")
+
+    def ported(self, env_shape: tuple[int, ...]) -> PortedNet:
+        transposed = self.transposed_for(env_shape)
+        layers: list[Layer] = []
+        for (weight, bias), (kernel, stride) in zip(self.cnn, NATURE_CNN):
+            if weight.shape[2:] != (kernel, kernel):
+                raise UserError(f"baseline.from: {self.path}: a {weight.shape[2]}x{weight.shape[3]} convolution where "
+                                f"NatureCNN has {kernel}x{kernel}; a custom features extractor is not ported")
+            layers.append(Layer(conv_kernel(weight), bias.astype(np.float32), "relu", stride))
+        head = _layers(self.state, "features_extractor.linear.") + _layers(self.state, "q_net.")
+        if not head:
+            raise UserError(f"baseline.from: {self.path}: policy.pth has no q_net linear layers")
+        for i, (weight, bias) in enumerate(head):
+            cnn_linear = bool(self.cnn) and i == 0
+            activation = "linear" if i == len(head) - 1 else ("relu" if cnn_linear else self.activation_fn)
+            layers.append(Layer(np.ascontiguousarray(weight.T, dtype=np.float32), bias.astype(np.float32), activation))
+        net = PortedNet(layers, 1.0 / 255.0 if self.is_image and self.normalize_images else None,
+                        f"baseline.from: {self.path}")
+        first_dense = next(layer for layer in layers if not layer.is_conv)
+        if self.cnn:
+            h, w = conv_output_hw(self.obs_shape[1:], layers)
+            first_dense.kernel = chw_rows_to_hwc(first_dense.kernel, layers[len(self.cnn) - 1].kernel.shape[3], h, w)
+        elif transposed:
+            first_dense.kernel = chw_rows_to_hwc(first_dense.kernel, *self.obs_shape)
+        if net.input_scale is not None:
+            net.notes.append("observations scaled by 1/255 in the network, as SB3 normalizes image observations")
+        if transposed:
+            net.notes.append("takes height x width x channel observations (SB3 saw them transposed)")
+        self.transposed = transposed
+        self.vecnormalize = read_vecnormalize(self.path)
+        if self.vecnormalize is not None:
+            mean, std, clip = self.vecnormalize
+            fold_input_normalization(net, mean, std)
+            net.notes.append(f"VecNormalize observation statistics folded into the first layer (SB3 clips at "
+                             f"+-{clip:g} standard deviations; the ported network does not)")
+        return net
+
+    def reference(self) -> Any:
+        """SB3's own QNetwork with torch.load(weights_only=True) weights: a function of env observations."""
+        import gymnasium as gym
+        import torch
+        from stable_baselines3.common.torch_layers import FlattenExtractor, NatureCNN
+        from stable_baselines3.dqn.policies import QNetwork
+
+        image = self.is_image
+        space = gym.spaces.Box(0 if image else -np.inf, 255 if image else np.inf, self.obs_shape,
+                               np.uint8 if image else np.dtype(self.obs_dtype or "float32"))
+        head = _layers(self.state, "q_net.")
+        if self.cnn:
+            features_dim = int(self.state["features_extractor.linear.0.weight"].shape[0])
+            extractor = NatureCNN(space, features_dim, normalized_image=not self.normalize_images)
+        else:
+            extractor, features_dim = FlattenExtractor(space), int(np.prod(self.obs_shape))
+        activation = getattr(torch.nn, self.torch_activation)
+        q_net = QNetwork(space, gym.spaces.Discrete(self.n_actions), extractor, features_dim,
+                         [int(w.shape[0]) for w, _ in head[:-1]], activation, self.normalize_images)
+        state = torch.load(io.BytesIO(self.pth), weights_only=True, map_location="cpu")
+        q_net.load_state_dict({k[len("q_net."):]: v for k, v in state.items() if k.startswith("q_net.")})
+        q_net.eval()
+
+        def q_values(obs: np.ndarray) -> np.ndarray:
+            x = np.transpose(obs, (0, 3, 1, 2)) if self.transposed else np.asarray(obs)
+            if self.vecnormalize is not None:
+                mean, std, clip = self.vecnormalize
+                x = np.clip((x - mean) / std, -clip, clip).astype(np.float32)
+            with torch.no_grad():
+                return q_net(torch.as_tensor(np.ascontiguousarray(x))).numpy()
+
+        return q_values
+
+
+def read_vecnormalize(path: Path) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """obs_rms (mean, sqrt(var + epsilon)) and clip_obs of a vecnormalize.pkl beside the zip, or None.
+
+    The RL Zoo saves it as <dir>/<env>/vecnormalize.pkl next to <dir>/<env>.zip; model.save() users
+    keep it beside the zip. It pickles SB3 and gymnasium objects: they are read as inert records.
+    """
+    for candidate in (path.parent / "vecnormalize.pkl", path.parent / path.stem / "vecnormalize.pkl"):
+        if candidate.is_file():
+            break
+    else:
+        return None
+    label = f"baseline.from: {candidate}"
+    loaded = read_restricted_pickle(candidate.read_bytes(), label, ("stable_baselines3.", "gymnasium.", "numpy.random."))
+    state = getattr(loaded, "state", None)
+    if not isinstance(state, dict):
+        raise UserError(f"{label}: not a VecNormalize save (VecNormalize.save(path)); remove it or save it again")
+    if not state.get("norm_obs", True):
+        return None
+    rms = getattr(state.get("obs_rms"), "state", None)
+    if not isinstance(rms, dict) or not isinstance(rms.get("mean"), np.ndarray):
+        raise UserError(f"{label}: its obs_rms is not a single mean/var pair (a Dict observation space?); "
+                        "only flat observations are ported")
+    std = np.sqrt(np.asarray(rms["var"], dtype=np.float64) + float(state.get("epsilon", 1e-8)))
+    return np.asarray(rms["mean"], dtype=np.float64), std, float(state.get("clip_obs", 10.0))
