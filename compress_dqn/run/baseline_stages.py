@@ -105,6 +105,7 @@ def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], N
 
     from compress_dqn.port.baseline import file_digest, load_model, load_transitions, rollout
     from compress_dqn.port.check import check_port
+    from compress_dqn.port.run_dir import run_replay, run_root
 
     source = recipe.baseline
     model = load_model(source.from_, info)
@@ -114,14 +115,18 @@ def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], N
     os.replace(tmp, base / "model.keras")
     save_arrays(base / "weights.npz", model.get_weights())
     capacity = resources.replay_capacity(recipe.train, recipe.replay, info)
+    root = run_root(source.from_)
     if source.transitions is not None:
         replay, data = load_transitions(source.transitions, info, capacity, recipe.seed)
+    elif root is not None:  # another run's baseline: the replay it trained on
+        replay, data = run_replay(root, info)
     else:
         replay, data = rollout(model, recipe.env, info, source.rollout.steps, source.rollout.epsilon, capacity, recipe.seed)
     save_arrays(base / "replay.npz", replay.state_dict())
     log(f"[baseline] loaded {source.from_}; data: {data['kind']} ({replay.num_transitions} transitions)")
     return {
-        "source": {"from": str(source.from_), "sha256": file_digest(source.from_), "data": data},
+        "source": {"from": str(source.from_), "data": data,
+                   "sha256": file_digest(root / "baseline" / "weights.npz" if root else source.from_)},
         "port_check": check_port(source.from_, model, replay, info),
         "replay_capacity": replay.capacity,
         "replay_nbytes": replay.nbytes,

@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from compress_dqn.fileio import load_dict, replace_dir
+from compress_dqn.fileio import replace_dir
 from compress_dqn.recipe.schema import Recipe, recipe_from_data
 from compress_dqn.run import resources
 from compress_dqn.run.context import RunContext, Stage, reopen_run, run_stages
@@ -30,12 +30,7 @@ def _load_replay(path: Path, info: Any) -> Any:
     """The baseline's final replay buffer, fresh for each variant (so each is reproducible alone)."""
     from compress_dqn.replay.buffer import ReplayBuffer
 
-    state = load_dict(path)
-    replay = ReplayBuffer(
-        len(state["obs"]), info.obs_shape, info.obs_dtype, info.n_actions, seed=0, frame_stack=info.frame_stack
-    )
-    replay.load_state_dict(state)
-    return replay
+    return ReplayBuffer.from_file(path, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack)
 
 
 def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any, decisive: Any) -> dict[str, Any]:
