@@ -137,7 +137,10 @@ def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_step
         baseline["transitions"] = str(transitions.absolute())
     else:
         baseline["rollout"] = {"steps": rollout_steps, "epsilon": epsilon}
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", model.stem).lstrip(".-_") or "model"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", model.stem if model.is_file() else model.absolute().name).lstrip(".-_")
+    name = name or "model"
+    if model.is_dir():  # a run directory (or SavedModel): runs/NAME could be the source itself
+        name = f"{name}-compressed"
     flat = len(info.obs_shape) == 1 and frame_stack == 1
     return {"name": name, "seed": seed, "env": {"id": env_id, "frame_stack": frame_stack}, "baseline": baseline,
             "eval": {"episodes": episodes, "seed": 0, "max_episodes": max(max_episodes, episodes)}}, keep_dense, flat

@@ -63,3 +63,30 @@ def test_a_refused_rerun_names_the_keys_not_the_values_of_long_ones(tmp_path):
     message = str(refused.value)
     assert "\n" not in message and len(message) < 400
     assert "env.kwargs" in message and "train.net_arch: [16, 16] -> [8, 8]" in message and "variants" not in message.split("(")[1].split(")")[0]
+
+
+@pytest.mark.slow
+def test_a_finished_run_is_a_baseline_for_compress(tmp_path):
+    """`compress RUN_DIR`: the run's network and replay, not a new training; the same baseline plays
+    the same episodes."""
+    from click.testing import CliRunner
+
+    from compress_dqn.cli import main
+    from compress_dqn.recipe.schema import load_recipe
+    from compress_dqn.run.pipeline import run
+
+    source = tmp_path / "trained"
+    original = run(load_recipe(TINY, [CHEAP]), source, quiet=True,
+                   log=lambda m: None).results
+    out = tmp_path / "compressed"
+    result = CliRunner().invoke(main, ["compress", str(source), "--env", "CartPole-v1", "--variants", "ptq-int8",
+                                       "--episodes", "5", "--max-episodes", "5", "--out", str(out), "--quiet",
+                                       "--set", CHEAP])
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    assert results["train"]["source"]["data"]["kind"] == "run replay"
+    assert results["train"].get("port_check") is None  # nothing was ported
+    assert results["variants"][0]["return"]["episodes"] == original.baseline.returns["episodes"]
+
+    wrong = CliRunner().invoke(main, ["compress", str(source), "--env", "Acrobot-v1", "--out", str(tmp_path / "x")])
+    assert wrong.exit_code == 2 and "plays CartPole-v1" in wrong.output and "--env CartPole-v1" in wrong.output
