@@ -71,8 +71,13 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
+MAX_COUNT = 2**63 - 1
+"""Counts index NumPy arrays and TensorFlow step counters (int64): a larger one cannot run, and
+formatting its byte size would overflow a float."""
+
+
 def _count(lo: int = 0) -> Any:
-    return Annotated[int, BeforeValidator(_parse_count), Field(ge=lo)]
+    return Annotated[int, BeforeValidator(_parse_count), Field(ge=lo, le=MAX_COUNT)]
 
 
 def _real(lo: float | None, hi: float | None, lo_open: bool = False, hi_open: bool = False) -> Any:
