@@ -572,9 +572,10 @@ class SearchConfig(StrictModel):
 class MeasureConfig(StrictModel):
     """What the measuring stage probes besides size and latency."""
 
-    saved_model_memory: Literal["all", "baseline"] = "all"
-    """Whose SavedModel inference memory is probed: every policy's, or the baseline's only. Each
-    probe is a fresh process that imports TensorFlow (~8 s of CPU), and TensorFlow's runtime is
+    saved_model_memory: Literal["all", "baseline", "none"] = "all"
+    """Whose SavedModel inference memory is probed: every policy's, the baseline's only, or none
+    (smoke runs and tests that read no memory figure). Each probe is a fresh process that imports
+    TensorFlow (~8 s of CPU), and TensorFlow's runtime is
     most of the figure (601-611 MiB across the demo's ten policies), so "baseline" spares a quick
     run that cost and still shows what serving through TensorFlow takes. Every policy's TFLite
     memory is probed either way."""
