@@ -118,7 +118,11 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
 
     # The copy, finished by a pool: each variant is built and each look's episode ranges are
     # played in pool workers (in chunks); each result is recorded by the run's own process, and
-    # every byte and episode equals the one-at-a-time run's.
+    # every byte and episode equals the one-at-a-time run's. The verdicts stay forced undecided
+    # until 20 episodes (they are decided in this process); the spies, local functions, cannot be
+    # sent to a worker.
+    monkeypatch.setattr(pipeline, "play_unit", real_play)
+    monkeypatch.setattr(evaluate_module, "evaluate", real_evaluate)
     finish_run(reopen_run(recipe, tmp_path / "two", quiet=True, log=lambda m: None), workers=2)
     assert run_fingerprint(tmp_path / "two") == run_fingerprint(tmp_path / "run")
     stages = json.loads((tmp_path / "two" / "stages.json").read_text())
