@@ -1,10 +1,11 @@
-# Two commands work on a fresh machine: `make demo` and `make test`.
+# Two commands work on a fresh machine: `make demo` and `make test` (what CI runs).
+# `make test-fast` leaves out the tests marked slow (runs, training, subprocesses): for the edit loop.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-fast install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +20,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,6 +1,7 @@
 """Compress a finished run's baseline again, from a saved .keras file alone, and compare returns.
 
     .venv/bin/python benchmarks/byo_baseline.py --run runs/cartpole --out runs/cartpole-from-keras
+    .venv/bin/python benchmarks/byo_baseline.py --run runs/tiny --out runs/tiny-from-keras --smoke
 
 Takes RUN/recipe.yaml and RUN/baseline/weights.npz, saves the baseline Q-network as a .keras
 file, and runs the same variants from that file with `baseline: {from: ...}` (data from a rollout
@@ -24,7 +25,11 @@ def main() -> None:
     parser.add_argument("--rollout-steps", type=int, default=20_000)
     parser.add_argument("--epsilon", type=float, default=0.3)
     parser.add_argument("--only", nargs="*", help="compare only these variants")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a 500-step rollout, no TensorFlow memory probe: checks the script runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.rollout_steps = 500
     run, out = Path(args.run), Path(args.out)
 
     from compress_dqn.rl.envs import env_info, make_env_from
@@ -48,6 +53,8 @@ def main() -> None:
         data["variants"] = [v for v in data["variants"] if v["name"] in args.only]
     data["name"] = f"{recipe.name}-from-keras"
     data["baseline"] = {"from": str(keras_file), "rollout": {"steps": args.rollout_steps, "epsilon": args.epsilon}}
+    if args.smoke:
+        data["measure"] = {**data.get("measure", {}), "saved_model_memory": "none"}
     byo = recipe_from_data(data, "byo")
     results = run_pipeline(byo, out / "run", quiet=True, log=lambda m: None).results.to_dict()
     full = json.loads((run / "results.json").read_text())

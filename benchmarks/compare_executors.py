@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/compare_executors.py --recipe recipes/sweep.yaml --out runs/compare
     .venv/bin/python benchmarks/compare_executors.py --recipe recipes/tiny.yaml --search --out runs/compare-search
     .venv/bin/python benchmarks/compare_executors.py --recipe recipes/tiny.yaml --search --engines local:1 local:2
+    .venv/bin/python benchmarks/compare_executors.py --smoke --out runs/compare-smoke   # tiny, one seed, local:1 vs local:2
 
 With --search (or a recipe with a search: block) the search runs on each engine, and its winner,
 front and every candidate's per-seed verdicts must match too.
@@ -22,6 +23,10 @@ from pathlib import Path
 
 TINY_SEARCH = ["seeds=[0, 1]", "search.students=[[8], [2]]", "search.student_quantize=float16",
                "search.student_fine_tune.steps=300", "eval.tolerance=1.0"]
+SMOKE = ["seeds=[0]", "train.total_timesteps=300", "eval.episodes=2", "measure.saved_model_memory=none",
+         "variants=[{name: ptq-float16, quantize: {mode: float16}}]"]
+"""--smoke: recipes/tiny.yaml on one seed with one quick variant, built in this process and in a pool;
+no TensorFlow memory probe (the comparison leaves memory out)."""
 
 
 def main() -> None:
@@ -33,7 +38,13 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["local", "ray"],
                         help="engines to compare: local, ray, or local:N (the local pool with N workers; "
                              "local:1 runs every unit in one process, one after another)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="recipes/tiny.yaml, one seed, one variant, on local:1 and local:2: checks the script runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.recipe = str(Path(__file__).resolve().parent.parent / "recipes" / "tiny.yaml")
+        args.engines = ["local:1", "local:2"]
+        args.overrides = [*SMOKE, *args.overrides]
     if args.search:
         args.overrides = [*TINY_SEARCH, *args.overrides]
 

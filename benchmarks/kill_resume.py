@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/kill_resume.py --kills 20 --out runs/kill-resume
     .venv/bin/python benchmarks/kill_resume.py --search --kills 10 --out runs/kill-resume-search
+    .venv/bin/python benchmarks/kill_resume.py --smoke --out runs/kill-resume-smoke   # one kill of a tiny run
 
 One uninterrupted reference run first; then trials, each in a fresh directory: the same command
 is started and SIGKILLed at a uniformly random time within the reference's wall time, one to three
@@ -37,9 +38,13 @@ SEARCH_OVERRIDES = [
 ]
 
 
-def command(recipe: str, out: Path, search: bool = False) -> list[str]:
+SMOKE_OVERRIDES = ["train.checkpoint_interval=100", "eval.episodes=2", "measure.saved_model_memory=none"]
+"""--smoke: the tiny recipe's baseline alone (400 steps), one kill, no TensorFlow memory probe."""
+
+
+def command(recipe: str, out: Path, search: bool = False, smoke: bool = False) -> list[str]:
     args = [sys.executable, "-m", "compress_dqn", "run", recipe, "--out", str(out), "--quiet"]
-    for override in SEARCH_OVERRIDES if search else OVERRIDES:
+    for override in SEARCH_OVERRIDES if search else SMOKE_OVERRIDES if smoke else OVERRIDES:
         args += ["--set", override]
     return args
 
@@ -59,7 +64,10 @@ def main() -> None:
     parser.add_argument("--out", default="runs/kill-resume")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--search", action="store_true", help="kill a tiny 2-seed search instead of a run")
+    parser.add_argument("--smoke", action="store_true", help="one kill of a shorter run: checks the script runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.kills = 1
     from compress_dqn.run.manifest import run_fingerprint
     from compress_dqn.run.search import search_fingerprint
 
@@ -70,7 +78,7 @@ def main() -> None:
 
     start = time.perf_counter()
     reference = out / "reference"
-    subprocess.run(command(args.recipe, reference, args.search), check=True, capture_output=True)
+    subprocess.run(command(args.recipe, reference, args.search, args.smoke), check=True, capture_output=True)
     ref_wall = time.perf_counter() - start
     expected = fingerprint(reference)
 
@@ -78,16 +86,17 @@ def main() -> None:
     while kills < args.kills:
         run_dir = out / f"trial-{trials}"
         killed_at = []
-        for _ in range(rng.randint(1, 3)):
+        for _ in range(1 if args.smoke else rng.randint(1, 3)):
             delay = rng.uniform(0.5, ref_wall)
-            process = subprocess.Popen(command(args.recipe, run_dir, args.search), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            process = subprocess.Popen(command(args.recipe, run_dir, args.search, args.smoke),
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 process.wait(timeout=delay)  # finished before the kill time: nothing to kill
             except subprocess.TimeoutExpired:
                 killed_at.append({"after_s": round(delay, 2), "stage": stage_reached(run_dir)})
                 os.kill(process.pid, signal.SIGKILL)
                 process.wait()
-        final = subprocess.run(command(args.recipe, run_dir, args.search), capture_output=True, text=True)
+        final = subprocess.run(command(args.recipe, run_dir, args.search, args.smoke), capture_output=True, text=True)
         check = subprocess.run([sys.executable, "-m", "compress_dqn", "verify", str(run_dir)], capture_output=True, text=True)
         ok = final.returncode == 0 and check.returncode == 0
         same = ok and fingerprint(run_dir) == expected

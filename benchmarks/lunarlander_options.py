@@ -3,6 +3,7 @@ and a summary line per option set, from benchmarks/train_cartpole.py's per-seed 
 
     python benchmarks/lunarlander_options.py --seeds 0 1 2 --jobs 2
     python benchmarks/lunarlander_options.py --only zoo-256x256-100k n3-double-64x64-200k --seeds 0 1 2
+    python benchmarks/lunarlander_options.py --smoke     # one option set, one seed, 300 steps: seconds
 
 Each option set is a list of recipe overrides on recipes/lunarlander.yaml (the RL Zoo's DQN
 hyperparameters with best-weights selection on held-out seeds). The final score is the kept
@@ -24,6 +25,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 _64 = ["train.net_arch=[64, 64]", "train.total_timesteps=2e5"]
 _N3D = ["train.n_steps=3", "train.double_dqn=true"]
+SMOKE = ["train.total_timesteps=300", "train.learning_starts=100", "train.buffer_size=1000",
+         "train.eval_episodes=1", "train.eval_interval=0", "eval.episodes=2", "env.max_episode_steps=100"]
 
 
 def _256(total_timesteps: str, gradient_steps: int) -> list[str]:
@@ -69,7 +72,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="(option set, seed) pairs trained at once")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="extra override for every option set")
+    parser.add_argument("--smoke", action="store_true",
+                        help="n3-double-64x64-200k for 300 steps, seed 0, 2 evaluation episodes: checks the script runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.only, args.seeds = args.only or ["n3-double-64x64-200k"], [0]
+        args.overrides = [*SMOKE, *args.overrides]
     names = args.only or list(OPTIONS)
     pairs = [(name, seed) for name in names for seed in args.seeds]
 

@@ -1,6 +1,7 @@
 """Memory of a frame-stacked Atari-shaped replay buffer, filled completely; one JSON line.
 
     python benchmarks/replay_memory.py --capacity 100000 [--frame-stack 4] [--height 84 --width 84]
+    python benchmarks/replay_memory.py --smoke      # 5,000 rows: seconds, what the test suite runs
 
 Allocates ReplayBuffer(capacity, (H, W, k), uint8, 6 actions, frame_stack=k) and fills every row
 with synthetic episodes holding the values a frame-stack env wrapper gives: random uint8 frames,
@@ -56,12 +57,17 @@ def frame_id(frame: np.ndarray) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--capacity", type=int, required=True)
+    parser.add_argument("--capacity", type=int, help="rows (required unless --smoke)")
+    parser.add_argument("--smoke", action="store_true", help="5,000 rows unless --capacity: checks the script runs")
     parser.add_argument("--frame-stack", type=int, default=4)
     parser.add_argument("--height", type=int, default=84)
     parser.add_argument("--width", type=int, default=84)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.capacity is None:
+        if not args.smoke:
+            parser.error("--capacity is required (or --smoke)")
+        args.capacity = 5_000
     k, shape = args.frame_stack, (args.height, args.width)
     if args.height * args.width < 8:
         parser.error("frames need at least 8 pixels to carry their id")
@@ -105,8 +111,9 @@ def main() -> None:
     # Rebuilt stacks must be exactly the frames added: ids newest-last, padded with the reset
     # frame at an episode start, each frame's bytes as recorded, the next stack shifted by one.
     for _ in range(4):
-        batch = buf.sample(32)
-        for obs, a, r, nxt, term in zip(*batch):
+        batch = buf.sample(32)  # n-step discounts are None here: take the 1-step fields by name
+        for obs, a, r, nxt, term in zip(batch.observations, batch.actions, batch.rewards,
+                                        batch.next_observations, batch.terminated):
             newest = frame_id(obs[..., -1])
             ids = [max(int(episode_start[newest]), newest - (k - 1) + m) for m in range(k)]
             assert [frame_id(obs[..., m]) for m in range(k)] == ids, "obs stack is not what was added"

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/student_replicas.py --out runs/replicas            # LunarLander seed 2, ~30 min
     .venv/bin/python benchmarks/student_replicas.py --out runs/replicas --analyze-only
+    .venv/bin/python benchmarks/student_replicas.py --out runs/replicas-smoke --smoke   # tiny: seconds
 
 A student build is one draw: its initialization, DAgger episodes and replay batches follow the
 variant's seed (from its name), and on LunarLander's seed 2 the 32x32 int8 student's paired
@@ -31,14 +32,19 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDENT = "student-32x32-qat-int8"
+SMOKE_STUDENT = {"name": "smoke-student", "student": {"net_arch": [4]}, "quantize": {"mode": "float16"},
+                 "fine_tune": {"steps": 50}}
+"""--smoke replicates this student of recipes/tiny.yaml's baseline (which has no variants)."""
 
 
-def replica_recipe(recipe: Path, seed: int, student: str, select_episodes: list[int], replicas: int) -> dict:
-    """The recipe on one seed, its variants replaced by replicas of `student` (names sel{E}-a, -b, ..)."""
+def replica_recipe(recipe: Path, seed: int, student: str, select_episodes: list[int], replicas: int,
+                   template: dict | None = None) -> dict:
+    """The recipe on one seed, its variants replaced by replicas of `student` (or of `template`),
+    named sel{E}-a, -b, .."""
     data = yaml.safe_load(recipe.read_text())
     data.pop("seeds", None)
     data["seed"] = seed
-    template = next(v for v in data["variants"] if v["name"] == student)
+    template = template or next(v for v in data["variants"] if v["name"] == student)
     data["variants"] = []
     for episodes in select_episodes:
         for i in range(replicas):
@@ -96,10 +102,18 @@ def main() -> None:
     parser.add_argument("--fresh-seed", type=int, default=200000)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--analyze-only", action="store_true", help="reuse OUT/run")
+    parser.add_argument("--smoke", action="store_true",
+                        help="recipes/tiny.yaml, 2 replicas of a tiny student, 4 fresh episodes: checks the script runs")
     args = parser.parse_args()
+    template = None
+    if args.smoke:
+        args.recipe, args.seed, template = ROOT / "recipes" / "tiny.yaml", 0, SMOKE_STUDENT
+        args.select_episodes, args.replicas, args.fresh_episodes = [1], 2, 4
     if not args.analyze_only:
         args.out.mkdir(parents=True, exist_ok=True)
-        data = replica_recipe(args.recipe, args.seed, args.student, args.select_episodes, args.replicas)
+        data = replica_recipe(args.recipe, args.seed, args.student, args.select_episodes, args.replicas, template)
+        if args.smoke:  # the script reads no memory figure: skip TensorFlow's memory probes
+            data["measure"] = {"saved_model_memory": "none"}
         (args.out / "recipe.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
         subprocess.run([sys.executable, "-m", "compress_dqn", "run", str(args.out / "recipe.yaml"),
                         "--out", str(args.out / "run"), "--quiet"], check=True, cwd=ROOT)

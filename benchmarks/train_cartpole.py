@@ -2,6 +2,7 @@
 
     python benchmarks/train_cartpole.py --recipe recipes/cartpole.yaml --seeds 0 1 2 3
     python benchmarks/train_cartpole.py --recipe recipes/cartpole-zoo.yaml --seeds $(seq 0 19)
+    python benchmarks/train_cartpole.py --smoke     # recipes/tiny.yaml, one seed, 300 steps: seconds
 
 The last line counts the seeds whose final greedy return is >= --solved (475, CartPole's bar).
 
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ["train.total_timesteps=300", "train.eval_episodes=2"]
 
 from compress_dqn.rl.callbacks import PhaseCallback  # noqa: E402
 
@@ -130,8 +132,12 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once (one process each)")
     parser.add_argument("--solved", type=float, default=475.0, help="final mean return that counts as solved")
+    parser.add_argument("--smoke", action="store_true", help="recipes/tiny.yaml, seed 0, 300 steps: checks the script runs")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.recipe, args.seeds = str(ROOT / "recipes" / "tiny.yaml"), [0]
+        args.overrides = [*SMOKE, *args.overrides]
     if args.one is not None:
         print(json.dumps(one(args.recipe, args.one, args.overrides)), flush=True)
         return

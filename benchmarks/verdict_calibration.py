@@ -2,6 +2,7 @@
 decides one that is as good as the baseline: a Monte Carlo of the rule on synthetic returns.
 
     .venv/bin/python benchmarks/verdict_calibration.py --reps 200
+    .venv/bin/python benchmarks/verdict_calibration.py --smoke    # 4 repetitions: checks the script runs
 
 Cases (paired differences against a baseline that scores `base` on every episode, a random policy
 at `random`, so the margin is 1% of base - random):
@@ -43,7 +44,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--smoke", action="store_true", help="4 repetitions per case: seconds, for the test suite")
     args = parser.parse_args()
+    if args.smoke:
+        args.reps = 4
 
     from compress_dqn.evaluation.verdicts import sequential_plan
 

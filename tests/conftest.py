@@ -11,6 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "recipes" / "tiny.yaml"
+NO_TF_MEMORY = "measure.saved_model_memory=none"
+"""For runs whose test reads no TensorFlow memory figure: each SavedModel memory probe is a fresh
+process importing TensorFlow (seconds of CPU). finished_tiny_run keeps the probe, and its test reads it."""
 
 
 def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -43,3 +46,27 @@ def variant(recipe, **fields):
     from compress_dqn.recipe.schema import VariantConfig
 
     return VariantConfig.model_validate({"name": "v", **fields})
+
+
+@pytest.fixture(scope="session")
+def finished_tiny_run(tmp_path_factory) -> Path:
+    """`compress-dqn run recipes/tiny.yaml --out RUN --quiet` (baseline only), run once per session
+    and shared by every test that reads a finished run: a test that alters files works on a copy."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    done = cli("run", str(TINY), "--out", str(out), "--quiet", *[a for o in FINISHED_OVERRIDES for a in ("--set", o)])
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+FINISHED_OVERRIDES: list[str] = []
+"""The recipe overrides of finished_tiny_run (a rerun of it must pass the same): none, the tiny recipe as shipped."""
+
+
+SLOW_FIXTURES = {"trained_tiny", "finished_tiny_run"}
+"""A test that needs a trained baseline or a finished run is not a unit test: it is marked slow."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -6,13 +6,17 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import ROOT, TINY, cli
 
 
-def test_run_writes_results_and_rerun_resumes(tmp_path):
+def test_run_writes_results_and_rerun_resumes(finished_tiny_run, tmp_path):
+    """finished_tiny_run is `compress-dqn run recipes/tiny.yaml --out RUN --quiet` in a fresh process."""
+    import shutil
+
     out = tmp_path / "run"
-    first = cli("run", str(TINY), "--out", str(out), "--quiet")
-    assert first.returncode == 0, first.stderr
+    shutil.copytree(finished_tiny_run, out)  # the rerun below works on a copy of the shared run
     results = json.loads((out / "results.json").read_text())
     assert results["schema_version"] == 2 and results["env_id"] == "CartPole-v1"
     assert results["eval"] == {"episodes": 5, "seed": 0, "max_episodes": 5, "looks": [5], "confidence": 0.95,
@@ -59,9 +63,10 @@ def test_run_writes_results_and_rerun_resumes(tmp_path):
     assert json.loads((out / "results.json").read_text()) == results
 
 
+@pytest.mark.slow
 def test_kill_during_training_then_rerun_resumes(tmp_path):
     out = tmp_path / "run"
-    args = ["run", str(TINY), "--out", str(out), "--set", "train.total_timesteps=3000", "--set",
+    args = ["run", str(TINY), "--out", str(out), "--set", "train.total_timesteps=1000", "--set",
             "train.checkpoint_interval=200"]
     proc = subprocess.Popen([sys.executable, "-m", "compress_dqn", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -77,28 +82,32 @@ def test_kill_during_training_then_rerun_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from checkpoint at step" in resumed.stderr
     results = json.loads((out / "results.json").read_text())
-    assert results["train"]["env_steps"] == 3000
+    assert results["train"]["env_steps"] == 1000
     assert results["train"]["resumed_from_step"] > 0
     assert not (out / "baseline" / "checkpoints").exists()
 
 
 def test_bad_inputs_exit_2_without_traceback(tmp_path):
+    """One case through a real process (its exit status and stderr as a shell sees them); the
+    others through click's runner, which shows the same exit code and stderr in-process."""
+    from click.testing import CliRunner
+
+    from compress_dqn.cli import main
+
+    missing = cli("run", str(tmp_path / "missing.yaml"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
+    assert missing.stderr.startswith("error: ") and missing.stderr.count("\n") == 1
     bad_png = tmp_path / "x.tflite"
     bad_png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
-    cases = [
-        ("run", str(tmp_path / "missing.yaml")),
-        ("evaluate", str(bad_png), "--env", "CartPole-v1"),
-        ("evaluate", str(bad_png), "--env", "NoSuchEnv-v0"),
-    ]
-    for args in cases:
-        result = cli(*args)
-        assert result.returncode == 2, (args, result.stderr)
-        assert "Traceback" not in result.stderr
+    for args in (["evaluate", str(bad_png), "--env", "CartPole-v1"], ["evaluate", str(bad_png), "--env", "NoSuchEnv-v0"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output, result.exception)
+        assert "Traceback" not in result.output
         assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     bad_env = tmp_path / "r.yaml"
     bad_env.write_text("env: {id: Pendulum-v1}\n")
-    result = cli("run", str(bad_env), "--out", str(tmp_path / "never"))
-    assert result.returncode == 2 and "Discrete action space" in result.stderr
+    result = CliRunner().invoke(main, ["run", str(bad_env), "--out", str(tmp_path / "never")])
+    assert result.exit_code == 2 and "Discrete action space" in result.stderr
     assert not (tmp_path / "never").exists()
 
 

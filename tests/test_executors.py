@@ -14,7 +14,7 @@ from compress_dqn.run.executors import map_units, start_local_pool, threads_per_
 from compress_dqn.run.manifest import run_fingerprint
 from compress_dqn.recipe.schema import load_recipe
 
-from conftest import TINY
+from conftest import NO_TF_MEMORY, TINY
 
 
 def test_worker_count_is_bounded_by_units_and_request():
@@ -58,12 +58,13 @@ def test_unknown_executor_and_bad_ray_address_are_clear_errors():
         load_recipe(TINY, ["address=auto"])
 
 
+@pytest.mark.slow
 def test_sweep_gives_the_same_per_seed_results_on_local_pool_and_ray(tmp_path):
     """recipes/sweep.yaml's contract, shrunk: 2 seeds on a 2-worker pool and on a local 2-CPU Ray."""
     pytest.importorskip("ray")
     from compress_dqn.run.seeds import run_seeds
 
-    overrides = ["seeds=[0, 1]", "workers=2", "eval.episodes=3",
+    overrides = ["seeds=[0, 1]", "workers=2", "eval.episodes=3", NO_TF_MEMORY,
                  "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}]"]
     per_engine = {}
     for executor in ("local", "ray"):

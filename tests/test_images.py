@@ -9,7 +9,7 @@ from compress_dqn.rl.envs import FrameStack, env_info, make_env, rng_state, set_
 from compress_dqn.errors import UserError
 from compress_dqn.recipe.schema import load_recipe
 
-from conftest import ROOT
+from conftest import NO_TF_MEMORY, ROOT
 
 MINATAR = ROOT / "recipes" / "minatar-breakout.yaml"
 
@@ -69,6 +69,7 @@ def test_atari_settings_only_for_ale_ids(tmp_path):
         load_recipe(MINATAR, ["env.id=ALE/Pong-v5", "env.atari={frame_skip: 0}"])
 
 
+@pytest.mark.slow
 def test_minatar_cnn_pipeline_end_to_end(tmp_path):
     """The MinAtar recipe, shrunk: CNN training, frame replay, pruned + int8 + QAT variants, report."""
     from compress_dqn.run.pipeline import run
@@ -80,7 +81,7 @@ def test_minatar_cnn_pipeline_end_to_end(tmp_path):
         "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}, "
         "{name: prune-90-int8, prune: {sparsity: 0.9, exclude: [q_values]}, quantize: {mode: int8, calibration_samples: 50}, "
         "fine_tune: {method: td, steps: 200}}, "
-        "{name: qat-int8, quantize: {mode: qat}, fine_tune: {steps: 64, batch_size: 16}}]",
+        "{name: qat-int8, quantize: {mode: qat}, fine_tune: {steps: 64, batch_size: 16}}]", NO_TF_MEMORY,
     ])
     outcome = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
     results = json.loads((tmp_path / "run" / "results.json").read_text())

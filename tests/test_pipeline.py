@@ -16,14 +16,24 @@ from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.run.pipeline import run
 from compress_dqn.recipe.schema import load_recipe
 
-from conftest import TINY
+from conftest import NO_TF_MEMORY, TINY
 
 VARIANTS = ('variants=[{name: ptq-float16, quantize: {mode: float16}}, '
             '{name: student-8-int8, student: {net_arch: [8]}, quantize: {mode: int8, calibration_samples: 50}, '
             'fine_tune: {steps: 100}}]')
 
 
-def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a_pool_builds_the_same(tmp_path, monkeypatch):
+    """One run finished one variant at a time (spied on), and a copy of it taken after the baseline
+    finished by two pool workers: the set-up of both checks is the same trained baseline."""
+    import shutil
+
+    from compress_dqn.run.manifest import run_fingerprint
+    from compress_dqn.run.baseline_stages import train_baseline
+    from compress_dqn.run.context import open_run, reopen_run
+    from compress_dqn.run.pipeline import finish_run
+
     calls, plays = [], []
     real_evaluate, real_paired = evaluate_module.evaluate, evaluate_module.paired_difference
     real_play = looks_module.play_unit
@@ -43,8 +53,11 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
     monkeypatch.setattr(evaluate_module, "evaluate", spy)
     monkeypatch.setattr(evaluate_module, "paired_difference", undecided_until_20)
     monkeypatch.setattr(looks_module, "play_unit", play_spy)
-    recipe = load_recipe(TINY, [VARIANTS, "eval.max_episodes=20"])
-    outcome = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
+    recipe = load_recipe(TINY, [VARIANTS, "workers=2", "eval.max_episodes=20", "measure.saved_model_memory=baseline"])
+    ctx, _ = open_run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
+    train_baseline(ctx)
+    shutil.copytree(tmp_path / "run", tmp_path / "two")
+    outcome = finish_run(ctx, workers=1)
     # Baseline + 2 variants on seeds 0..4; then every look (10, 20) replays the baseline, the
     # random policy and the undecided variants on the next seeds, never the ones already played;
     # the baseline and the random policy play each look's episodes once, whichever variants are
@@ -55,7 +68,7 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
     assert sorted(plays, key=str) == sorted(looks, key=str)
 
     results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert results == outcome.results.to_dict()
+    assert results == outcome.to_dict()
     assert results["eval"]["looks"] == [5, 10, 20] and results["eval"]["confidence"] == pytest.approx(1 - 0.05 / 3)
     names = [v["name"] for v in results["variants"]]
     assert names == ["baseline", "ptq-float16", "student-8-int8"]
@@ -107,6 +120,31 @@ def test_variants_use_the_baselines_episode_seeds_and_undecided_ones_play_more(t
     again = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
     assert calls == plays == [] and again.results.to_dict() == results
 
+    # The copy, finished by a pool: each variant is built and each look's episode ranges are
+    # played in pool workers (in chunks); each result is recorded by the run's own process, and
+    # every byte and episode equals the one-at-a-time run's. The verdicts stay forced undecided
+    # until 20 episodes (they are decided in this process); the spies, local functions, cannot be
+    # sent to a worker.
+    monkeypatch.setattr(looks_module, "play_unit", real_play)
+    monkeypatch.setattr(evaluate_module, "evaluate", real_evaluate)
+    finish_run(reopen_run(recipe, tmp_path / "two", quiet=True, log=lambda m: None), workers=2)
+    assert run_fingerprint(tmp_path / "two") == run_fingerprint(tmp_path / "run")
+    stages = json.loads((tmp_path / "two" / "stages.json").read_text())
+    one = json.loads((tmp_path / "run" / "stages.json").read_text())
+    for key in ("reference:10", "reference:20", "look:10:ptq-float16", "look:20:student-8-int8"):
+        assert stages[key] == one[key]  # the random policy's episodes too
+    # Parallel builds probe each policy's memory beside the builds (before the looks), one at a time after them.
+    order, order_one = list(stages), list(one)
+    names = ["baseline", *(v.name for v in recipe.variants)]
+    assert max(order.index(f"memory:{n}") for n in names) < order.index("reference:10")
+    assert min(order_one.index(f"memory:{n}") for n in names) > order_one.index("reference:20")
+    # measure.saved_model_memory: baseline: TensorFlow's memory is probed for the baseline only, in both runs.
+    for done in (stages, one):
+        assert done["memory:baseline"]["saved_model"]["peak_rss"] > 0
+        assert all(done[f"memory:{n}"]["saved_model"] is None and done[f"memory:{n}"]["tflite"]["peak_rss"] > 0
+                   for n in names[1:])
+
+
 
 def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path):
     import numpy as np
@@ -128,6 +166,7 @@ def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path
     assert not same_policy(blobs[0][:100], blobs[0], obs)  # does not load
 
 
+@pytest.mark.slow
 def test_seeds_run_each_seed_and_aggregate_with_iqm(tmp_path):
     from compress_dqn.evaluation.verdicts import iqm
     from compress_dqn.run.seeds import run_seeds
@@ -153,60 +192,20 @@ def test_decisive_states_are_the_half_with_the_larger_action_gaps():
     assert decisive_states(q).tolist() == [False, True, True, False]
 
 
-def test_variants_built_in_parallel_equal_those_built_one_after_another(tmp_path, monkeypatch):
-    """A single-seed run builds its variants and plays its looks in pool workers (one per CPU),
-    each look's episode ranges cut in chunks: each result is recorded by the run's own process,
-    and every byte and episode equals the one-at-a-time run's."""
-    import shutil
-
-    from compress_dqn.run.manifest import run_fingerprint
-    from compress_dqn.run.baseline_stages import train_baseline
-    from compress_dqn.run.context import open_run, reopen_run
-    from compress_dqn.run.pipeline import finish_run
-
-    real_paired = evaluate_module.paired_difference
-
-    def undecided_until_20(variant, baseline, tolerance=0.01, random=None, confidence=0.95):
-        out = real_paired(variant, baseline, tolerance, random, confidence)  # verdicts: in this process
-        return {**out, "verdict": "inconclusive"} if len(variant) < 20 else out
-
-    monkeypatch.setattr(evaluate_module, "paired_difference", undecided_until_20)
-    recipe = load_recipe(TINY, [VARIANTS, "workers=2", "eval.max_episodes=20", "measure.saved_model_memory=baseline"])
-    ctx, _ = open_run(recipe, tmp_path / "one", quiet=True, log=lambda m: None)
-    train_baseline(ctx)
-    shutil.copytree(tmp_path / "one", tmp_path / "two")
-    finish_run(ctx, workers=1)
-    finish_run(reopen_run(recipe, tmp_path / "two", quiet=True, log=lambda m: None), workers=2)
-    assert run_fingerprint(tmp_path / "two") == run_fingerprint(tmp_path / "one")
-    stages = json.loads((tmp_path / "two" / "stages.json").read_text())
-    one = json.loads((tmp_path / "one" / "stages.json").read_text())
-    for key in ("reference:10", "reference:20", "look:10:ptq-float16", "look:20:student-8-int8"):
-        assert stages[key] == one[key]  # the random policy's episodes too
-    # Parallel builds probe each policy's memory beside the builds (before the looks), one at a time after them.
-    order, order_one = list(stages), list(one)
-    names = ["baseline", *(v.name for v in recipe.variants)]
-    assert max(order.index(f"memory:{n}") for n in names) < order.index("reference:10")
-    assert min(order_one.index(f"memory:{n}") for n in names) > order_one.index("reference:20")
-    # measure.saved_model_memory: baseline: TensorFlow's memory is probed for the baseline only, in both runs.
-    for run in (stages, one):
-        assert run["memory:baseline"]["saved_model"]["peak_rss"] > 0
-        assert all(run[f"memory:{n}"]["saved_model"] is None and run[f"memory:{n}"]["tflite"]["peak_rss"] > 0
-                   for n in names[1:])
-
-
+@pytest.mark.slow
 def test_a_variant_with_candidates_keeps_the_best_on_fresh_episodes_the_same_bytes_as_built_alone(tmp_path):
     """candidates: {count: 3}: three builds (NAME.c0..c2, seeded by those names), each played with
     the baseline on the same fresh episodes; the best one's files are the variant's, byte for byte
     what a variant of its name builds alone, and the losers' are gone."""
     student = "student: {net_arch: [2]}, quantize: {mode: float16}, fine_tune: {steps: 2, learning_rate: 1e-4}"  # barely taught: seeds show
-    recipe = load_recipe(TINY, [f"variants=[{{name: s, {student}, candidates: {{count: 3, episodes: 8}}}}]"])
+    recipe = load_recipe(TINY, [f"variants=[{{name: s, {student}, candidates: {{count: 3, episodes: 8}}}}]", NO_TF_MEMORY])
     run(recipe, tmp_path / "picked", quiet=True, log=lambda m: None)
     picked = json.loads((tmp_path / "picked" / "stages.json").read_text())["variant:s"]["compression"]["candidates"]
     differences = picked["fresh_differences"]
     assert len(differences) == 3 and len(set(differences)) > 1  # the candidates are different builds
     assert picked["picked"] == differences.index(max(differences)) and picked["seed"] == 200000
     assert not (tmp_path / "picked" / "variants" / "s" / "candidates").exists()
-    alone = load_recipe(TINY, [f"variants=[{{name: s.c{picked['picked']}, {student}}}]"])
+    alone = load_recipe(TINY, [f"variants=[{{name: s.c{picked['picked']}, {student}}}]", NO_TF_MEMORY])
     run(alone, tmp_path / "alone", quiet=True, log=lambda m: None)
     tflite = "variants/{}/policy.tflite"
     assert (tmp_path / "picked" / tflite.format("s")).read_bytes() == \
@@ -265,7 +264,7 @@ def test_a_failed_memory_probe_keeps_the_variant_it_follows(monkeypatch):
 
 def test_a_variant_unit_probes_tensorflow_memory_only_where_the_recipe_asks(monkeypatch):
     """Every policy's TFLite memory is probed; its SavedModel's (a TensorFlow import each) for every
-    policy by default, for the baseline only with measure.saved_model_memory: baseline."""
+    policy by default, for the baseline only with measure.saved_model_memory: baseline, for none with none."""
     from compress_dqn.evaluation import measure
     from compress_dqn.run import measuring, variants
 
@@ -283,6 +282,8 @@ def test_a_variant_unit_probes_tensorflow_memory_only_where_the_recipe_asks(monk
     assert all(measuring.probes_saved_model(default, n) for n in ("baseline", "ptq-float16", "student-8-int8"))
     assert measuring.probes_saved_model(only_baseline, "baseline")
     assert not any(measuring.probes_saved_model(only_baseline, n) for n in ("ptq-float16", "student-8-int8"))
+    none = load_recipe(TINY, [VARIANTS, "measure.saved_model_memory=none"])
+    assert not any(measuring.probes_saved_model(none, n) for n in ("baseline", "ptq-float16", "student-8-int8"))
 
 
 def test_parallel_builds_start_the_costliest_first_counting_a_clustering_step_dearer():
@@ -300,6 +301,7 @@ def test_parallel_builds_start_the_costliest_first_counting_a_clustering_step_de
     ]
 
 
+@pytest.mark.slow
 def test_a_dueling_baseline_is_exported_and_compressed_as_the_plain_network(tmp_path):
     """train.dueling changes how the baseline learns, not what it is: weights.npz holds the plain
     network (one Dense head), which the TFLite policy computes and a variant compresses."""
@@ -308,7 +310,7 @@ def test_a_dueling_baseline_is_exported_and_compressed_as_the_plain_network(tmp_
     from compress_dqn.rl.networks import network_for
 
     recipe = load_recipe(TINY, ["train.dueling=true", "train.total_timesteps=300",
-                                "variants=[{name: ptq-float16, quantize: {mode: float16}}]"])
+                                "variants=[{name: ptq-float16, quantize: {mode: float16}}]", NO_TF_MEMORY])
     run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
     base = tmp_path / "run" / "baseline"
     env = make_env_from(recipe.env)
@@ -318,3 +320,6 @@ def test_a_dueling_baseline_is_exported_and_compressed_as_the_plain_network(tmp_
     np.testing.assert_allclose(TFLitePolicy(base / "policy.tflite").q_values(states), plain(states).numpy(), rtol=1e-4, atol=1e-4)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert [v["name"] for v in results["variants"]] == ["baseline", "ptq-float16"]
+    # measure.saved_model_memory: none: no policy's TensorFlow memory is probed, every TFLite one is.
+    assert all(v["memory_bytes"]["cpu_rss"]["saved_model"] is None and v["memory_bytes"]["cpu_rss"]["tflite"]["peak_rss"] > 0
+               for v in results["variants"])

@@ -118,6 +118,34 @@ def test_validate_cli_bad_recipe_exits_2_with_one_line(tmp_path):
     assert "Traceback" not in result.stderr + result.stdout
 
 
+def test_huge_counts_get_the_one_line_error_and_exit_2(tmp_path):
+    """train.buffer_size: 1e308 passed the schema and crashed the memory check's message with an
+    OverflowError (exit 1); a count that does not fit NumPy's int64 is refused where it is read."""
+    from click.testing import CliRunner
+
+    from compress_dqn.cli import main
+
+    for key in ("train.buffer_size", "train.total_timesteps", "eval.episodes", "fine_tune.steps"):
+        override = f"{key}=1e308" if key != "fine_tune.steps" else \
+            "variants=[{name: s, student: {net_arch: [8]}, fine_tune: {steps: 1e308}}]"
+        assert "must be <= 9223372036854775807" in error_of(TINY, [override]), key
+    assert load_recipe(TINY, ["train.total_timesteps=9223372036854775807"]).train.total_timesteps == 2**63 - 1
+    path = write(tmp_path, "env: {id: CartPole-v1}\ntrain: {buffer_size: 1.0e+308}\n")
+    for args in (["validate", str(path)], ["run", str(path), "--out", str(tmp_path / "never")]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.count("\n") == 1 and "train.buffer_size: 1e+308 must be <= 9223372036854775807" in result.stderr
+    assert not (tmp_path / "never").exists()
+
+
+def test_byte_sizes_too_large_for_a_float_still_format():
+    from compress_dqn.replay.budget import format_bytes
+
+    assert format_bytes(1536) == "1.50 KiB" and format_bytes(3 * 2**40) == "3.00 TiB"
+    assert format_bytes(10**308 * 7000).endswith(" TiB")  # int too large to convert to float
+    assert format_bytes(2**1100) == f"{2**1060} TiB"
+
+
 def test_validate_and_help_do_not_import_tensorflow():
     code = (
         "import sys, time; t=time.perf_counter()\n"

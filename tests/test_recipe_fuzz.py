@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 from compress_dqn.cli import main
 
 from conftest import TINY
+
+pytestmark = pytest.mark.slow  # a thousand CLI invocations
 
 BASE = yaml.safe_load(TINY.read_text())
 BASE["variants"] = [{"name": "ptq", "quantize": {"mode": "int8", "calibration_samples": 10}},

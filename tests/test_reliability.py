@@ -18,12 +18,12 @@ from compress_dqn.errors import UserError
 from compress_dqn.run.manifest import run_fingerprint
 from compress_dqn.recipe.schema import load_recipe
 
-from conftest import ROOT, TINY
+from conftest import FINISHED_OVERRIDES, NO_TF_MEMORY, ROOT, TINY
 
-# Long enough to kill inside training (checkpoints every 500 of 3000 steps), one variant.
+# Long enough to kill inside training (checkpoints every 200 of 1000 steps), one variant.
 KILL_OVERRIDES = [
-    "train.total_timesteps=3000", "train.checkpoint_interval=500", "eval.episodes=3",
-    "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}]",
+    "train.total_timesteps=1000", "train.checkpoint_interval=200", "eval.episodes=3",
+    "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}]", NO_TF_MEMORY,
 ]
 
 
@@ -55,6 +55,7 @@ def _kill_when(out: Path, ready, timeout: float = 240) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_kill_9_at_each_stage_then_resume_equals_an_uninterrupted_run(tmp_path):
     reference = tmp_path / "reference"
     assert subprocess.run(_command(reference), capture_output=True).returncode == 0
@@ -78,13 +79,13 @@ def test_kill_9_at_each_stage_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert verified.exit_code == 0, verified.output
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("finished") / "run"
-    from compress_dqn.run.pipeline import run
+@pytest.fixture
+def finished_run(finished_tiny_run):
+    return finished_tiny_run
 
-    run(load_recipe(TINY, ["eval.episodes=2"]), out, quiet=True, log=lambda m: None)
-    return out
+
+def _sets(overrides: list[str]) -> list[str]:
+    return [arg for override in overrides for arg in ("--set", override)]
 
 
 def _copy(run_dir: Path, tmp_path: Path) -> Path:
@@ -126,7 +127,7 @@ def test_evaluate_report_and_rerun_refuse_a_corrupted_artifact(finished_run, tmp
     policy.write_bytes(policy.read_bytes()[:100])
     result = runner.invoke(main, ["evaluate", str(policy), "--env", "CartPole-v1", "--episodes", "1"])
     assert result.exit_code == 2 and "policy.tflite has 100 bytes" in result.output
-    rerun = runner.invoke(main, ["run", str(TINY), "--out", str(run_dir), "--set", "eval.episodes=2", "--quiet"])
+    rerun = runner.invoke(main, ["run", str(TINY), "--out", str(run_dir), *_sets(FINISHED_OVERRIDES), "--quiet"])
     assert rerun.exit_code == 2 and "a finished run with a damaged artifact" in rerun.output
 
 
@@ -167,6 +168,7 @@ def test_only_the_baselines_checkpoints_are_left_out_of_the_manifest(tmp_path):
     assert verify(tmp_path) == ["variants/checkpoints/policy.tflite does not match its SHA-256 (modified or corrupted)"]
 
 
+@pytest.mark.slow
 def test_divergence_stops_with_a_clear_message_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     import compress_dqn.rl.trainer as train_module
 
@@ -199,6 +201,7 @@ def test_divergence_stops_with_a_clear_message_and_keeps_the_last_checkpoint(tmp
     assert all(np.isfinite(weights[k]).all() for k in weights.files)
 
 
+@pytest.mark.slow
 def test_a_full_disk_mid_run_leaves_the_last_checkpoint_intact(tmp_path, monkeypatch):
     import compress_dqn.rl.trainer as train_module
     from compress_dqn.rl.trainer import DQNTrainer, latest_checkpoint
@@ -312,7 +315,7 @@ def test_resume_rebuilds_a_finished_stage_whose_files_are_gone(finished_run, tmp
     shutil.rmtree(run_dir / "baseline" / "saved_model")
     (run_dir / "baseline" / "policy.tflite").unlink()
     messages: list[str] = []
-    run(load_recipe(TINY, ["eval.episodes=2"]), run_dir, quiet=True, log=messages.append)
+    run(load_recipe(TINY, FINISHED_OVERRIDES), run_dir, quiet=True, log=messages.append)
     assert any("are missing (export" in m for m in messages), messages
     assert (run_dir / "baseline" / "policy.tflite").read_bytes() == before  # exported again, the same bytes
     assert "train" in json.loads((run_dir / "stages.json").read_text())  # the trained weights were kept

@@ -10,7 +10,7 @@ from compress_dqn.run import search as search_module
 from compress_dqn.recipe.schema import load_recipe
 from compress_dqn.run.search import SearchLog, Tried, bisect_family, ladders
 
-from conftest import TINY
+from conftest import NO_TF_MEMORY, TINY
 
 STUDENTS = "search.students=[[64, 64], [32, 32], [16, 16], [8, 8], [4, 4]]"
 
@@ -95,37 +95,6 @@ def test_student_candidates_make_each_student_rung_a_best_of_k_build_and_leave_p
     assert all(c.variant.candidates is None for c in ladders(load_recipe(TINY, [STUDENTS]), 4, 2)["student"])
 
 
-def test_tiny_search_end_to_end_names_a_winner_among_the_variants_and_resumes(tmp_path, monkeypatch):
-    from compress_dqn.run.search import run_search
-
-    recipe = load_recipe(TINY, [
-        "search.students=[[8]]", "search.student_quantize=float16", "search.student_fine_tune.steps=300",
-        "eval.tolerance=1.0",  # a tiny baseline: keep the test about the mechanics, not the tolerance
-    ])
-    outcome = run_search(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
-    found = outcome.results.search
-    played = [t["name"] for t in found["tried"] if t["per_seed"]]
-    assert played and found["cost"]["units"] == len(played)
-    seed_results = json.loads((tmp_path / "run" / "seed-0" / "results.json").read_text())
-    names = [v["name"] for v in seed_results["variants"]]
-    assert names == ["baseline", *played]
-    if found["winner"] is not None:
-        assert found["winner"] in names and seed_results["search"]["winner"] == found["winner"]
-        assert all(o["verdict"] != "worse" for o in next(t for t in found["tried"] if t["name"] == found["winner"])["per_seed"].values())
-    report = (tmp_path / "run" / "report.md").read_text()
-    assert "## Search: the smallest policy within tolerance on every seed" in report
-
-    # A rerun finds every unit finished: no candidate is built or played again.
-    from compress_dqn.run import variants
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a finished candidate was rebuilt")
-
-    monkeypatch.setattr(variants, "variant_stage", refuse)
-    again = run_search(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
-    assert again.results.search["winner"] == found["winner"] and again.resumed
-
-
 def test_search_command_refuses_bad_ladders_in_one_line():
     from conftest import cli
 
@@ -160,11 +129,13 @@ def test_a_chunk_with_fewer_seeds_than_workers_plays_its_looks_on_the_spare_ones
         assert calls == expected
 
 
+@pytest.mark.slow
 def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(tmp_path, monkeypatch):
     """One seed on two workers: the candidate's unit plays its looks (5 -> 10 -> 20 episodes,
-    forced undecided until 20) in chunks on both; the search equals the one-worker search."""
+    forced undecided until 20) in chunks on both; the search equals the one-worker search. The
+    one-worker search is also the tiny end-to-end search: winner, report, resume."""
     from compress_dqn.evaluation import verdicts as evaluate_module
-    from compress_dqn.run import looks
+    from compress_dqn.run import looks, variants
     from compress_dqn.run.search import run_search, search_fingerprint
 
     real_paired, real_decide, look_workers = evaluate_module.paired_difference, looks.decide, []
@@ -182,14 +153,34 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
 
     monkeypatch.setattr(evaluate_module, "paired_difference", undecided_until_20)
     overrides = ["search.students=[[8]]", "search.student_quantize=float16", "search.student_fine_tune.steps=300",
-                 "eval.tolerance=1.0", "eval.max_episodes=20"]
-    for workers in (1, 2):
-        run_search(load_recipe(TINY, [*overrides, f"workers={workers}"]), tmp_path / f"w{workers}", quiet=True,
-                   log=lambda m: None)
+                 "eval.tolerance=1.0", "eval.max_episodes=20", NO_TF_MEMORY]
+    outcomes = {workers: run_search(load_recipe(TINY, [*overrides, f"workers={workers}"]), tmp_path / f"w{workers}",
+                                    quiet=True, log=lambda m: None) for workers in (1, 2)}
     assert look_workers == [1, 2]  # the unit of the one-worker search, then the two-worker one's
     assert search_fingerprint(tmp_path / "w2") == search_fingerprint(tmp_path / "w1")
     stages = json.loads((tmp_path / "w2" / "seed-0" / "stages.json").read_text())
     assert len(stages["look:20:student-8-float16"]["episodes"]) == 10  # the looks were played
+
+    # The one-worker search end to end: it names a winner among the run's variants, and resumes.
+    run_dir, found = tmp_path / "w1", outcomes[1].results.search
+    played = [t["name"] for t in found["tried"] if t["per_seed"]]
+    assert played and found["cost"]["units"] == len(played)
+    seed_results = json.loads((run_dir / "seed-0" / "results.json").read_text())
+    names = [v["name"] for v in seed_results["variants"]]
+    assert names == ["baseline", *played]
+    if found["winner"] is not None:
+        assert found["winner"] in names and seed_results["search"]["winner"] == found["winner"]
+        assert all(o["verdict"] != "worse" for o in next(t for t in found["tried"] if t["name"] == found["winner"])["per_seed"].values())
+    report = (run_dir / "report.md").read_text()
+    assert "## Search: the smallest policy within tolerance on every seed" in report
+
+    # A rerun finds every unit finished: no candidate is built or played again.
+    def refuse(*args, **kwargs):
+        raise AssertionError("a finished candidate was rebuilt")
+
+    monkeypatch.setattr(variants, "variant_stage", refuse)
+    again = run_search(load_recipe(TINY, [*overrides, "workers=1"]), run_dir, quiet=True, log=lambda m: None)
+    assert again.results.search["winner"] == found["winner"] and again.resumed
 
 
 def test_the_front_offers_only_kept_candidates():

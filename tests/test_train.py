@@ -61,6 +61,7 @@ def test_counts_match_sb3_semantics():
     assert result.replay.num_transitions > 0
 
 
+@pytest.mark.slow
 def test_fused_phase_equals_one_call_per_gradient_step():
     recipe = tiny(**{"train.total_timesteps": 250})
     fused = train(recipe).model.get_weights()
@@ -71,6 +72,7 @@ def test_fused_phase_equals_one_call_per_gradient_step():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_training_changes_weights_and_same_seed_same_result():
     recipe = tiny(**{"train.total_timesteps": 250})
     a = train(recipe)
@@ -81,6 +83,7 @@ def test_training_changes_weights_and_same_seed_same_result():
     assert any(not np.array_equal(x, y) for x, y in zip(a.model.get_weights(), c.model.get_weights()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", [{}, {"train.double_dqn": "true", "train.tau": 0.5}, {"train.dueling": "true"}])
 def test_resume_after_crash_equals_uninterrupted_run(tmp_path, variant):
     recipe = tiny(**variant)
@@ -99,6 +102,7 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, variant):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 def test_best_weights_are_kept_when_periodic_eval_is_on():
     recipe = tiny(**{"train.eval_interval": 50, "train.eval_episodes": 3, "train.eval_seed": 1000,
                      "train.total_timesteps": 800, "train.learning_rate": 3e-3})
@@ -121,6 +125,7 @@ def test_best_weights_are_kept_when_periodic_eval_is_on():
 
 
 
+@pytest.mark.slow
 def test_training_stops_at_the_first_evaluation_that_reaches_stop_at_return():
     settings = {"train.eval_interval": 50, "train.eval_episodes": 3, "train.eval_seed": 1000,
                 "train.total_timesteps": 800, "train.learning_rate": 3e-3}
@@ -236,6 +241,7 @@ def test_acts_uniformly_at_random_before_learning_starts(monkeypatch):
     assert 0.3 < actions.mean() < 0.7  # CartPole's two actions, drawn uniformly
 
 
+@pytest.mark.slow
 def test_n_step_training_runs_and_differs_from_one_step():
     one = train(tiny())
     three = train(tiny(**{"train.n_steps": 3}))
@@ -344,6 +350,7 @@ def test_tensorboard_gets_the_phases_mean_once_per_interval_and_the_rest_at_clos
     assert [(v, s) for n, v, s in points if n == "train/epsilon"] == [(1 / 12, 12), (1 / 24, 24), (1 / 28, 28)]
 
 
+@pytest.mark.slow
 def test_dueling_training_learns_through_two_heads_and_returns_the_plain_network():
     """train.dueling trains V and A heads (other weights than the plain head), and the result is the
     plain Sequential the pipeline rebuilds from the recipe, computing the dueling network's Q-values."""

@@ -71,8 +71,13 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
+MAX_COUNT = 2**63 - 1
+"""Counts index NumPy arrays and TensorFlow step counters (int64): a larger one cannot run, and
+formatting its byte size would overflow a float."""
+
+
 def _count(lo: int = 0) -> Any:
-    return Annotated[int, BeforeValidator(_parse_count), Field(ge=lo)]
+    return Annotated[int, BeforeValidator(_parse_count), Field(ge=lo, le=MAX_COUNT)]
 
 
 def _real(lo: float | None, hi: float | None, lo_open: bool = False, hi_open: bool = False) -> Any:
@@ -567,12 +572,12 @@ class SearchConfig(StrictModel):
 class MeasureConfig(StrictModel):
     """What the measuring stage probes besides size and latency."""
 
-    saved_model_memory: Literal["all", "baseline"] = "all"
-    """Whose SavedModel inference memory is probed: every policy's, or the baseline's only. Each
-    probe is a fresh process that imports TensorFlow, and TensorFlow's runtime is most of the
-    figure and much the same for every policy, so "baseline" spares a quick run those imports and
-    still shows what serving through TensorFlow takes (docs/measurements.md). Every policy's
-    TFLite memory is probed either way."""
+    saved_model_memory: Literal["all", "baseline", "none"] = "all"
+    """Whose SavedModel inference memory is probed: every policy's, the baseline's only, or none
+    (smoke runs and tests that read no memory figure). Each probe is a fresh process that imports
+    TensorFlow, and TensorFlow's runtime is most of the figure and much the same for every policy,
+    so "baseline" spares a quick run those imports and still shows what serving through TensorFlow
+    takes (docs/measurements.md). Every policy's TFLite memory is probed either way."""
 
 
 class Recipe(StrictModel):

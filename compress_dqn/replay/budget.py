@@ -21,12 +21,13 @@ MEMORY_MARGIN = 0.9
 
 
 def format_bytes(n: float, decimals: int = 2) -> str:
-    """Human-readable size with binary units, for error messages."""
+    """Human-readable size with binary units, for error messages (any int: a message about a huge
+    request must not fail on a float overflow)."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024.0:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{decimals}f} {unit}"
-        n /= 1024.0
-    return f"{n:.{decimals}f} TiB"
+        n = n / 1024 if abs(n) < 2**1000 else n // 1024
+    return f"{n:.{decimals}f} TiB" if abs(n) < 2**1000 else f"{n} TiB"
 
 
 def check_memory(rows: int, row_bytes: int) -> None:

@@ -52,7 +52,8 @@ def probe_policy_memory(folder: Path, saved_model: bool) -> dict[str, Any]:
 
 def probes_saved_model(recipe: Recipe, name: str) -> bool:
     """Whether policy `name` gets a SavedModel memory probe (a TensorFlow import of its own)."""
-    return name == "baseline" or recipe.measure.saved_model_memory == "all"
+    mode = recipe.measure.saved_model_memory
+    return mode == "all" or (mode == "baseline" and name == "baseline")
 
 
 def probe_memory(ctx: RunContext, workers: int = 1) -> None:

@@ -1,0 +1,95 @@
+"""Every benchmarks/ script runs at its --smoke size and prints the JSON its docs promise.
+
+A refactor that breaks a benchmark fails here, not months later when someone reruns a study.
+Each runs as a user runs it: `python benchmarks/NAME.py --smoke`, in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def bench(name: str, *args: str, cwd: Path = ROOT, timeout: float = 600) -> list[dict]:
+    """Run benchmarks/NAME.py --smoke ARGS; its stdout's JSON lines (every line must be one)."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--smoke", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert lines, "printed nothing"
+    return [json.loads(line) for line in lines]
+
+
+def test_replay_memory_stores_one_frame_per_transition():
+    """It crashed at zip(*batch) once Batch grew an n-step field that is None for 1-step batches."""
+    (row,) = bench("replay_memory")
+    assert row["capacity"] == 5000 and row["frame_stack"] == 4 and row["frame_bytes"] == 84 * 84
+    assert row["nbytes"] == row["capacity"] * (row["frame_bytes"] + row["overhead_bytes"])
+    assert row["ratio_vs_frame_plus_fields"] == 1.0
+    assert abs(row["bytes_per_transition"] / row["frame_bytes"] - 1) < 0.02  # one frame, not k or 2k
+    assert 0 < row["num_transitions"] < row["capacity"] and row["rss_bytes"] > row["rss_before_bytes"]
+
+
+def test_verdict_calibration_gives_shares_per_case():
+    rows = bench("verdict_calibration")
+    assert [r["case"] for r in rows] == ["rare failures"] * 3 + ["identical"] + ["spread"] * 2
+    for row in rows:
+        assert math.isclose(sum(row["shares"].values()), 1.0)
+        assert set(row["shares"]) <= {"within 1%", "worse", "better", "inconclusive"}
+        assert row["median_episodes"] <= row["looks"][-1]
+
+
+def test_train_cartpole_reports_a_seed_and_a_summary():
+    row, summary = bench("train_cartpole")
+    assert row["seed"] == 0 and row["env_steps"] == 300 and row["gradient_steps"] > 0
+    assert row["recipe"].endswith("tiny.yaml") and row["rss_50pct_bytes"] and row["rss_100pct_bytes"]
+    assert summary["summary"] and summary["seeds"] == 1 and summary["failed"] == 0
+    assert summary["mean_return"] == row["eval_mean_return"]
+
+
+def test_lunarlander_options_reports_an_option_set_and_its_summary():
+    row, summary = bench("lunarlander_options")
+    assert row["option"] == summary["option"] == "n3-double-64x64-200k"
+    assert row["env_steps"] == 300 and row["eval_episodes"] == 2 and "error" not in row
+    assert summary["seeds"] == 1 and summary["failed"] == 0 and summary["solved_at"] == 200.0
+
+
+def test_student_replicas_decides_each_replica_and_each_best_of_k(tmp_path):
+    rows = bench("student_replicas", "--out", str(tmp_path / "replicas"))
+    variants = [r for r in rows if "variant" in r]
+    assert [v["variant"] for v in variants] == ["sel1-a", "sel1-b"]
+    assert all(v["verdict"] in ("within 1%", "worse", "better", "inconclusive") for v in variants)
+    assert any("spearman_fresh_vs_final" in r and r["fresh_episodes"] == 4 for r in rows)
+    assert [(r["setting"], r["best_of"], r["subsets"]) for r in rows if "best_of" in r] == [("sel1", 1, 2), ("sel1", 2, 1)]
+
+
+def test_compare_executors_finds_the_same_results_on_one_and_two_workers(tmp_path):
+    *engines, summary = bench("compare_executors", "--out", str(tmp_path / "compare"), cwd=tmp_path)
+    assert [e["engine"] for e in engines] == ["local:1", "local:2"] and all(e["seeds"] == [0] for e in engines)
+    assert summary["identical_per_seed_results"] is True
+    assert set(summary["mean_returns"]["0"]) == {"baseline", "ptq-float16"}
+
+
+def test_kill_resume_resumes_a_killed_run_to_the_references_bytes(tmp_path):
+    *trials, summary = bench("kill_resume", "--out", str(tmp_path / "kill"))
+    assert summary["kills"] >= 1 and summary["trials"] == len(trials)
+    assert summary["verified"] == summary["identical"] == summary["trials"], trials
+    assert all(t["resumed"] and t["identical_to_reference"] and t["error"] is None for t in trials)
+
+
+def test_byo_baseline_compresses_a_runs_keras_file_again(finished_tiny_run, tmp_path):
+    (row,) = bench("byo_baseline", "--run", str(finished_tiny_run), "--out", str(tmp_path / "byo"))
+    assert row["env_id"] == "CartPole-v1" and row["seed"] == 0
+    (baseline,) = row["variants"].values()
+    assert set(baseline) == {"full_pipeline", "from_keras", "relative_difference", "within_1pct"}
+    assert row["all_within_1pct"] == baseline["within_1pct"]
+    assert (tmp_path / "byo" / "baseline.keras").is_file() and (tmp_path / "byo" / "run" / "results.json").is_file()
