@@ -31,7 +31,7 @@ def cross_check(path: str | Path, model: Any, observations: np.ndarray, info: An
     """The port check on `observations` (None for a Keras file or a run's baseline: nothing was ported)."""
     path = Path(path)
     kind = file_kind(path)
-    if kind in ("keras", "run"):
+    if kind == "keras":
         return None
     port = read_port(path, info, kind)
     record: dict[str, Any] = {"format": KINDS[kind], "states": len(observations), "notes": list(port.net.notes)}

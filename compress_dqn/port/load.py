@@ -24,12 +24,10 @@ KINDS = {"sb3": "a Stable-Baselines3 DQN zip", "torch": "a PyTorch state dict", 
 
 
 def file_kind(path: Path) -> str:
-    """'keras' (a .keras/.h5 file or SavedModel directory), 'run' (a compress-dqn run directory),
+    """'keras' (a .keras/.h5 file or SavedModel directory; a run directory is told apart before),
     'sb3', 'torch' or 'onnx'."""
-    from compress_dqn.port.run_dir import run_root
-
     if path.is_dir():
-        return "run" if run_root(path) is not None else "keras"
+        return "keras"
     if not path.is_file():  # a FIFO or device would block or never end
         raise UserError(f"baseline.from: {path}: not a regular file; give a model file or a SavedModel directory")
     try:

@@ -46,9 +46,9 @@ def load_run_network(path: str | Path, info: Any) -> Any:
         raise UserError(f"{root}: its baseline plays {recipe.env.id} (frame_stack {recipe.env.frame_stack}), not "
                         f"{info.env_id} (frame_stack {info.frame_stack}); pass --env {recipe.env.id}")
     if recipe.baseline is not None:  # itself a brought baseline: the run kept it as a Keras file
-        from compress_dqn.port.baseline import load_model
+        from compress_dqn.port.keras_file import load_keras
 
-        model = load_model(root / "baseline" / "model.keras", info)
+        model = load_keras(root / "baseline" / "model.keras", info)
     else:
         from compress_dqn.rl.networks import network_for
 
@@ -59,11 +59,11 @@ def load_run_network(path: str | Path, info: Any) -> Any:
 
 def run_replay(path: str | Path, info: Any) -> tuple[Any, dict[str, Any]]:
     """The replay buffer the run's baseline trained on (or was compressed with), and its record."""
-    from compress_dqn.replay.buffer import ReplayBuffer
+    from compress_dqn.replay.buffer import load_replay
 
     root = run_root(path)
     _recipe(root)
-    replay = ReplayBuffer.from_file(root / "baseline" / "replay.npz", info.obs_shape, info.obs_dtype, info.n_actions,
+    replay = load_replay(root / "baseline" / "replay.npz", info.obs_shape, info.obs_dtype, info.n_actions,
                                     frame_stack=info.frame_stack)
     return replay, {"kind": "run replay", "path": str(root / "baseline" / "replay.npz"),
                     "transitions": replay.num_transitions}

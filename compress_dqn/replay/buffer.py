@@ -303,16 +303,6 @@ class ReplayBuffer:
         ``np.load(..., allow_pickle=False)``. ``obs`` holds one frame per row when frame_stack > 1."""
         return {**self._ring.state_dict(), **self._index.state_dict()}
 
-    @classmethod
-    def from_file(cls, path: Path, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int, *,
-                  frame_stack: int = 1) -> ReplayBuffer:
-        """A buffer of exactly the rows of a state_dict saved as .npz (no pickle), restored."""
-        with np.load(path, allow_pickle=False) as data:
-            state = {key: data[key] for key in data.files}
-        replay = cls(len(state["obs"]), obs_shape, obs_dtype, n_actions, seed=0, frame_stack=frame_stack)
-        replay.load_state_dict(state)
-        return replay
-
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Restore from :meth:`state_dict` into this (same-shaped) buffer; everything is checked
         before anything changes, so a ValueError leaves the buffer as it was."""
@@ -338,3 +328,13 @@ def sampling_undone(replay: ReplayBuffer) -> Iterator[None]:
         yield
     finally:
         replay._rng.bit_generator.state = state
+
+
+def load_replay(path: Path, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int, *,
+                frame_stack: int = 1) -> ReplayBuffer:
+    """A buffer of exactly the rows of a ReplayBuffer.state_dict() saved as .npz (no pickle), restored."""
+    with np.load(path, allow_pickle=False) as data:
+        state = {key: data[key] for key in data.files}
+    replay = ReplayBuffer(len(state["obs"]), obs_shape, obs_dtype, n_actions, seed=0, frame_stack=frame_stack)
+    replay.load_state_dict(state)
+    return replay

@@ -28,9 +28,9 @@ def variant_seed(seed: int, name: str) -> int:
 
 def _load_replay(path: Path, info: Any) -> Any:
     """The baseline's final replay buffer, fresh for each variant (so each is reproducible alone)."""
-    from compress_dqn.replay.buffer import ReplayBuffer
+    from compress_dqn.replay.buffer import load_replay
 
-    return ReplayBuffer.from_file(path, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack)
+    return load_replay(path, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack)
 
 
 def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any, decisive: Any) -> dict[str, Any]:
