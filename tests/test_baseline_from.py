@@ -12,7 +12,7 @@ from compress_dqn.cli import main
 from compress_dqn.errors import UserError
 from compress_dqn.recipe.schema import load_recipe
 
-from conftest import TINY
+from conftest import NO_TF_MEMORY, TINY
 
 SMALL_VARIANTS = ("variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 100}}, "
                   "{name: prune-50, prune: {sparsity: 0.5, exclude: [q_values]}, fine_tune: {steps: 200}}, "
@@ -27,12 +27,13 @@ def saved_model_file(trained_tiny, tmp_path_factory):
     return path, result.model
 
 
+@pytest.mark.slow
 def test_recipe_from_a_keras_file_runs_the_whole_pipeline(saved_model_file, tmp_path):
     from compress_dqn.run.pipeline import run
 
     path, model = saved_model_file
     recipe = load_recipe(TINY, [f"baseline={{from: '{path}', rollout: {{steps: 600, epsilon: 0.1}}}}",
-                                "eval.episodes=3", SMALL_VARIANTS])
+                                "eval.episodes=3", SMALL_VARIANTS, NO_TF_MEMORY])
     outcome = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
     results = outcome.results.to_dict()
     source = results["train"]["source"]
@@ -47,6 +48,7 @@ def test_recipe_from_a_keras_file_runs_the_whole_pipeline(saved_model_file, tmp_
     assert CliRunner().invoke(main, ["verify", str(tmp_path / "run")]).exit_code == 0
 
 
+@pytest.mark.slow
 def test_compress_shortcut_and_transitions_file(saved_model_file, tmp_path):
     path, model = saved_model_file
     # Transitions from a short greedy rollout, as a user might have logged them.
@@ -66,7 +68,8 @@ def test_compress_shortcut_and_transitions_file(saved_model_file, tmp_path):
 
     result = CliRunner().invoke(main, ["compress", str(path), "--env", "CartPole-v1", "--variants", "ptq-int8,prune-80",
                                        "--transitions", str(data), "--episodes", "3", "--max-episodes", "3",
-                                       "--set", "variants.prune-80.fine_tune.steps=300", "--out", str(tmp_path / "run"),
+                                       "--set", "variants.prune-80.fine_tune.steps=300", "--set", NO_TF_MEMORY,
+                                       "--out", str(tmp_path / "run"),
                                        "--quiet"])
     assert result.exit_code == 0, result.output
     results = json.loads((tmp_path / "run" / "results.json").read_text())
@@ -186,8 +189,8 @@ def test_compress_an_sb3_zip_records_the_port_check(tmp_path):
 
     path = Path(__file__).resolve().parent / "data" / "port" / "sb3_cartpole.zip"
     result = CliRunner().invoke(main, ["compress", str(path), "--env", "CartPole-v1", "--variants", "ptq-int8",
-                                       "--rollout-steps", "400", "--episodes", "3", "--out", str(tmp_path / "run"),
-                                       "--quiet"])
+                                       "--rollout-steps", "400", "--episodes", "3", "--max-episodes", "3",
+                                       "--set", NO_TF_MEMORY, "--out", str(tmp_path / "run"), "--quiet"])
     assert result.exit_code == 0, result.output
     check = load_results(tmp_path / "run" / "results.json").port_check
     assert check is not None and check.checked and check.states == 400

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from conftest import NO_TF_MEMORY as CHEAP  # no test here reads a memory figure
 from conftest import TINY
 
-CHEAP = "measure.saved_model_memory=baseline"  # one TensorFlow memory probe per run, not one per policy
 ONE = "variants=[{name: f16, quantize: {mode: float16}}]"
 TWO = "variants=[{name: f16, quantize: {mode: float16}}, {name: dyn, quantize: {mode: dynamic}}]"
 CHANGED = "variants=[{name: f16, quantize: {mode: dynamic}}]"
