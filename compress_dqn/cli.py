@@ -123,11 +123,13 @@ def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_step
     Its verdicts use sequential looks as the shipped recipes do: identical episodes decide "within"
     only from ~400 on, so a plain 100-episode evaluation would leave the best variants undecided."""
     from compress_dqn.port.baseline import load_model
+    from compress_dqn.port.run_dir import run_env
+    from compress_dqn.recipe.schema import EnvConfig
     from compress_dqn.rl.envs import probe_env
     from compress_dqn.rl.networks import weight_layers
-    from compress_dqn.recipe.schema import EnvConfig
 
-    info = probe_env(EnvConfig(id=env_id, frame_stack=frame_stack))
+    env = run_env(model, env_id) or {"id": env_id, "frame_stack": frame_stack}  # a run's own settings, kwargs too
+    info = probe_env(EnvConfig(**env))
     layers = [layer.name for layer in weight_layers(load_model(model, info))]
     keep_dense = [layers[-1]] + ([layers[0]] if len(layers) > 2 else [])
     baseline: dict = {"from": str(model.absolute())}
@@ -141,8 +143,8 @@ def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_step
     name = name or "model"
     if model.is_dir():  # a run directory (or SavedModel): runs/NAME could be the source itself
         name = f"{name}-compressed"
-    flat = len(info.obs_shape) == 1 and frame_stack == 1
-    return {"name": name, "seed": seed, "env": {"id": env_id, "frame_stack": frame_stack}, "baseline": baseline,
+    flat = len(info.obs_shape) == 1 and info.frame_stack == 1
+    return {"name": name, "seed": seed, "env": env, "baseline": baseline,
             "eval": {"episodes": episodes, "seed": 0, "max_episodes": max(max_episodes, episodes)}}, keep_dense, flat
 
 

@@ -92,7 +92,7 @@ def test_act_takes_any_observation_form_and_acts_alike(exported):
     obs = np.random.default_rng(4).normal(0, 2, size=(50, 4)).astype(np.float32)
     expected = policy.actions(obs).tolist()
     for form in (lambda o: o, lambda o: o.astype(np.float64), lambda o: o[None], lambda o: o.tolist(),
-                 lambda o: np.asfortranarray(o[None])[0]):
+                 lambda o: np.asfortranarray(o[None])[0], lambda o: o.astype(">f4")):  # set_tensor copies raw bytes
         assert [policy.act(form(o)) for o in obs] == expected
     policy.actions(obs)  # batch 50: act() must resize back to 1
     assert [policy.act(o) for o in obs] == expected

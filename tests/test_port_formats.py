@@ -199,3 +199,33 @@ def test_results_read_the_port_check_and_old_results_have_none():
               "reason": "not cross-checked: onnxruntime is not installed (pip install 'compress-dqn[onnx]' to ...)"}
     check = RunResults.from_dict({**base, "train": {"port_check": record}}).port_check
     assert check.summary() == f"Port from an ONNX model: {record['reason']}."
+
+
+def test_an_onnx_bias_after_an_activation_is_refused_and_a_row_bias_is_read(tmp_path):
+    """Add(c) after a Relu is not a bias of the MatMul before it (taken as one, it shifts the ReLU's
+    input); a Gemm bias of shape (1, N), valid ONNX broadcasting, is that layer's bias."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from compress_dqn.port.onnx_net import read_onnx
+
+    w1, w2 = np.ones((4, 8), np.float32), np.ones((8, 2), np.float32)
+
+    def save(nodes, inits, name):
+        graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [1, 4])],
+                                  [helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, 2])],
+                                  [numpy_helper.from_array(v, k) for k, v in inits.items()])
+        path = tmp_path / name
+        onnx.save(helper.make_model(graph), path)
+        return path
+
+    after = save([helper.make_node("MatMul", ["obs", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                  helper.make_node("Add", ["r", "c"], ["a"]), helper.make_node("MatMul", ["a", "w2"], ["q"])],
+                 {"w1": w1, "w2": w2, "c": np.ones(8, np.float32)}, "after.onnx")
+    with pytest.raises(UserError, match="before its activation"):
+        read_onnx(after, after.read_bytes(), (4,))
+    row = save([helper.make_node("Gemm", ["obs", "w1", "b1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                helper.make_node("MatMul", ["r", "w2"], ["q"])],
+               {"w1": w1, "w2": w2, "b1": np.full((1, 8), 0.5, np.float32)}, "row.onnx")
+    net, _ = read_onnx(row, row.read_bytes(), (4,))
+    np.testing.assert_array_equal(net.layers[0].bias, np.full(8, 0.5, np.float32))

@@ -90,3 +90,43 @@ def test_a_finished_run_is_a_baseline_for_compress(tmp_path):
 
     wrong = CliRunner().invoke(main, ["compress", str(source), "--env", "Acrobot-v1", "--out", str(tmp_path / "x")])
     assert wrong.exit_code == 2 and "plays CartPole-v1" in wrong.output and "--env CartPole-v1" in wrong.output
+
+
+def test_a_search_rerun_with_other_evaluation_caps_decides_its_candidates_again(tmp_path):
+    """search.json holds kept/lost calls made under eval.max_episodes and eval.tolerance: a rerun that
+    changes them must not reuse those calls (each candidate's played episodes stay in its seed run)."""
+    from compress_dqn.recipe.schema import load_recipe
+    from compress_dqn.run.rundir import prepare_run_dir
+
+    search = "search.students=[[8]]"
+    run_dir = tmp_path / "s"
+    prepare_run_dir(load_recipe(TINY, [search]), run_dir)
+    (run_dir / "seed-0").mkdir()
+    (run_dir / "seed-0" / "stages.json").write_text("{}")
+    (run_dir / "search.json").write_text("{}")
+    assert prepare_run_dir(load_recipe(TINY, [search, "name=other"]), run_dir)
+    assert (run_dir / "search.json").exists()  # the name changes no call
+    assert prepare_run_dir(load_recipe(TINY, [search, "name=other", "eval.max_episodes=20"]), run_dir)
+    assert not (run_dir / "search.json").exists()
+
+
+def test_only_a_run_or_its_baseline_folder_is_taken_for_a_run(tmp_path):
+    """runs/x/variants is not run x; a run of several seeds is named so that the error can say which
+    seed's folder to pass."""
+    from compress_dqn.errors import UserError
+    from compress_dqn.port.run_dir import run_env, run_root
+    from compress_dqn.recipe.schema import load_recipe
+    from compress_dqn.run.rundir import prepare_run_dir
+
+    run = tmp_path / "x"
+    prepare_run_dir(load_recipe(TINY, []), run)
+    (run / "stages.json").write_text("{}")
+    for sub in ("baseline", "variants"):
+        (run / sub).mkdir()
+    assert run_root(run) == run and run_root(run / "baseline") == run and run_root(run / "variants") is None
+    seeds = tmp_path / "s"
+    prepare_run_dir(load_recipe(TINY, ["seeds=[0, 1]"]), seeds)
+    (seeds / "seed-0").mkdir()
+    (seeds / "seed-0" / "stages.json").write_text("{}")
+    with pytest.raises(UserError, match="pass one seed's directory"):
+        run_env(seeds, "CartPole-v1")

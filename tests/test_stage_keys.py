@@ -28,3 +28,16 @@ def test_a_deleted_variant_forgets_its_own_stages_only(tmp_path):
     forgotten = stages.forget_missing(tmp_path)  # variants/a.b/ is gone
     assert sorted(forgotten) == sorted([keys.variant("a.b"), keys.look(200, "a.b"), keys.memory("a.b")])
     assert keys.look(200, "a") in stages.done and keys.reference(200) in stages.done
+
+
+def test_a_hand_edited_key_that_does_not_parse_is_one_line_not_a_traceback(tmp_path):
+    import json
+
+    import pytest
+
+    from compress_dqn.errors import UserError
+    from compress_dqn.run.rundir import Stages
+
+    (tmp_path / "stages.json").write_text(json.dumps({"train": {}, "look:x:a": {}}))
+    with pytest.raises(UserError, match="unreadable"):
+        Stages(tmp_path)

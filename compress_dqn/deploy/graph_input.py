@@ -18,8 +18,6 @@ import numpy as np
 
 from compress_dqn.deploy.tflite_metadata import pack_model, with_input_normalization
 
-SIGNATURE = "serving_default"
-
 
 def carry_input_normalization(data: bytes, mean: np.ndarray, std: np.ndarray) -> bytes:
     """The model taking raw observations: normalization in the graph where its input is float, else

@@ -64,6 +64,7 @@ class TFLitePolicy:
         self.obs_shape = tuple(int(d) for d in self._in["shape_signature"][1:])
         self.n_actions = int(self._q["shape_signature"][-1])
         self.input_dtype = np.dtype(self._in["dtype"])
+        self._native_dtype = np.dtype(self.input_dtype.type)  # numpy's shared native instance: act() tests it with `is`
         self._quantized_input = bool(self._in["quantization"][0]) and self.input_dtype.kind in "iu"
         # Only an int8-input policy leaves its normalization to the caller: a float one has it in its graph.
         self.input_normalization = caller_normalization(content, label, int(np.prod(self.obs_shape)), self._quantized_input)
@@ -124,7 +125,7 @@ class TFLitePolicy:
         # The per-step hot path: LiteRT's own set+invoke+get is a few microseconds. This adds a view (obs[None])
         # and no check of its own: set_tensor refuses a wrong dtype or shape (ValueError), and
         # anything not an array of the input's dtype and shape takes _act_slowly.
-        if self._fast:
+        if self._fast and getattr(obs, "dtype", None) is self._native_dtype:  # set_tensor copies bytes as they are
             try:
                 self._set_tensor(self._in_index, obs[None])
             except (ValueError, TypeError, IndexError, KeyError):

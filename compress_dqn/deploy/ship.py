@@ -52,7 +52,12 @@ def _self_contained(data: bytes, label: str) -> tuple[bytes, bool]:
     from ai_edge_litert.interpreter import Interpreter
 
     found = input_normalization(data, label)
-    probe = Interpreter(model_content=data)
+    try:
+        probe = Interpreter(model_content=data)
+    except (ValueError, RuntimeError) as exc:  # not a flatbuffer LiteRT can read
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise UserError(f"{label}: not a TFLite model LiteRT can load ({reason}); pass a policy.tflite that "
+                        "compress-dqn wrote") from None
     if found is None or np.dtype(probe.get_input_details()[0]["dtype"]).kind in "iu":
         return data, False  # self-contained already, or an int8 input whose caller normalizes
     rewritten = with_normalization_ops(without_metadata(data, INPUT_NORMALIZATION), *found)
@@ -82,18 +87,23 @@ def _action_output(data: bytes) -> int:
     return [d["index"] for d in interp.get_output_details()].index(index)
 
 
+def _python_input(policy: TFLitePolicy) -> tuple[str, str]:
+    """The snippet's line(s) that turn an observation into the input tensor, and what they do."""
+    if policy.input_normalization is None:
+        return (f"x = np.asarray(observation, np.{policy.input_dtype.name})[None]",
+                "Feed the raw observation: the file normalizes it itself.")
+    mean, std = (np.array2string(v, separator=", ", precision=9) for v in policy.input_normalization)
+    return (f"x = (np.asarray(observation, np.float32) - np.array({mean}, np.float32)) / np.array({std}, np.float32)\n"
+            "scale, zero_point = interpreter.get_input_details()[0][\"quantization\"]\n"
+            "x = np.clip(np.round(x / scale + zero_point), -128, 127).astype(np.int8)[None]",
+            "Its input is int8: normalize with the mean and std below, then quantize with the input's own scale.")
+
+
 def usage_text(filename: str, policy: TFLitePolicy, action_output: int) -> str:
     """Markdown with a Python and a C++ LiteRT snippet that play `filename` on raw observations."""
     n = int(np.prod(policy.obs_shape))
     c_type = {"float32": "float", "int8": "int8_t", "uint8": "uint8_t"}.get(policy.input_dtype.name, "float")
-    if policy.input_normalization is None:
-        prepare, note = "x = np.asarray(observation, np.float32)[None]", "Feed the raw observation: the file normalizes it itself."
-    else:
-        mean, std = (np.array2string(v, separator=", ", precision=9) for v in policy.input_normalization)
-        prepare = (f"x = (np.asarray(observation, np.float32) - np.array({mean}, np.float32)) / np.array({std}, np.float32)\n"
-                   "scale, zero_point = interpreter.get_input_details()[0][\"quantization\"]\n"
-                   "x = np.clip(np.round(x / scale + zero_point), -128, 127).astype(np.int8)[None]")
-        note = "Its input is int8: normalize with the mean and std below, then quantize with the input's own scale."
+    prepare, note = _python_input(policy)
     return f"""\
 # {filename}
 

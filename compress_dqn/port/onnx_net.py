@@ -124,9 +124,9 @@ class OnnxChain:
         elif op in ("Gemm", "MatMul"):
             self._dense(node, op, attrs, label)
         elif op == "Add":
-            if last is None or last.is_conv or np.any(last.bias):
-                raise UserError(f"{self.label}: {label}: only a bias added to a MatMul is ported")
-            last.bias = np.broadcast_to(self._const(node.input[1], node), last.bias.shape).astype(np.float32)
+            if last is None or last.is_conv or np.any(last.bias) or last.activation != "linear":
+                raise UserError(f"{self.label}: {label}: only a bias added to a MatMul (before its activation) is ported")
+            last.bias = _bias(self._const(node.input[1], node), last.bias.shape[0], f"{self.label}: {label}")
 
     def _conv(self, node: Any, attrs: dict[str, Any], label: str) -> None:
         strides = list(attrs.get("strides", [1, 1]))
@@ -149,8 +149,16 @@ class OnnxChain:
             kernel, bias = weight, np.zeros(weight.shape[1])
         if kernel.ndim != 2:
             raise UserError(f"{self.label}: {label}: a {kernel.ndim}-D weight; only matrices are ported")
-        bias = np.broadcast_to(bias, (kernel.shape[1],))
+        bias = _bias(bias, kernel.shape[1], f"{self.label}: {label}")
         self.layers.append(Layer(np.ascontiguousarray(kernel, dtype=np.float32), bias.astype(np.float32), "linear"))
+
+
+def _bias(value: np.ndarray, units: int, label: str) -> np.ndarray:
+    """A bias of `units` values from a constant ONNX broadcasts to them ((N,), (1, N), a scalar)."""
+    flat = np.asarray(value, dtype=np.float32).reshape(-1)
+    if flat.size not in (1, units):
+        raise UserError(f"{label}: a bias of {flat.size} values for {units} units is not ported")
+    return np.broadcast_to(flat, (units,)).astype(np.float32)
 
 
 def read_onnx(path: Path, data: bytes, obs_shape: tuple[int, ...]) -> tuple[PortedNet, bool]:

@@ -15,11 +15,16 @@ from compress_dqn.errors import UserError
 
 
 def run_root(path: str | Path) -> Path | None:
-    """The run directory that `path` names (the run itself or its baseline/ folder), or None."""
+    """The run directory that `path` names (the run itself or its baseline/ folder), or None.
+
+    A run holds recipe.yaml and stages.json; one of several seeds (or a search) holds recipe.yaml
+    and seed-N/ folders, and is named so that _recipe can say which folder to pass instead."""
     path = Path(path)
-    for root in (path, path.parent):
-        if path.is_dir() and (root / "recipe.yaml").is_file() and (root / "stages.json").is_file():
-            return root
+    root = path.parent if path.name == "baseline" else path
+    if not path.is_dir() or not (root / "recipe.yaml").is_file():
+        return None
+    if (root / "stages.json").is_file() or any(root.glob("seed-*/stages.json")):
+        return root
     return None
 
 
@@ -34,6 +39,18 @@ def _recipe(root: Path) -> Any:
         raise UserError(f"{root}: its baseline has not finished training; run it to the end first "
                         f"(compress-dqn run {root / 'recipe.yaml'} --out {root})")
     return recipe
+
+
+def run_env(path: str | Path, env_id: str) -> dict[str, Any] | None:
+    """The environment settings (kwargs, preprocessing) of the run `path` names, as recipe data; None
+    where `path` is no run. A run of another environment than `env_id` is refused."""
+    root = run_root(path)
+    if root is None:
+        return None
+    env = _recipe(root).env
+    if env.id != env_id:
+        raise UserError(f"{root}: its baseline plays {env.id}, not {env_id}; pass --env {env.id}")
+    return env.model_dump(mode="json", exclude_none=True)
 
 
 def load_run_network(path: str | Path, info: Any) -> Any:

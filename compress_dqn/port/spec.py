@@ -15,8 +15,6 @@ import numpy as np
 
 from compress_dqn.errors import UserError
 
-ACTIVATIONS = ("relu", "tanh", "linear")
-
 
 @dataclass
 class Layer:

@@ -86,6 +86,8 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, log: Callable[[str], None] | 
         _check_manifest(run_dir)
         if diff:
             _drop_changed_variants(old, new, run_dir, log)
+            if any(key.startswith("eval.") for key in diff):  # a search's kept/lost calls used the old caps
+                (run_dir / "search.json").unlink(missing_ok=True)
             write_text_atomic(recipe_file, yaml.safe_dump(new, sort_keys=False))
         return True
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -133,6 +135,14 @@ def _started(run_dir: Path) -> bool:
     return False
 
 
+def _parses(key: str) -> bool:
+    try:
+        StageKey.parse(key)
+    except ValueError:
+        return False
+    return True
+
+
 class Stages:
     """stages.json: each finished stage's outputs; written atomically after every stage."""
 
@@ -141,6 +151,8 @@ class Stages:
         try:
             self.done: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
         except (ValueError, UnicodeDecodeError):
+            self.done = None  # type: ignore[assignment]
+        if isinstance(self.done, dict) and not all(map(_parses, self.done)):
             self.done = None  # type: ignore[assignment]
         if not isinstance(self.done, dict):
             raise UserError(f"{self.path}: unreadable (not the JSON compress-dqn writes); pass another --out, "

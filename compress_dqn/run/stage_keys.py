@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BASELINE_KINDS = ("train", "export", "evaluate", "random", "heldout")
-"""The baseline's stages; their keys are their kinds."""
 PER_POLICY_KINDS = ("variant", "measure", "memory", "look")
 """Stages of one policy, which a rebuilt variant must redo."""
 
@@ -28,6 +26,7 @@ class StageKey:
 
     @classmethod
     def parse(cls, text: str) -> StageKey:
+        """The parts of a key; ValueError for text no stage key has (a hand-edited stages.json)."""
         kind, _, rest = text.partition(":")
         if kind == "reference":
             return cls(kind, look=int(rest))
