@@ -16,7 +16,7 @@ import pytest
 from compress_dqn.replay import buffer as replay
 from compress_dqn.replay import budget as replay_budget
 from compress_dqn.errors import UserError
-from compress_dqn.replay.buffer import ReplayBuffer
+from compress_dqn.replay.buffer import ReplayBuffer, capacity_for_budget
 
 K = 4
 FRAME = (3, 2)
@@ -210,9 +210,9 @@ def test_bytes_per_row_is_one_frame_plus_fields():
     assert ReplayBuffer.bytes_per_row((84, 84, 4), np.uint8, 6, frame_stack=4) == 84 * 84 + fields
     assert ReplayBuffer.bytes_per_row((84, 84, 4), np.uint8, 6) == 84 * 84 * 4 + fields  # unchanged
     per = 84 * 84 + fields
-    assert ReplayBuffer.capacity_for_budget(per * 1000, (84, 84, 4), np.uint8, 6, frame_stack=4) == 1000
+    assert capacity_for_budget(per * 1000, (84, 84, 4), np.uint8, 6, frame_stack=4) == 1000
     with pytest.raises(UserError, match="at least 5"):
-        ReplayBuffer.capacity_for_budget(per * 4, (84, 84, 4), np.uint8, 6, frame_stack=4)
+        capacity_for_budget(per * 4, (84, 84, 4), np.uint8, 6, frame_stack=4)
     buf = ReplayBuffer(10, (84, 84, 4), np.uint8, 6, seed=0, frame_stack=4)
     assert buf.nbytes == 10 * per
     assert buf.state_dict()["obs"].shape == (10, 84, 84)

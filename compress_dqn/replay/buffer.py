@@ -161,16 +161,6 @@ class ReplayBuffer:
         fields = _fields(frame, np.dtype(obs_dtype), action_dtype)
         return sum(math.prod(shape) * dtype.itemsize for shape, dtype in fields.values())
 
-    @classmethod
-    def capacity_for_budget(
-        cls, budget_bytes: int, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int, *,
-        frame_stack: int = 1,
-    ) -> int:
-        """Rows that fit in ``budget_bytes``; UserError if fewer than one transition needs
-        (2, or ``frame_stack + 1``)."""
-        row_bytes = cls.bytes_per_row(obs_shape, obs_dtype, n_actions, frame_stack=frame_stack)
-        return rows_for_budget(budget_bytes, row_bytes, max(2, int(frame_stack) + 1))
-
     @property
     def nbytes(self) -> int:
         """Exact bytes held by the buffer's arrays (a memmap file's included)."""
@@ -338,3 +328,11 @@ def load_replay(path: Path, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike
     replay = ReplayBuffer(len(state["obs"]), obs_shape, obs_dtype, n_actions, seed=0, frame_stack=frame_stack)
     replay.load_state_dict(state)
     return replay
+
+
+def capacity_for_budget(budget_bytes: int, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int, *,
+                        frame_stack: int = 1) -> int:
+    """Rows of a ReplayBuffer that fit in ``budget_bytes``; UserError if fewer than one transition
+    needs (2, or ``frame_stack + 1``)."""
+    row_bytes = ReplayBuffer.bytes_per_row(obs_shape, obs_dtype, n_actions, frame_stack=frame_stack)
+    return rows_for_budget(budget_bytes, row_bytes, max(2, int(frame_stack) + 1))

@@ -272,8 +272,6 @@ class DQNTrainer:
             episode_returns=list(state.episode_returns),
         )
 
-    # -- evaluation for model selection --------------------------------------------------------
-
     def _periodic_eval(self) -> None:
         state, seed = self.state, self.config.eval_seed
         returns = run_episodes(self.actor.act, self.run.env_config, range(seed, seed + self.config.eval_episodes))
@@ -284,8 +282,6 @@ class DQNTrainer:
             state.best_return, state.best_step = mean, state.step
             self.best_weights = self.model.get_weights()
         self.log.message(f"step {state.step}: eval return {mean:.1f} (best {state.best_return:.1f} at {state.best_step})")
-
-    # -- checkpoints ---------------------------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
         """Save everything an exact resume needs, as checkpoint `step-<env step>`."""

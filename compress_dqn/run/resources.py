@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from compress_dqn.errors import UserError
-from compress_dqn.replay.buffer import ReplayBuffer, format_bytes
+from compress_dqn.replay.buffer import ReplayBuffer, capacity_for_budget, format_bytes
 
 # TensorFlow, the environment and the interpreter, on top of the replay buffer and the networks.
 _PROCESS_OVERHEAD = 1 << 30
@@ -49,7 +49,7 @@ def replay_capacity(train: Any, replay: Any, info: Any) -> int:
         return train.buffer_size
     return min(
         train.buffer_size,
-        ReplayBuffer.capacity_for_budget(
+        capacity_for_budget(
             replay.memory, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
         ),
     )
