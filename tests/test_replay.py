@@ -18,7 +18,7 @@ from compress_dqn.replay import buffer as replay
 from compress_dqn.replay import budget as replay_budget
 from compress_dqn.replay import index as replay_index
 from compress_dqn.errors import UserError
-from compress_dqn.replay.buffer import Batch, ReplayBuffer
+from compress_dqn.replay.buffer import Batch, ReplayBuffer, capacity_for_budget
 
 N_ACTIONS = 5
 
@@ -287,11 +287,11 @@ def test_action_dtype(n_actions, dtype):
 def test_capacity_for_budget():
     per = ReplayBuffer.bytes_per_row((84, 84, 4), np.uint8, 6)
     assert per == 84 * 84 * 4 + 1 + 4 + 1
-    assert ReplayBuffer.capacity_for_budget(per * 100, (84, 84, 4), np.uint8, 6) == 100
-    assert ReplayBuffer.capacity_for_budget(per * 100 + per - 1, (84, 84, 4), np.uint8, 6) == 100
-    assert ReplayBuffer.capacity_for_budget(2 * per, (84, 84, 4), np.uint8, 6) == 2
+    assert capacity_for_budget(per * 100, (84, 84, 4), np.uint8, 6) == 100
+    assert capacity_for_budget(per * 100 + per - 1, (84, 84, 4), np.uint8, 6) == 100
+    assert capacity_for_budget(2 * per, (84, 84, 4), np.uint8, 6) == 2
     with pytest.raises(UserError) as err:
-        ReplayBuffer.capacity_for_budget(2 * per - 1, (84, 84, 4), np.uint8, 6)
+        capacity_for_budget(2 * per - 1, (84, 84, 4), np.uint8, 6)
     msg = str(err.value)
     assert str(2 * per - 1) in msg and str(per) in msg
     assert "\n" not in msg
