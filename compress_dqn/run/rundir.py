@@ -112,11 +112,11 @@ def _check_manifest(run_dir: Path) -> None:
 def _drop_changed_variants(old: dict[str, Any], new: dict[str, Any], run_dir: Path,
                            log: Callable[[str], None] | None) -> None:
     """Delete the folders of variants that the new recipe defines differently or no longer has."""
-    kept = {v["name"]: v for v in new.get("variants") or []}
-    dropped = [v["name"] for v in old.get("variants") or [] if kept.get(v["name"]) != v]
+    before, kept = ({v["name"]: v for v in recipe.get("variants") or []} for recipe in (old, new))
+    dropped = [name for name, variant in before.items() if kept.get(name) != variant]
     for name in dropped:
         remove_dir(run_dir / "variants" / name)
-    added = [name for name in kept if name not in {v["name"] for v in old.get("variants") or []}]
+    added = [name for name in kept if name not in before]
     if log is not None:
         log(f"{run_dir}: reusing its finished stages; new: {', '.join(added) or 'none'}; "
             f"rebuilt or dropped: {', '.join(dropped) or 'none'}")
