@@ -200,17 +200,34 @@ def compress(model: Path, env_id: str, variants: str, out: Path | None, transiti
     _echo_outcome(outcome, outcome.results.baseline.returns["mean"])
 
 
-def _widths(text: str) -> list[list[int]]:
-    try:
-        return [[int(w) for w in part.strip().split("x")] for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UserError(f"--students: {text!r} is not a list like 64x64,32x32,16x16") from None
+_CONV = re.compile(r"c(\d+)k(\d+)(?:s(\d+))?")
+
+
+def _students(text: str) -> list[Any]:
+    """64x64,32x32 (MLPs) or c8k3-32 (8 3x3 filters, then 32 units; s2: stride 2), as student_name writes them."""
+    out: list[Any] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        *convs, widths = part.split("-")
+        matches = [_CONV.fullmatch(c) for c in convs]
+        try:
+            net_arch = [int(w) for w in widths.split("x")]
+        except ValueError:
+            net_arch = None
+        if net_arch is None or not all(matches):
+            raise UserError(f"--students: {part!r} is not a student like 64x64 or c8k3-32 "
+                            "(conv layers cFILTERSkKERNEL[sSTRIDE], then hidden widths)")
+        conv = [{"filters": int(m[1]), "kernel": int(m[2]), "stride": int(m[3] or 1)} for m in matches]
+        out.append({"conv": conv, "net_arch": net_arch} if conv else net_arch)
+    return out
 
 
 @main.command()
 @_byo_options
 @click.option("--objective", type=click.Choice(["gzip_bytes", "params", "latency"]), default="gzip_bytes", show_default=True)
-@click.option("--students", default="64x64,32x32,16x16,8x8", show_default=True, help="Student widths to try ('' for none).")
+@click.option("--students", default="64x64,32x32,16x16,8x8", show_default=True,
+              help="Students to try: hidden widths (32x32), conv layers first for images (c8k3-32); '' for none.")
 @click.option("--sparsities", default="0.8,0.9,0.95", show_default=True, help="Pruning targets to try ('' for none).")
 @click.option("--tolerance", type=click.FloatRange(0, 1, min_open=True), default=0.01, show_default=True,
               help="Share of (baseline - random) return a policy may lose.")
@@ -223,7 +240,7 @@ def search(model: Path, env_id: str, out: Path | None, transitions: Path | None,
         targets = [float(x) for x in sparsities.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"--sparsities: {sparsities!r} is not a list like 0.8,0.9,0.95") from None
-    widths = _widths(students)
+    widths = _students(students)
     data, keep_dense, flat = _byo_recipe(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes,
                                          max_episodes, seed)
     data["eval"] = {**data["eval"], "tolerance": tolerance}

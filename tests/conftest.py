@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "recipes" / "tiny.yaml"
+MINATAR = ROOT / "recipes" / "minatar-breakout.yaml"
 NO_TF_MEMORY = "measure.saved_model_memory=none"
 """For runs whose test reads no TensorFlow memory figure: each SavedModel memory probe is a fresh
 process importing TensorFlow (seconds of CPU). finished_tiny_run keeps the probe, and its test reads it."""

@@ -123,3 +123,38 @@ def test_a_linear_schedule_ends_the_fine_tune_at_rest(trained_tiny):
     distiller.run()
     assert int(distiller.optimizer.iterations) == 200
     assert float(distiller.optimizer.learning_rate) == pytest.approx(1e-3 / 200, rel=1e-4)  # the last step's
+
+
+def test_a_conv_student_plays_image_states_and_the_teacher_labels_them():
+    """DAgger on MinAtar: the student plays the image task as training built it; its states are
+    kept as uint8 frames (not floats) and labelled with the teacher's Q-values."""
+    from compress_dqn.compress.distill import Distiller, build_student
+    from compress_dqn.recipe.schema import FineTuneConfig, StudentConfig, load_recipe
+    from compress_dqn.replay.buffer import ReplayBuffer
+    from compress_dqn.rl.envs import env_info, make_env_from, seed_env
+    from compress_dqn.rl.networks import make_actor, network_for
+
+    from conftest import MINATAR
+
+    recipe = load_recipe(MINATAR)
+    env = make_env_from(recipe.env)
+    info = env_info(env, recipe.env.id)
+    teacher = network_for(info, recipe.train)
+    replay = ReplayBuffer(1000, info.obs_shape, info.obs_dtype, info.n_actions, seed=0)
+    obs, rng = seed_env(env, 0), np.random.default_rng(0)
+    for _ in range(400):
+        action = int(rng.integers(info.n_actions))
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        replay.add(obs, action, reward, next_obs, terminated, truncated)
+        obs = env.reset()[0] if terminated or truncated else next_obs
+    student = build_student(info, StudentConfig(conv=[{"filters": 4, "kernel": 3}], net_arch=[8]))
+    ft = FineTuneConfig(steps=200, learning_rate=1e-3, batch_size=16, student_states=60, student_states_interval=100)
+    distiller = Distiller(student, teacher, replay, ft, quiet=True, phase_steps=50, env=recipe.env, seed=5)
+    distiller.run()
+    played = distiller.played
+    assert played.size == 60 and played.states.dtype == np.uint8 and played.states.shape[1:] == (10, 10, 4)
+    np.testing.assert_allclose(played.teacher_q[:60], make_actor(teacher).q_values(played.states[:60]), rtol=1e-5, atol=1e-5)
+    obs, teacher_q = distiller._batches(2)
+    assert obs.shape == (2, 16, 10, 10, 4) and obs.dtype == np.uint8 and teacher_q.shape == (2, 16, 3)
+    played_rows = {row.tobytes() for row in played.states[:60]}
+    assert all(row.tobytes() in played_rows for row in obs[:, 8:].reshape(-1, 10, 10, 4))

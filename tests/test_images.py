@@ -9,9 +9,7 @@ from compress_dqn.rl.envs import FrameStack, env_info, make_env, rng_state, set_
 from compress_dqn.errors import UserError
 from compress_dqn.recipe.schema import load_recipe
 
-from conftest import NO_TF_MEMORY, ROOT
-
-MINATAR = ROOT / "recipes" / "minatar-breakout.yaml"
+from conftest import MINATAR, NO_TF_MEMORY
 
 
 def _play(env, steps: int, seed: int) -> list[tuple]:
@@ -69,6 +67,16 @@ def test_atari_settings_only_for_ale_ids(tmp_path):
         load_recipe(MINATAR, ["env.id=ALE/Pong-v5", "env.atari={frame_skip: 0}"])
 
 
+def _conv_kernel_scales(path) -> list[int]:
+    """How many quantization scales each CONV_2D kernel of a .tflite file carries."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path))
+    tensors = {t["index"]: t for t in interpreter.get_tensor_details()}
+    return [len(tensors[int(op["inputs"][1])]["quantization_parameters"]["scales"])
+            for op in interpreter._get_ops_details() if op["op_name"] == "CONV_2D"]
+
+
 @pytest.mark.slow
 def test_minatar_cnn_pipeline_end_to_end(tmp_path):
     """The MinAtar recipe, shrunk: CNN training, frame replay, pruned + int8 + QAT variants, report."""
@@ -76,7 +84,7 @@ def test_minatar_cnn_pipeline_end_to_end(tmp_path):
     from compress_dqn.deploy.policy import TFLitePolicy
 
     recipe = load_recipe(MINATAR, [
-        "train.total_timesteps=600", "train.learning_starts=100", "train.eval_interval=0",
+        "seeds=null", "eval.max_episodes=null", "train.total_timesteps=600", "train.learning_starts=100", "train.eval_interval=0",
         "train.checkpoint_interval=300", "train.buffer_size=2000", "eval.episodes=3",
         "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}, "
         "{name: prune-90-int8, prune: {sparsity: 0.9, exclude: [q_values]}, quantize: {mode: int8, calibration_samples: 50}, "
@@ -97,6 +105,8 @@ def test_minatar_cnn_pipeline_end_to_end(tmp_path):
         assert "verdict" in entry["return_vs_baseline"]
     sparsity = results["variants"][2]["compression"]["sparsity"]
     assert sparsity["conv_0"] > 0.85 and sparsity["hidden_0"] > 0.85
+    for entry in results["variants"][1:]:  # int8 conv kernels: one scale per output channel, PTQ and QAT alike
+        assert _conv_kernel_scales(tmp_path / "run" / entry["artifacts"]["tflite"]) == [16], entry["name"]
     assert outcome.results.to_dict() == results
 
 

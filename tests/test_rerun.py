@@ -110,6 +110,29 @@ def test_a_search_rerun_with_other_evaluation_caps_decides_its_candidates_again(
     assert not (run_dir / "search.json").exists()
 
 
+def test_a_changed_search_keeps_the_baseline_and_rebuilds_only_candidates_it_redefines(tmp_path):
+    """Another ladder on trained baselines is a rerun, not a retrain: candidates the new search
+    defines as before keep their builds, others are dropped, and no kept/lost call is reused."""
+    from compress_dqn.errors import UserError
+    from compress_dqn.recipe.schema import load_recipe
+    from compress_dqn.run.rundir import prepare_run_dir
+
+    run_dir = tmp_path / "seed-0"
+    prepare_run_dir(load_recipe(TINY, ["search.students=[[8], [16]]"]), run_dir)
+    (run_dir / "stages.json").write_text('{"train": {}}')  # started
+    for name in ("student-8-qat-int8", "student-16-qat-int8"):
+        (run_dir / "variants" / name).mkdir(parents=True)
+    (run_dir / "search.json").write_text("{}")
+    logs: list[str] = []
+    assert prepare_run_dir(load_recipe(TINY, ["search.students=[[8], [4]]"]), run_dir, logs.append)
+    assert (run_dir / "variants" / "student-8-qat-int8").exists()
+    assert not (run_dir / "variants" / "student-16-qat-int8").exists() and not (run_dir / "search.json").exists()
+    assert prepare_run_dir(load_recipe(TINY, ["search.students=[[8], [4]]", "search.qat_steps=99"]), run_dir)
+    assert not (run_dir / "variants" / "student-8-qat-int8").exists()  # its QAT changed
+    with pytest.raises(UserError, match="train.gamma"):
+        prepare_run_dir(load_recipe(TINY, ["search.students=[[8], [4]]", "search.qat_steps=99", "train.gamma=0.5"]), run_dir)
+
+
 def test_only_a_run_or_its_baseline_folder_is_taken_for_a_run(tmp_path):
     """runs/x/variants is not run x; a run of several seeds is named so that the error can say which
     seed's folder to pass."""

@@ -8,9 +8,10 @@ import pytest
 
 from compress_dqn.run import search as search_module
 from compress_dqn.recipe.schema import load_recipe
-from compress_dqn.run.search import SearchLog, Tried, bisect_family, ladders
+from compress_dqn.run.ladders import ladders
+from compress_dqn.run.search import SearchLog, Tried, bisect_family
 
-from conftest import NO_TF_MEMORY, TINY
+from conftest import MINATAR, NO_TF_MEMORY, TINY
 
 STUDENTS = "search.students=[[64, 64], [32, 32], [16, 16], [8, 8], [4, 4]]"
 
@@ -40,7 +41,7 @@ class _Plan:
 ])
 def test_bisection_finds_the_smallest_kept_rung_in_log_steps(tmp_path, monkeypatch, smallest_kept, expected_played):
     recipe = load_recipe(TINY, [STUDENTS, "search.objective=params"])
-    (rungs,) = ladders(recipe, 4, 2).values()
+    (rungs,) = ladders(recipe, (4,), 2).values()
     assert [c.variant.name for c in rungs][0] == "student-64x64-qat-int8"  # largest first
     played: list[str] = []
     sizes = {c.variant.name: c.estimated_bytes for c in rungs}
@@ -58,7 +59,7 @@ def test_bisection_finds_the_smallest_kept_rung_in_log_steps(tmp_path, monkeypat
 
 def test_a_rung_that_cannot_beat_the_best_is_skipped_unplayed_and_the_budget_stops_the_search(tmp_path, monkeypatch):
     recipe = load_recipe(TINY, [STUDENTS, "search.sparsities=[0.5, 0.9]"])
-    families = ladders(recipe, 4, 2)
+    families = ladders(recipe, (4,), 2)
     played: list[str] = []
     sizes = {c.variant.name: c.estimated_bytes for c in families["student"]}
     monkeypatch.setattr(search_module, "play_candidate", _fake_player(8, played, sizes))
@@ -88,11 +89,11 @@ def test_search_recipe_errors_are_one_line():
 
 def test_student_candidates_make_each_student_rung_a_best_of_k_build_and_leave_pruning_alone():
     recipe = load_recipe(TINY, [STUDENTS, "search.sparsities=[0.9]", "search.student_candidates={count: 4, episodes: 50}"])
-    rungs = ladders(recipe, 4, 2)
+    rungs = ladders(recipe, (4,), 2)
     assert [c.variant.candidates.count for c in rungs["student"]] == [4] * 5
     assert {c.variant.candidates.episodes for c in rungs["student"]} == {50}
     assert rungs["prune"][0].variant.candidates is None
-    assert all(c.variant.candidates is None for c in ladders(load_recipe(TINY, [STUDENTS]), 4, 2)["student"])
+    assert all(c.variant.candidates is None for c in ladders(load_recipe(TINY, [STUDENTS]), (4,), 2)["student"])
 
 
 def test_search_command_refuses_bad_ladders_in_one_line():
@@ -100,7 +101,9 @@ def test_search_command_refuses_bad_ladders_in_one_line():
 
     bad = cli("search", "model.keras", "--env", "CartPole-v1", "--students", "64xa")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
-    assert "--students: '64xa' is not a list like 64x64,32x32,16x16" in bad.stderr
+    assert "--students: '64xa' is not a student like 64x64 or c8k3-32" in bad.stderr
+    bad = cli("search", "model.keras", "--env", "CartPole-v1", "--students", "c8-32")
+    assert bad.returncode == 2 and "--students: 'c8-32' is not a student" in bad.stderr
     bad = cli("search", "model.keras", "--env", "CartPole-v1", "--sparsities", "0.9,x")
     assert bad.returncode == 2 and "--sparsities: '0.9,x' is not a list like 0.8,0.9,0.95" in bad.stderr
 
@@ -119,7 +122,7 @@ def test_a_chunk_with_fewer_seeds_than_workers_plays_its_looks_on_the_spare_ones
                 for _ in args]
 
     monkeypatch.setattr(executors, "map_units", fake_map_units)
-    (rungs,) = ladders(load_recipe(TINY, [STUDENTS]), 4, 2).values()
+    (rungs,) = ladders(load_recipe(TINY, [STUDENTS]), (4,), 2).values()
     for executor, expected in (("local", [[1, 1], [2]]), ("ray", [[1, 1], [1]])):
         calls.clear()
         recipe = load_recipe(TINY, [STUDENTS, f"executor={executor}", "workers=2"])
@@ -195,3 +198,26 @@ def test_the_front_offers_only_kept_candidates():
                                   tried("tiny-lost", "lost", 10.0, 1.02), tried("partial", "lost", 5.0, 1.0)]}
     log["partial"]["per_seed"].pop("1")
     assert pareto_names(log, seeds=2) == ["small", "big"]
+
+
+def test_conv_students_are_named_and_sized_from_their_layers():
+    """An image task's ladder: students with fewer filters and a smaller dense layer, each estimated
+    from its own conv output size (valid padding), and the pruning family from the baseline's layers."""
+    from compress_dqn.cli import _students
+    from compress_dqn.recipe.schema import StudentConfig
+
+    specs = _students("c8k3-32,c4k3s2-16x16,64")
+    assert specs == [{"conv": [{"filters": 8, "kernel": 3, "stride": 1}], "net_arch": [32]},
+                     {"conv": [{"filters": 4, "kernel": 3, "stride": 2}], "net_arch": [16, 16]}, [64]]
+    recipe = load_recipe(MINATAR, [f"search={{students: {json.dumps(specs)}, sparsities: [0.9], prune_exclude: [q_values]}}"])
+    rungs = ladders(recipe, (10, 10, 4), 3)
+    by_name = {c.variant.name: c for c in rungs["student"]}
+    assert set(by_name) == {"student-c8k3-32-qat-int8", "student-c4k3s2-16x16-qat-int8", "student-64-qat-int8"}
+    # 3x3x4x8 conv; 8x8x8 = 512 -> 32 -> 3; int8: a byte a weight.
+    assert by_name["student-c8k3-32-qat-int8"].estimated_bytes == 3 * 3 * 4 * 8 + 512 * 32 + 32 * 3
+    # stride 2: (10 - 3) // 2 + 1 = 4, so 4x4x4 = 64 inputs to the dense layers.
+    assert by_name["student-c4k3s2-16x16-qat-int8"].estimated_bytes == 3 * 3 * 4 * 4 + 64 * 16 + 16 * 16 + 16 * 3
+    assert by_name["student-64-qat-int8"].estimated_bytes == 400 * 64 + 64 * 3  # an MLP on the flat frame
+    assert by_name["student-c8k3-32-qat-int8"].variant.student == StudentConfig(**specs[0])
+    (pruned,) = rungs["prune"]  # the baseline: 3x3x4x16 conv, 1024 -> 128 -> 3; q_values kept dense
+    assert pruned.estimated_bytes == pytest.approx(0.1 * (576 + 1024 * 128) + 128 * 3)

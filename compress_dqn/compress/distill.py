@@ -107,15 +107,20 @@ class StudentStates:
     episodes are not the evaluation's (those are reset with explicit seeds).
     """
 
-    def __init__(self, env: Any, seed: int, steps: int, plays: int, obs_shape: tuple[int, ...], n_actions: int) -> None:
-        """steps: environment steps per play; plays: how many (the arrays hold them all)."""
+    def __init__(self, env: Any, seed: int, steps: int, plays: int, obs_shape: tuple[int, ...], n_actions: int,
+                 obs_dtype: np.dtype = np.dtype(np.float32)) -> None:
+        """steps: environment steps per play; plays: how many (the arrays hold them all). States
+        are kept as the environment gives them (a uint8 image stays uint8: 4x less memory than float)."""
         from compress_dqn.rl.envs import make_env_from, seed_env
 
         self.steps = steps
         capacity = steps * plays
         self.env = make_env_from(env)
         self.obs = seed_env(self.env, seed)
-        self.states = np.zeros((capacity, *obs_shape), np.float32)
+        if tuple(np.shape(self.obs)) != tuple(obs_shape):
+            raise UserError(f"fine_tune.student_states: the environment gives observations of shape {np.shape(self.obs)}, "
+                            f"the network takes {tuple(obs_shape)}; check env.frame_stack")
+        self.states = np.zeros((capacity, *obs_shape), obs_dtype)
         self.teacher_q = np.zeros((capacity, n_actions), np.float32)
         self.size = 0
         self.rng = np.random.default_rng(seed)
@@ -189,10 +194,10 @@ class Distiller:
         if self.rounds:
             if env is None:
                 raise ValueError("student_states: the student needs an environment (env) to play in")
-            if replay.frame_stack != 1 or len(replay.obs_shape) != 1:
-                raise UserError("fine_tune.student_states: the student plays only flat-observation tasks "
-                                "(not frame stacks or images); set it to 0")
-            self.played = StudentStates(env, seed, ft.student_states, len(self.rounds), replay.obs_shape, replay.n_actions)
+            # The environment is built as training built it (frame stack included), so its
+            # observations are what the network takes, images or flat.
+            self.played = StudentStates(env, seed, ft.student_states, len(self.rounds), replay.obs_shape,
+                                        replay.n_actions, replay.obs_dtype)
         self.update = make_distill_update_fn(
             student, self.optimizer, max_grad_norm, jit_compile, ft.loss, ft.temperature, value_scale
         )

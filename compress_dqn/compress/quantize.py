@@ -21,18 +21,45 @@ Preserve = Literal["sparsity", "clusters"] | None
 
 
 def qat_model(model: tf_keras.Model, preserve: Preserve = None) -> tf_keras.Model:
-    """A copy of a plain model with fake-quant wrappers for quantization-aware training."""
-    quant = tfmot.quantization.keras
+    """A copy of a plain model with fake-quant wrappers for quantization-aware training.
+
+    An image network's input Rescaling (uint8 -> float) has no QAT config. Left in the quantized
+    model unannotated, it keeps tfmot from quantizing what follows it: the first conv then trains
+    and converts in float. So the layers after it are quantized as a model of their own, whose
+    input quantizer sees the rescaled frame, and the Rescaling stays in front in float."""
     copy = independent_copy(model)
+    front = _input_rescaling(copy)
+    if front is None:
+        return _quantize_applied(copy, preserve)
+    body = _layers_after(copy, front)
+    inputs = tf_keras.Input(copy.input_shape[1:], dtype=copy.inputs[0].dtype, name="obs")
+    scaled = tf_keras.layers.Rescaling(front.scale, front.offset, name=front.name)(inputs)
+    return tf_keras.Model(inputs, _quantize_applied(body, preserve)(scaled), name=copy.name)
 
-    def annotate(layer: tf_keras.layers.Layer) -> tf_keras.layers.Layer:
-        # The input Rescaling (uint8 -> float) has no QAT config; TFLite quantizes after it anyway.
-        if isinstance(layer, tf_keras.layers.Rescaling):
-            return layer
-        return quant.quantize_annotate_layer(layer)
 
-    annotated = tf_keras.models.clone_model(copy, clone_function=annotate)
-    annotated.set_weights(copy.get_weights())
+def _input_rescaling(model: tf_keras.Model) -> tf_keras.layers.Rescaling | None:
+    """The Rescaling that takes the model's input, if its first layer is one."""
+    layers = [layer for layer in model.layers if not isinstance(layer, tf_keras.layers.InputLayer)]
+    return layers[0] if layers and isinstance(layers[0], tf_keras.layers.Rescaling) else None
+
+
+def _layers_after(model: tf_keras.Model, front: tf_keras.layers.Layer) -> tf_keras.Model:
+    """The model's layers after `front`, as a model of their own on front's output (weights shared)."""
+    inputs = tf_keras.Input(front.output_shape[1:], name="scaled")
+    tensors = {id(front.output): inputs}
+    for layer in model.layers:
+        if layer is front or isinstance(layer, tf_keras.layers.InputLayer):
+            continue
+        args = tf.nest.map_structure(lambda t: tensors[id(t)], layer.input)
+        tensors[id(layer.output)] = layer(args)
+    return tf_keras.Model(inputs, tf.nest.map_structure(lambda t: tensors[id(t)], model.outputs if len(model.outputs) > 1
+                                                        else model.outputs[0]), name=f"{model.name}_quantized")
+
+
+def _quantize_applied(model: tf_keras.Model, preserve: Preserve) -> tf_keras.Model:
+    quant = tfmot.quantization.keras
+    annotated = tf_keras.models.clone_model(model, clone_function=quant.quantize_annotate_layer)
+    annotated.set_weights(model.get_weights())
     if preserve is None:
         return quant.quantize_apply(annotated)
     combine = tfmot.experimental.combine
@@ -42,6 +69,12 @@ def qat_model(model: tf_keras.Model, preserve: Preserve = None) -> tf_keras.Mode
         else combine.Default8BitClusterPreserveQuantizeScheme()
     )
     return quant.quantize_apply(annotated, scheme)
+
+
+def _flat_layers(model: tf_keras.Model) -> list[tf_keras.layers.Layer]:
+    """A model's layers, those of a nested quantized body in its place."""
+    return [inner for layer in model.layers
+            for inner in (_flat_layers(layer) if isinstance(layer, tf_keras.Model) else [layer])]
 
 
 def calibrate_ranges(qat: tf_keras.Model, plain: tf_keras.Model, observations: np.ndarray) -> dict[str, tuple[float, float]]:
@@ -66,7 +99,7 @@ def calibrate_ranges(qat: tf_keras.Model, plain: tf_keras.Model, observations: n
     for layer, out in zip(dense, probe(np.asarray(observations, dtype=np.float32))):
         out = out.numpy()
         ranges[f"quant_{layer.name}"] = (float(min(out.min(), 0.0)), float(max(out.max(), 0.0)))
-    for layer in qat.layers:
+    for layer in _flat_layers(qat):
         # The input quantizer is found by type: its name carries Keras's counter (quantize_layer_1, ..).
         name = "quantize_layer" if type(layer).__name__ == "QuantizeLayer" else layer.name
         if name not in ranges:

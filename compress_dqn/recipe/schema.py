@@ -463,7 +463,8 @@ class FineTuneConfig(StrictModel):
     """distill: after every student_states_interval gradient steps, the model plays this many
     environment steps greedily and the baseline labels the states it visits; half of each later
     batch comes from those states (DAgger). Teaches a student where its own errors lead, which
-    replay states never show it. 0: replay states only. Flat-observation tasks only."""
+    replay states never show it. 0: replay states only. Images and frame stacks too: the
+    student plays the environment as training built it."""
     student_states_interval: PositiveCount = 5000
     """Gradient steps between the student's plays (see student_states)."""
 
@@ -535,9 +536,11 @@ class SearchConfig(StrictModel):
     objective: Literal["gzip_bytes", "params", "latency"] = "gzip_bytes"
     """What "smallest" means: the gzipped .tflite bytes, the nonzero parameters, or the TFLite
     batch-1 p50 latency on this machine."""
-    students: list[list[PositiveCount]] = Field(
+    students: list[list[PositiveCount] | StudentConfig] = Field(
         default_factory=lambda: [[64, 64], [32, 32], [16, 16], [8, 8]])
-    """Student hidden widths to try (distilled from the baseline); [] leaves students out."""
+    """Students to try (distilled from the baseline): hidden widths, an MLP on the flattened
+    observation ([32, 32]), or a network with conv layers for images ({conv: [{filters: 8,
+    kernel: 3}], net_arch: [32]}); [] leaves students out."""
     student_quantize: Literal["qat", "int8", "float16", "none"] = "qat"
     """How each student is quantized: qat (int8 after a quantization-aware fine-tune), int8, float16, none."""
     student_fine_tune: FineTuneConfig = _tuning(20_000, 1e-3)
@@ -564,8 +567,9 @@ class SearchConfig(StrictModel):
     def _something_to_try(self) -> SearchConfig:
         if not self.students and not self.sparsities:
             raise ValueError("search: give students, sparsities or both; nothing to try")
-        if any(not widths for widths in self.students):
-            raise ValueError("search.students: each entry is a list of hidden widths, e.g. [32, 32]")
+        if any(not (s.net_arch if isinstance(s, StudentConfig) else s) for s in self.students):
+            raise ValueError("search.students: each entry is a list of hidden widths, e.g. [32, 32], or "
+                             "{conv: [...], net_arch: [...]} with at least one hidden width")
         return self
 
 

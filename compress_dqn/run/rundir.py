@@ -1,7 +1,7 @@
 """The run directory: create it or check that it holds this recipe, lock it, and stages.json.
 
 A rerun of the same recipe resumes; one that changes only what is built from the baseline (its
-variants, the evaluation caps) extends it; any other is refused with the keys that differ. A
+variants, its search, the evaluation caps) extends it; any other is refused with the keys that differ. A
 killed process's temporaries are dropped; a finished run's manifest is checked first.
 """
 
@@ -19,6 +19,7 @@ from compress_dqn.evaluation.results import RunResults, SeedsResults
 from compress_dqn.fileio import LOCK, lock_run_dir, remove_dir, remove_stale_temporaries, write_text_atomic
 from compress_dqn.recipe.safe_yaml import read_yaml
 from compress_dqn.recipe.schema import Recipe, recipe_from_data
+from compress_dqn.run.ladders import candidate_variants
 from compress_dqn.run.manifest import MANIFEST, verify
 from compress_dqn.run.stage_keys import PER_POLICY_KINDS, StageKey
 
@@ -42,8 +43,13 @@ def differing_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 _PLACEMENT_KEYS = ("executor", "address", "workers")
 """Where units run does not change what they compute: a sweep may resume on another engine."""
-REUSABLE_KEYS = ("name", "variants", "eval.max_episodes", "eval.tolerance")
-"""What a rerun may change on a finished baseline: what is built from it and how long verdicts may play."""
+REUSABLE_KEYS = ("name", "variants", "search", "eval.max_episodes", "eval.tolerance")
+"""What a rerun may change on a finished baseline: what is built from it (the listed variants, the
+search's ladders) and how long verdicts may play. A key counts with everything below it."""
+
+
+def _reusable(key: str) -> bool:
+    return any(key == k or key.startswith(f"{k}.") for k in REUSABLE_KEYS)
 
 
 def _describe(old: Any, new: Any, key: str) -> str:
@@ -76,8 +82,8 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, log: Callable[[str], None] | 
         if diff and not _started(run_dir):  # a run refused before its first stage: take the corrected recipe
             write_text_atomic(recipe_file, yaml.safe_dump(new, sort_keys=False))
             return False
-        if any(key not in REUSABLE_KEYS for key in diff):
-            fixed = [key for key in diff if key not in REUSABLE_KEYS]
+        if not all(_reusable(key) for key in diff):
+            fixed = [key for key in diff if not _reusable(key)]
             shown = "; ".join(_describe(old, new, key) for key in fixed[:3]) + (" ..." if len(fixed) > 3 else "")
             raise UserError(
                 f"{run_dir}: holds a run of a different recipe ({shown}): these change the baseline; pass another "
@@ -86,7 +92,8 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, log: Callable[[str], None] | 
         _check_manifest(run_dir)
         if diff:
             _drop_changed_variants(old, new, run_dir, log)
-            if any(key.startswith("eval.") for key in diff):  # a search's kept/lost calls used the old caps
+            # A search's kept/lost calls used the old caps and the old ladders.
+            if any(key.startswith(("eval.", "search")) for key in diff):
                 (run_dir / "search.json").unlink(missing_ok=True)
             write_text_atomic(recipe_file, yaml.safe_dump(new, sort_keys=False))
         return True
@@ -111,8 +118,9 @@ def _check_manifest(run_dir: Path) -> None:
 
 def _drop_changed_variants(old: dict[str, Any], new: dict[str, Any], run_dir: Path,
                            log: Callable[[str], None] | None) -> None:
-    """Delete the folders of variants that the new recipe defines differently or no longer has."""
-    before, kept = ({v["name"]: v for v in recipe.get("variants") or []} for recipe in (old, new))
+    """Delete the folders of variants that the new recipe defines differently or no longer has,
+    the search's candidates among them (a seed's run builds those too)."""
+    before, kept = ({**{v["name"]: v for v in recipe.get("variants") or []}, **_candidates(recipe)} for recipe in (old, new))
     dropped = [name for name, variant in before.items() if kept.get(name) != variant]
     for name in dropped:
         remove_dir(run_dir / "variants" / name)
@@ -120,6 +128,13 @@ def _drop_changed_variants(old: dict[str, Any], new: dict[str, Any], run_dir: Pa
     if log is not None:
         log(f"{run_dir}: reusing its finished stages; new: {', '.join(added) or 'none'}; "
             f"rebuilt or dropped: {', '.join(dropped) or 'none'}")
+
+
+def _candidates(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The search's candidates as variant data by name ({} without a search)."""
+    if not recipe.get("search"):
+        return {}
+    return {v.name: v.model_dump(mode="json") for v in candidate_variants(recipe_from_data(dict(recipe)).search)}
 
 
 def _started(run_dir: Path) -> bool:

@@ -22,19 +22,7 @@ from typing import Any, Callable
 
 from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig, recipe_from_data
 from compress_dqn.run import stage_keys as keys
-
-_BYTES_PER_WEIGHT = {"qat": 1, "int8": 1, "dynamic": 1, "int16x8": 1, "float16": 2, None: 4}
-
-
-@dataclass
-class Candidate:
-    """One rung of a family's ladder."""
-
-    family: str
-    variant: VariantConfig
-    estimated_bytes: float
-    """Weight bytes after compression (nonzero weights x bytes per weight): a lower bound of the
-    gzipped file used to skip rungs that cannot win, never to decide a winner."""
+from compress_dqn.run.ladders import Candidate, ladders
 
 
 @dataclass
@@ -49,54 +37,6 @@ class Tried:
     per_seed: dict[str, dict[str, Any]] = field(default_factory=dict)
     objective: float | None = None
     """Median over the seeds played of the measured objective."""
-
-
-def _layer_weights(widths: list[int], n_inputs: int, n_actions: int) -> list[int]:
-    sizes = [n_inputs, *widths, n_actions]
-    return [a * b for a, b in zip(sizes, sizes[1:])]
-
-
-def _estimate(variant: VariantConfig, baseline_widths: list[int], n_inputs: int, n_actions: int) -> float:
-    widths = variant.student.net_arch if variant.student else baseline_widths
-    weights = _layer_weights(widths, n_inputs, n_actions)
-    if variant.prune:
-        names = [f"hidden_{i}" for i in range(len(widths))] + ["q_values"]
-        weights = [w if name in variant.prune.exclude else w * (1 - variant.prune.sparsity)
-                   for name, w in zip(names, weights)]
-    mode = variant.quantize.mode if variant.quantize else None
-    return float(sum(weights) * _BYTES_PER_WEIGHT[mode])
-
-
-def _student(widths: list[int], search: SearchConfig) -> VariantConfig:
-    name = "student-" + "x".join(map(str, widths))
-    data: dict[str, Any] = {"student": {"net_arch": widths}, "fine_tune": search.student_fine_tune.model_dump()}
-    if search.student_candidates is not None:
-        data["candidates"] = search.student_candidates.model_dump()
-    if search.student_quantize == "qat":
-        name += "-qat-int8"
-        data["quantize"] = {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}
-    elif search.student_quantize != "none":
-        name += f"-{search.student_quantize}"
-        data["quantize"] = {"mode": search.student_quantize}
-    return VariantConfig(name=name, **data)
-
-
-def _pruned(sparsity: float, search: SearchConfig) -> VariantConfig:
-    return VariantConfig(name=f"prune-{100 * sparsity:g}-int8", prune={"sparsity": sparsity, "exclude": search.prune_exclude},
-                         quantize={"mode": "int8"}, fine_tune=search.prune_fine_tune.model_dump())
-
-
-def ladders(recipe: Recipe, n_inputs: int, n_actions: int) -> dict[str, list[Candidate]]:
-    """Each family's candidates, largest first (by estimated weight bytes)."""
-    search, widths = recipe.search, list(recipe.train.net_arch)
-    families = {"student": [_student(list(w), search) for w in search.students],
-                "prune": [_pruned(s, search) for s in search.sparsities]}
-    out = {}
-    for family, variants in families.items():
-        rungs = [Candidate(family, v, _estimate(v, widths, n_inputs, n_actions)) for v in variants]
-        if rungs:
-            out[family] = sorted(rungs, key=lambda c: -c.estimated_bytes)
-    return out
 
 
 def objective_value(stage: dict[str, Any], measured: dict[str, Any] | None, objective: str) -> float:
@@ -264,8 +204,6 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     """Train each seed's baseline, search the recipe's families for the smallest policy that keeps
     the return on every seed, then finish each seed's run (its listed variants and every candidate
     it played) and aggregate. Returns the pipeline's RunOutcome."""
-    import numpy as np
-
     from compress_dqn.evaluation.results import RunResults
     from compress_dqn.rl.envs import probe_env
     from compress_dqn.run import resources
@@ -283,7 +221,7 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     map_units(baseline_unit, [(data, d, plan.quiet) for _, data, d in plan.seeds], recipe.executor, workers, recipe.address)
 
     search_log = SearchLog(run_dir / "search.json")
-    rungs = ladders(recipe, int(np.prod(info.obs_shape)), info.n_actions)
+    rungs = ladders(recipe, info.obs_shape, info.n_actions)
     for family in rungs.values():
         bisect_family(family, plan, search_log, _budget(recipe.search, search_log, started))
     found = summary(recipe, search_log, time.monotonic() - started)

@@ -1,0 +1,106 @@
+"""The search's candidates: each family's ladder of variants, and what each rung should weigh.
+
+A rung is the variant it is built as (a distilled student, MLP or CNN, or the baseline pruned),
+named after its shape, so a search that is rerun with another ladder can tell which of its builds
+still stand (run.rundir). Sizes are estimates from the layer shapes, used to order a ladder and to
+skip rungs that cannot win, never to decide a winner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from compress_dqn.recipe.schema import Recipe, SearchConfig, StudentConfig, VariantConfig
+
+_BYTES_PER_WEIGHT = {"qat": 1, "int8": 1, "dynamic": 1, "int16x8": 1, "float16": 2, None: 4}
+
+
+@dataclass
+class Candidate:
+    """One rung of a family's ladder."""
+
+    family: str
+    variant: VariantConfig
+    estimated_bytes: float
+    """Weight bytes after compression (nonzero weights x bytes per weight): a lower bound of the
+    gzipped file used to skip rungs that cannot win, never to decide a winner."""
+
+
+def layer_weights(conv: list[Any], widths: list[int], obs_shape: tuple[int, ...], n_actions: int) -> dict[str, int]:
+    """Kernel weights of each layer of a network (conv_i, hidden_i, q_values) on observations of
+    obs_shape, 'valid' convolutions as networks.build_q_network lays them out."""
+    weights: dict[str, int] = {}
+    if conv:
+        height, width, channels = obs_shape
+        for i, layer in enumerate(conv):
+            weights[f"conv_{i}"] = layer.kernel * layer.kernel * channels * layer.filters
+            height, width = (height - layer.kernel) // layer.stride + 1, (width - layer.kernel) // layer.stride + 1
+            channels = layer.filters
+        n_inputs = height * width * channels
+    else:
+        n_inputs = int(np.prod(obs_shape))
+    sizes = [n_inputs, *widths, n_actions]
+    names = [f"hidden_{i}" for i in range(len(widths))] + ["q_values"]
+    weights.update({name: a * b for name, a, b in zip(names, sizes, sizes[1:])})
+    return weights
+
+
+def _estimate(variant: VariantConfig, train: Any, obs_shape: tuple[int, ...], n_actions: int) -> float:
+    network = variant.student or train
+    weights = layer_weights(list(network.conv), list(network.net_arch), obs_shape, n_actions)
+    if variant.prune:
+        weights = {name: w if name in variant.prune.exclude else w * (1 - variant.prune.sparsity)
+                   for name, w in weights.items()}
+    mode = variant.quantize.mode if variant.quantize else None
+    return float(sum(weights.values()) * _BYTES_PER_WEIGHT[mode])
+
+
+def student_name(student: StudentConfig) -> str:
+    """student-32x32 for an MLP; student-c8k3-32 for 8 3x3 filters then 32 units (s2: stride 2)."""
+    convs = [f"c{c.filters}k{c.kernel}" + (f"s{c.stride}" if c.stride != 1 else "") for c in student.conv]
+    return "-".join(["student", *convs, "x".join(map(str, student.net_arch))])
+
+
+def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantConfig:
+    student = spec if isinstance(spec, StudentConfig) else StudentConfig(net_arch=list(spec))
+    name = student_name(student)
+    data: dict[str, Any] = {"student": student.model_dump(mode="json", exclude_defaults=True),
+                            "fine_tune": search.student_fine_tune.model_dump()}
+    if search.student_candidates is not None:
+        data["candidates"] = search.student_candidates.model_dump()
+    if search.student_quantize == "qat":
+        name += "-qat-int8"
+        data["quantize"] = {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}
+    elif search.student_quantize != "none":
+        name += f"-{search.student_quantize}"
+        data["quantize"] = {"mode": search.student_quantize}
+    return VariantConfig(name=name, **data)
+
+
+def _pruned(sparsity: float, search: SearchConfig) -> VariantConfig:
+    return VariantConfig(name=f"prune-{100 * sparsity:g}-int8", prune={"sparsity": sparsity, "exclude": search.prune_exclude},
+                         quantize={"mode": "int8"}, fine_tune=search.prune_fine_tune.model_dump())
+
+
+def _families(search: SearchConfig) -> dict[str, list[VariantConfig]]:
+    return {"student": [_student(spec, search) for spec in search.students],
+            "prune": [_pruned(s, search) for s in search.sparsities]}
+
+
+def candidate_variants(search: SearchConfig) -> list[VariantConfig]:
+    """Every candidate the search may build, as the variant it is built as."""
+    return [v for variants in _families(search).values() for v in variants]
+
+
+def ladders(recipe: Recipe, obs_shape: tuple[int, ...], n_actions: int) -> dict[str, list[Candidate]]:
+    """Each family's candidates, largest first (by estimated weight bytes)."""
+    families = _families(recipe.search)
+    out = {}
+    for family, variants in families.items():
+        rungs = [Candidate(family, v, _estimate(v, recipe.train, tuple(obs_shape), n_actions)) for v in variants]
+        if rungs:
+            out[family] = sorted(rungs, key=lambda c: -c.estimated_bytes)
+    return out
