@@ -1,6 +1,6 @@
 """An outsider's player: a .tflite policy played with LiteRT's public API alone, as a deployment would.
 
-Imports only ai_edge_litert, numpy and gymnasium (no compress_dqn): raw observation in, quantized
+Imports only ai_edge_litert, numpy and gymnasium (and minatar for its ids; no compress_dqn): raw observation in, quantized
 with the input tensor's own scale and zero point where the input is integer, the signature's
 `action` output out (the greedy action the file documents). Run as `python outsider_player.py
 POLICY ENV_ID FIRST_SEED EPISODES`; prints JSON {"returns": [...], "actions": [[...] per episode],
@@ -42,8 +42,17 @@ def player(path: str):
     return act
 
 
+def make(env_id: str) -> gym.Env:
+    """The environment as its package publishes it (MinAtar registers its ids on request)."""
+    if env_id.startswith("MinAtar/"):
+        from minatar.gym import register_envs
+
+        register_envs()
+    return gym.make(env_id)
+
+
 def play(path: str, env_id: str, first_seed: int, episodes: int) -> dict:
-    act, env = player(path), gym.make(env_id)
+    act, env = player(path), make(env_id)
     returns, actions, differs = [], [], 0
     for seed in range(first_seed, first_seed + episodes):
         observation, _ = env.reset(seed=seed)

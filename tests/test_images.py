@@ -1,6 +1,9 @@
 """Image observations: MinAtar and Atari environments, CNN Q-networks, and a CNN run end to end."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -107,6 +110,11 @@ def test_minatar_cnn_pipeline_end_to_end(tmp_path):
     assert sparsity["conv_0"] > 0.85 and sparsity["hidden_0"] > 0.85
     for entry in results["variants"][1:]:  # int8 conv kernels: one scale per output channel, PTQ and QAT alike
         assert _conv_kernel_scales(tmp_path / "run" / entry["artifacts"]["tflite"]) == [16], entry["name"]
+    player = Path(__file__).resolve().parent / "outsider_player.py"
+    for entry in results["variants"]:  # raw MinAtar frames into LiteRT alone play the reported returns
+        played = subprocess.run([sys.executable, str(player), str(tmp_path / "run" / entry["artifacts"]["tflite"]),
+                                 "MinAtar/Breakout-v1", "0", "3"], capture_output=True, text=True, check=True)
+        assert json.loads(played.stdout)["returns"] == entry["return"]["episodes"], entry["name"]
     assert outcome.results.to_dict() == results
 
 

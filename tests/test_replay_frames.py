@@ -350,3 +350,19 @@ def test_memmap_refuses_file_that_does_not_fit(tmp_path, monkeypatch):
     assert not path.exists()
     with pytest.raises(UserError, match="does not exist"):
         ReplayBuffer(10, OBS_SHAPE, np.uint8, 3, seed=0, frame_stack=K, memmap_path=tmp_path / "no" / "f.bin")
+
+
+def test_a_minatar_transition_costs_one_frame():
+    """The MinAtar recipes' 100k transitions of 10x10x4 uint8 frames: one frame a row (the next
+    observation is the next row's), plus the action, reward and flags, never two float stacks."""
+    from compress_dqn.recipe.schema import load_recipe
+    from compress_dqn.rl.envs import probe_env
+
+    from conftest import MINATAR
+
+    recipe = load_recipe(MINATAR)
+    info = probe_env(recipe.env)
+    buf = ReplayBuffer(recipe.train.buffer_size, info.obs_shape, info.obs_dtype, info.n_actions, seed=0)
+    frame = int(np.prod(info.obs_shape))
+    assert info.obs_dtype == np.uint8 and frame == 400
+    assert frame < buf.nbytes / recipe.train.buffer_size < frame * 1.02
