@@ -221,3 +221,19 @@ def test_conv_students_are_named_and_sized_from_their_layers():
     assert by_name["student-c8k3-32-qat-int8"].variant.student == StudentConfig(**specs[0])
     (pruned,) = rungs["prune"]  # the baseline: 3x3x4x16 conv, 1024 -> 128 -> 3; q_values kept dense
     assert pruned.estimated_bytes == pytest.approx(0.1 * (576 + 1024 * 128) + 128 * 3)
+
+
+def test_the_report_says_what_an_open_verdict_would_need():
+    """A candidate left inconclusive at the episode cap is reported with its estimate of the
+    episodes that would decide it: on MinAtar a 1% margin is a fraction of a point."""
+    from compress_dqn.evaluation.report import render_search_markdown
+
+    open_seed = {"verdict": "inconclusive", "episodes": 25600, "episodes_to_decide": 61234, "normalized_score": 1.0,
+                 "objective": 9000.0, "difference": -0.05}
+    decided = {**open_seed, "verdict": "within 1%", "episodes": 400, "episodes_to_decide": None}
+    search = {"objective": "gzip_bytes", "winner": None, "winner_objective": None, "front": [],
+              "cost": {"wall_seconds": 10.0, "candidates_played": 1, "units": 2},
+              "tried": [{"name": "student-c8k3-32-qat-int8", "family": "student", "estimated_bytes": 16768.0,
+                         "outcome": "lost", "objective": 9000.0, "per_seed": {"0": decided, "1": open_seed}}]}
+    row = next(line for line in render_search_markdown(search) if line.startswith("| student-c8k3-32"))
+    assert "0: within 1% (400)" in row and "1: inconclusive (25,600; ~61,234 to decide)" in row

@@ -546,12 +546,20 @@ def render_search_markdown(search: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for t in search["tried"]:
-        verdicts = ", ".join(f"{seed}: {o['verdict']} ({o['episodes']})" for seed, o in t["per_seed"].items()) or "-"
+        verdicts = ", ".join(f"{seed}: {_seed_verdict(o)}" for seed, o in t["per_seed"].items()) or "-"
         objective = f"{t['objective']:,.0f}" if t["objective"] is not None else "-"
         lines.append(f"| {t['name']} | {t['family']} | {t['estimated_bytes']:,.0f} | {t['outcome']} | {objective} | {verdicts} |")
     lines += ["", "Each ladder is bisected for its smallest rung that keeps the return (a candidate is dropped at its "
               "first losing seed; a rung whose weights alone outweigh the best kept policy is skipped unplayed)."]
     return lines
+
+
+def _seed_verdict(outcome: dict) -> str:
+    """'within 1% (400)'; an open verdict also says about how many episodes would decide it."""
+    text = f"{outcome['verdict']} ({outcome['episodes']:,}"
+    if outcome.get("episodes_to_decide"):
+        text += f"; ~{outcome['episodes_to_decide']:,} to decide"
+    return text + ")"
 
 
 def write_report(run_dir: Path) -> list[Path]:
