@@ -119,7 +119,7 @@ def test_a_changed_search_keeps_the_baseline_and_rebuilds_only_candidates_it_red
 
     run_dir = tmp_path / "seed-0"
     prepare_run_dir(load_recipe(TINY, ["search.students=[[8], [16]]"]), run_dir)
-    (run_dir / "stages.json").write_text('{"train": {}}')  # started
+    (run_dir / "stages.json").write_text('{"train": {}, "variant:student-16-qat-int8": {}, "variant:student-8-qat-int8": {}}')
     for name in ("student-8-qat-int8", "student-16-qat-int8"):
         (run_dir / "variants" / name).mkdir(parents=True)
     (run_dir / "search.json").write_text("{}")
@@ -127,6 +127,8 @@ def test_a_changed_search_keeps_the_baseline_and_rebuilds_only_candidates_it_red
     assert prepare_run_dir(load_recipe(TINY, ["search.students=[[8], [4]]"]), run_dir, logs.append)
     assert (run_dir / "variants" / "student-8-qat-int8").exists()
     assert not (run_dir / "variants" / "student-16-qat-int8").exists() and not (run_dir / "search.json").exists()
+    assert set(json.loads((run_dir / "stages.json").read_text())) == {"train", "variant:student-8-qat-int8"}
+    assert logs[-1].endswith("new: student-4-qat-int8; rebuilt or dropped: student-16-qat-int8")  # not rungs never built
     assert prepare_run_dir(load_recipe(TINY, ["search.students=[[8], [4]]", "search.qat_steps=99"]), run_dir)
     assert not (run_dir / "variants" / "student-8-qat-int8").exists()  # its QAT changed
     with pytest.raises(UserError, match="train.gamma"):

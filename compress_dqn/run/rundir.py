@@ -121,9 +121,14 @@ def _drop_changed_variants(old: dict[str, Any], new: dict[str, Any], run_dir: Pa
     """Delete the folders of variants that the new recipe defines differently or no longer has,
     the search's candidates among them (a seed's run builds those too)."""
     before, kept = ({**{v["name"]: v for v in recipe.get("variants") or []}, **_candidates(recipe)} for recipe in (old, new))
-    dropped = [name for name, variant in before.items() if kept.get(name) != variant]
+    changed = {name for name, variant in before.items() if kept.get(name) != variant}
+    stages = Stages(run_dir)
+    # Only what was built is dropped: a search's ladder names rungs it may never have played.
+    dropped = [name for name in before if name in changed and ((run_dir / "variants" / name).exists()
+                                                                 or stages.knows_policy(name))]
     for name in dropped:
         remove_dir(run_dir / "variants" / name)
+    stages.forget_policies(dropped)
     added = [name for name in kept if name not in before]
     if log is not None:
         log(f"{run_dir}: reusing its finished stages; new: {', '.join(added) or 'none'}; "
@@ -172,6 +177,18 @@ class Stages:
         if not isinstance(self.done, dict):
             raise UserError(f"{self.path}: unreadable (not the JSON compress-dqn writes); pass another --out, "
                             "or delete the directory to start the run again")
+
+    def knows_policy(self, name: str) -> bool:
+        """Whether any stage of the policy `name` (its build, looks, measures) has finished."""
+        return any(key.kind in PER_POLICY_KINDS and key.name == name for key in map(StageKey.parse, self.done))
+
+    def forget_policies(self, names: list[str]) -> None:
+        """Forget every stage of these policies (their folders were deleted on purpose)."""
+        forget = [stage for stage in self.done if (key := StageKey.parse(stage)).kind in PER_POLICY_KINDS and key.name in names]
+        for stage in forget:
+            self.done.pop(stage)
+        if forget:
+            self._save()
 
     def finish(self, name: str, outputs: dict[str, Any]) -> None:
         self.done[name] = outputs
