@@ -81,7 +81,7 @@ def test_a_rung_that_cannot_beat_the_best_is_skipped_unplayed_and_the_budget_sto
 def test_search_recipe_errors_are_one_line():
     from compress_dqn.errors import UserError
 
-    with pytest.raises(UserError, match="search: give students, sparsities or both"):
+    with pytest.raises(UserError, match="search: give students, sparsities or quantized_baseline"):
         load_recipe(TINY, ["search.students=[]"])
     with pytest.raises(UserError, match=r"search.sparsities.0: 1.5 must be < 1"):
         load_recipe(TINY, ["search.sparsities=[1.5]"])
@@ -237,3 +237,22 @@ def test_the_report_says_what_an_open_verdict_would_need():
                          "outcome": "lost", "objective": 9000.0, "per_seed": {"0": decided, "1": open_seed}}]}
     row = next(line for line in render_search_markdown(search) if line.startswith("| student-c8k3-32"))
     assert "0: within 1% (400)" in row and "1: inconclusive (25,600; ~61,234 to decide)" in row
+
+
+def test_the_quantized_baseline_is_a_one_rung_family_and_names_must_not_clash(tmp_path):
+    """Where no student keeps the return, the whole baseline in int8 may: quantized_baseline adds it
+    (QAT with the students' fine-tune), sized as the full network. A listed variant of the same name
+    but another definition is refused before any training."""
+    from compress_dqn.errors import UserError
+    from compress_dqn.run.search import run_search
+
+    recipe = load_recipe(TINY, [STUDENTS, "search.quantized_baseline=qat", "search.qat_steps=77"])
+    (rung,) = ladders(recipe, (4,), 2)["quantize"]
+    assert rung.variant.name == "qat-int8" and rung.variant.quantize.qat_steps == 77 and rung.variant.student is None
+    assert rung.estimated_bytes == 4 * 16 + 16 * 16 + 16 * 2  # tiny's [16, 16] network, a byte a weight
+    assert rung.variant.fine_tune == recipe.search.student_fine_tune
+    assert ladders(load_recipe(TINY, ["search.quantized_baseline=int8"]), (4,), 2)["quantize"][0].variant.name == "ptq-int8"
+    clash = load_recipe(TINY, [STUDENTS, "search.quantized_baseline=qat", "variants=[{name: qat-int8, quantize: {mode: qat}}]"])
+    with pytest.raises(UserError, match="qat-int8 also name"):
+        run_search(clash, tmp_path / "run", quiet=True, log=lambda m: None)
+    assert not (tmp_path / "run").exists()

@@ -554,10 +554,15 @@ class SearchConfig(StrictModel):
     """Layers the pruning family keeps dense."""
     prune_fine_tune: FineTuneConfig = _tuning(6_000, 3e-4)
     """Recovery fine-tune of each pruned candidate."""
+    quantized_baseline: Literal["qat", "int8", "none"] = "none"
+    """Also try the whole baseline in int8, a one-rung family: qat (quantization-aware, with the
+    students' fine-tune at qat_steps and qat_learning_rate) or int8 (post-training). Where no
+    student or pruning keeps the return (MinAtar Breakout, docs/minatar.md), it is the smallest
+    policy that does; where one does, it is skipped unplayed, being larger."""
     qat_steps: PositiveCount = 5_000
     """Gradient steps of each QAT fine-tune."""
     qat_learning_rate: _real(0.0, 1.0, lo_open=True) = 1e-4
-    """Adam step size of each student's QAT fine-tune (a tenth of the distillation's by default)."""
+    """Adam step size of each QAT fine-tune (a tenth of the distillation's by default)."""
     max_candidates: _count(1) | None = None
     """Budget: candidates evaluated at most (each on every seed); null: no limit."""
     max_seconds: _real(0.0, None, lo_open=True) | None = None
@@ -565,8 +570,8 @@ class SearchConfig(StrictModel):
 
     @model_validator(mode="after")
     def _something_to_try(self) -> SearchConfig:
-        if not self.students and not self.sparsities:
-            raise ValueError("search: give students, sparsities or both; nothing to try")
+        if not self.students and not self.sparsities and self.quantized_baseline == "none":
+            raise ValueError("search: give students, sparsities or quantized_baseline; nothing to try")
         if any(not (s.net_arch if isinstance(s, StudentConfig) else s) for s in self.students):
             raise ValueError("search.students: each entry is a list of hidden widths, e.g. [32, 32], or "
                              "{conv: [...], net_arch: [...]} with at least one hidden width")

@@ -85,9 +85,20 @@ def _pruned(sparsity: float, search: SearchConfig) -> VariantConfig:
                          quantize={"mode": "int8"}, fine_tune=search.prune_fine_tune.model_dump())
 
 
+def _quantized(search: SearchConfig) -> list[VariantConfig]:
+    if search.quantized_baseline == "int8":
+        return [VariantConfig(name="ptq-int8", quantize={"mode": "int8"})]
+    if search.quantized_baseline == "qat":
+        return [VariantConfig(name="qat-int8", fine_tune=search.student_fine_tune.model_dump(),
+                              quantize={"mode": "qat", "qat_steps": search.qat_steps,
+                                        "qat_learning_rate": search.qat_learning_rate})]
+    return []
+
+
 def _families(search: SearchConfig) -> dict[str, list[VariantConfig]]:
     return {"student": [_student(spec, search) for spec in search.students],
-            "prune": [_pruned(s, search) for s in search.sparsities]}
+            "prune": [_pruned(s, search) for s in search.sparsities],
+            "quantize": _quantized(search)}
 
 
 def candidate_variants(search: SearchConfig) -> list[VariantConfig]:

@@ -203,6 +203,19 @@ def summary(recipe: Recipe, log: SearchLog, seconds: float) -> dict[str, Any]:
     }
 
 
+def _check_names(recipe: Recipe) -> None:
+    """A candidate and a listed variant of one name must be one policy: both are built as variants
+    of each seed's run, and a stage holds one build per name."""
+    from compress_dqn.errors import UserError
+    from compress_dqn.run.ladders import candidate_variants
+
+    listed = {v.name: v for v in recipe.variants}
+    clash = [v.name for v in candidate_variants(recipe.search) if v.name in listed and listed[v.name] != v]
+    if clash:
+        raise UserError(f"variants: {', '.join(clash)} also name(s) a search candidate defined otherwise; "
+                        "rename the listed variant or define it as the search does")
+
+
 def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> Any:
     """Train each seed's baseline, search the recipe's families for the smallest policy that keeps
     the return on every seed, then finish each seed's run (its listed variants and every candidate
@@ -215,6 +228,7 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     from compress_dqn.run.seeds import baseline_unit, finish_unit, seed_plan, seed_recipes, write_seeds_results
 
     started, run_dir = time.monotonic(), Path(run_dir)
+    _check_names(recipe)
     seeds, workers, threads = seed_plan(recipe)
     info = probe_env(recipe.env)
     resources.check(resources.plan(recipe, info), run_dir, at_once=workers, in_total=len(seeds))
@@ -233,7 +247,8 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     by_name = {c.variant.name: c.variant for family in rungs.values() for c in family}
     units = []
     for seed, data, seed_dir in plan.seeds:
-        played = [by_name[t["name"]] for t in search_log.tried.values() if str(seed) in t["per_seed"]]
+        listed = {v.name for v in recipe.variants}  # a candidate listed as a variant too is built once
+        played = [by_name[t["name"]] for t in search_log.tried.values() if str(seed) in t["per_seed"] and t["name"] not in listed]
         data = {**data, "variants": data["variants"] + [v.model_dump(mode="json", exclude_none=True) for v in played]}
         units.append((data, seed_dir, plan.quiet, {"winner": found["winner"], "objective": recipe.search.objective}))
     runs = [RunResults.from_dict(r) for r in map_units(finish_unit, units, recipe.executor, workers, recipe.address)]
