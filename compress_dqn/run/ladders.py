@@ -1,6 +1,7 @@
 """The search's candidates: each family's ladder of variants, and what each rung should weigh.
 
-A rung is the variant it is built as (a distilled student, MLP or CNN, or the baseline pruned),
+A rung is the variant it is built as (a distilled student, MLP or CNN, the baseline pruned, or
+the whole baseline in int8),
 named after its shape, so a search that is rerun with another ladder can tell which of its builds
 still stand (run.rundir). Sizes are estimates from the layer shapes, used to order a ladder and to
 skip rungs that cannot win, never to decide a winner.
@@ -25,8 +26,8 @@ class Candidate:
     family: str
     variant: VariantConfig
     estimated_bytes: float
-    """Weight bytes after compression (nonzero weights x bytes per weight): a lower bound of the
-    gzipped file used to skip rungs that cannot win, never to decide a winner."""
+    """Weight bytes after compression (nonzero weights x bytes per weight): orders a ladder and,
+    with search.GZIP_FLOOR, skips rungs that cannot win; never decides a winner."""
 
 
 def layer_weights(conv: list[Any], widths: list[int], obs_shape: tuple[int, ...], n_actions: int) -> dict[str, int]:
