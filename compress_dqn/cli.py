@@ -200,26 +200,19 @@ def compress(model: Path, env_id: str, variants: str, out: Path | None, transiti
     _echo_outcome(outcome, outcome.results.baseline.returns["mean"])
 
 
-_CONV = re.compile(r"c(\d+)k(\d+)(?:s(\d+))?")
-
-
 def _students(text: str) -> list[Any]:
-    """64x64,32x32 (MLPs) or c8k3-32 (8 3x3 filters, then 32 units; s2: stride 2), as student_name writes them."""
-    out: list[Any] = []
+    """--students: 64x64,32x32 (MLPs) or c8k3-32 (8 3x3 filters, then 32 units), as the search names them."""
+    from compress_dqn.run.ladders import parse_student
+
+    out = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        *convs, widths = part.split("-")
-        matches = [_CONV.fullmatch(c) for c in convs]
         try:
-            net_arch = [int(w) for w in widths.split("x")]
+            out.append(parse_student(part))
         except ValueError:
-            net_arch = None
-        if net_arch is None or not all(matches):
             raise UserError(f"--students: {part!r} is not a student like 64x64 or c8k3-32 "
-                            "(conv layers cFILTERSkKERNEL[sSTRIDE], then hidden widths)")
-        conv = [{"filters": int(m[1]), "kernel": int(m[2]), "stride": int(m[3] or 1)} for m in matches]
-        out.append({"conv": conv, "net_arch": net_arch} if conv else net_arch)
+                            "(conv layers cFILTERSkKERNEL[sSTRIDE], then hidden widths)") from None
     return out
 
 

@@ -103,12 +103,11 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
     info = probe_env(recipe.env)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{run_dir}: is a file, not a run directory; pass another --out")
-    stages = Stages(run_dir)
-    if "train" not in stages.done:
+    if "train" not in Stages(run_dir).done:
         resources.check(resources.plan(recipe, info), run_dir)
     device = configure_device(recipe.device)  # a device that is not there: refused before anything is written
     resumed = prepare_run_dir(recipe, run_dir, log)
-    stages = Stages(run_dir)  # a rerun may have dropped variants' stages
+    stages = Stages(run_dir)  # as prepared: a rerun may have dropped variants' stages
     if resumed and (forgotten := stages.forget_missing(run_dir)):
         log(f"{run_dir}: files of {len(forgotten)} finished stage(s) are missing ({', '.join(forgotten[:3])}"
             f"{', ...' if len(forgotten) > 3 else ''}); redoing them")

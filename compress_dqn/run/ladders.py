@@ -9,6 +9,7 @@ skip rungs that cannot win, never to decide a winner.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,10 @@ import numpy as np
 from compress_dqn.recipe.schema import Recipe, SearchConfig, StudentConfig, VariantConfig
 
 _BYTES_PER_WEIGHT = {"qat": 1, "int8": 1, "dynamic": 1, "int16x8": 1, "float16": 2, None: 4}
+GZIP_FLOOR = 0.5
+"""The least a weight byte has been seen to take gzipped: QAT'd int8 conv kernels do not fill a
+byte each (a MinAtar student's 16.8k int8 weights gzipped to 10.1 KB, docs/minatar.md), so an
+estimate of weight bytes alone is no lower bound of the gzipped file."""
 
 
 @dataclass
@@ -27,7 +32,7 @@ class Candidate:
     variant: VariantConfig
     estimated_bytes: float
     """Weight bytes after compression (nonzero weights x bytes per weight): orders a ladder and,
-    with search.GZIP_FLOOR, skips rungs that cannot win; never decides a winner."""
+    with GZIP_FLOOR, skips rungs that cannot win; never decides a winner."""
 
 
 def layer_weights(conv: list[Any], widths: list[int], obs_shape: tuple[int, ...], n_actions: int) -> dict[str, int]:
@@ -63,6 +68,21 @@ def student_name(student: StudentConfig) -> str:
     """student-32x32 for an MLP; student-c8k3-32 for 8 3x3 filters then 32 units (s2: stride 2)."""
     convs = [f"c{c.filters}k{c.kernel}" + (f"s{c.stride}" if c.stride != 1 else "") for c in student.conv]
     return "-".join(["student", *convs, "x".join(map(str, student.net_arch))])
+
+
+_CONV = re.compile(r"c(\d+)k(\d+)(?:s(\d+))?")
+
+
+def parse_student(text: str) -> list[int] | dict[str, Any]:
+    """The inverse of student_name without its prefix: 64x64 (an MLP's widths) or c8k3-32 (conv
+    layers, then widths) as a search.students entry. ValueError if it is neither."""
+    *convs, widths = text.split("-")
+    matches = [_CONV.fullmatch(c) for c in convs]
+    net_arch = [int(w) for w in widths.split("x")]  # ValueError on anything but widths
+    if not all(matches):
+        raise ValueError(text)
+    conv = [{"filters": int(m[1]), "kernel": int(m[2]), "stride": int(m[3] or 1)} for m in matches]
+    return {"conv": conv, "net_arch": net_arch} if conv else net_arch
 
 
 def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantConfig:

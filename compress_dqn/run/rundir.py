@@ -18,7 +18,7 @@ from compress_dqn.errors import UserError
 from compress_dqn.evaluation.results import RunResults, SeedsResults
 from compress_dqn.fileio import LOCK, lock_run_dir, remove_dir, remove_stale_temporaries, write_text_atomic
 from compress_dqn.recipe.safe_yaml import read_yaml
-from compress_dqn.recipe.schema import Recipe, recipe_from_data
+from compress_dqn.recipe.schema import Recipe, SearchConfig, recipe_from_data
 from compress_dqn.run.ladders import candidate_variants
 from compress_dqn.run.manifest import MANIFEST, verify
 from compress_dqn.run.stage_keys import PER_POLICY_KINDS, StageKey
@@ -124,11 +124,11 @@ def _drop_changed_variants(old: dict[str, Any], new: dict[str, Any], run_dir: Pa
     changed = {name for name, variant in before.items() if kept.get(name) != variant}
     stages = Stages(run_dir)
     # Only what was built is dropped: a search's ladder names rungs it may never have played.
-    dropped = [name for name in before if name in changed and ((run_dir / "variants" / name).exists()
-                                                                 or stages.knows_policy(name))]
+    built = {StageKey.parse(stage).name for stage in stages.policy_stages(changed)}
+    dropped = [name for name in before if name in changed and (name in built or (run_dir / "variants" / name).exists())]
     for name in dropped:
         remove_dir(run_dir / "variants" / name)
-    stages.forget_policies(dropped)
+    stages.forget(stages.policy_stages(dropped))
     added = [name for name in kept if name not in before]
     if log is not None:
         log(f"{run_dir}: reusing its finished stages; new: {', '.join(added) or 'none'}; "
@@ -139,7 +139,7 @@ def _candidates(recipe: dict[str, Any]) -> dict[str, Any]:
     """The search's candidates as variant data by name ({} without a search)."""
     if not recipe.get("search"):
         return {}
-    return {v.name: v.model_dump(mode="json") for v in candidate_variants(recipe_from_data(dict(recipe)).search)}
+    return {v.name: v.model_dump(mode="json") for v in candidate_variants(SearchConfig.model_validate(recipe["search"]))}
 
 
 def _started(run_dir: Path) -> bool:
@@ -178,16 +178,15 @@ class Stages:
             raise UserError(f"{self.path}: unreadable (not the JSON compress-dqn writes); pass another --out, "
                             "or delete the directory to start the run again")
 
-    def knows_policy(self, name: str) -> bool:
-        """Whether any stage of the policy `name` (its build, looks, measures) has finished."""
-        return any(key.kind in PER_POLICY_KINDS and key.name == name for key in map(StageKey.parse, self.done))
+    def policy_stages(self, names: Any) -> list[str]:
+        """The finished stages (build, looks, measures) of the policies named."""
+        return [stage for stage in self.done
+                if (key := StageKey.parse(stage)).kind in PER_POLICY_KINDS and key.name in names]
 
-    def forget_policies(self, names: list[str]) -> None:
-        """Forget every stage of these policies (their folders were deleted on purpose)."""
-        forget = [stage for stage in self.done if (key := StageKey.parse(stage)).kind in PER_POLICY_KINDS and key.name in names]
-        for stage in forget:
-            self.done.pop(stage)
-        if forget:
+    def forget(self, stages: list[str]) -> None:
+        for stage in stages:
+            self.done.pop(stage, None)
+        if stages:
             self._save()
 
     def finish(self, name: str, outputs: dict[str, Any]) -> None:
@@ -213,10 +212,6 @@ class Stages:
         if any(name in ("train", "export") for name in gone):  # everything else starts from the baseline
             forget = [name for name in self.done if name != "train" or "train" in gone]
         else:
-            parsed = {name: StageKey.parse(name) for name in self.done}
-            variants = {parsed[name].name for name in gone if parsed[name].kind == "variant"}
-            forget = [name for name, key in parsed.items() if key.kind in PER_POLICY_KINDS and key.name in variants]
-        for name in forget:
-            self.done.pop(name, None)
-        self._save()
+            forget = self.policy_stages({key.name for key in map(StageKey.parse, gone) if key.kind == "variant"})
+        self.forget(forget)
         return forget

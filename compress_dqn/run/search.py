@@ -20,15 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from compress_dqn.errors import UserError
 from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig, recipe_from_data
 from compress_dqn.run import stage_keys as keys
-from compress_dqn.run.ladders import Candidate, ladders
-
-
-GZIP_FLOOR = 0.5
-"""The least a weight byte has been seen to take gzipped: QAT'd int8 conv kernels do not fill a
-byte each (a MinAtar student's 16.8k int8 weights gzipped to 10.1 KB, docs/minatar.md), so an
-estimate of weight bytes alone is no lower bound of the gzipped file."""
+from compress_dqn.run.ladders import GZIP_FLOOR, Candidate, candidate_variants, ladders
 
 
 @dataclass
@@ -215,9 +210,6 @@ def summary(recipe: Recipe, log: SearchLog, seconds: float) -> dict[str, Any]:
 def _check_names(recipe: Recipe) -> None:
     """A candidate and a listed variant of one name must be one policy: both are built as variants
     of each seed's run, and a stage holds one build per name."""
-    from compress_dqn.errors import UserError
-    from compress_dqn.run.ladders import candidate_variants
-
     listed = {v.name: v for v in recipe.variants}
     clash = [v.name for v in candidate_variants(recipe.search) if v.name in listed and listed[v.name] != v]
     if clash:
@@ -255,8 +247,8 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
 
     by_name = {c.variant.name: c.variant for family in rungs.values() for c in family}
     units = []
+    listed = {v.name for v in recipe.variants}  # a candidate listed as a variant too is built once
     for seed, data, seed_dir in plan.seeds:
-        listed = {v.name for v in recipe.variants}  # a candidate listed as a variant too is built once
         played = [by_name[t["name"]] for t in search_log.tried.values() if str(seed) in t["per_seed"] and t["name"] not in listed]
         data = {**data, "variants": data["variants"] + [v.model_dump(mode="json", exclude_none=True) for v in played]}
         units.append((data, seed_dir, plan.quiet, {"winner": found["winner"], "objective": recipe.search.objective}))
