@@ -32,7 +32,7 @@ def main() -> None:
         args.rollout_steps = 500
     run, out = Path(args.run), Path(args.out)
 
-    from compress_dqn.rl.envs import env_info, make_env_from
+    from compress_dqn.envs.environment import env_info, make_env_from
     from compress_dqn.fileio import load_arrays
     from compress_dqn.rl.networks import network_for
     from compress_dqn.run.pipeline import run as run_pipeline

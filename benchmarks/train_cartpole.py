@@ -54,7 +54,7 @@ class RssProbe(PhaseCallback):
 
 
 def one(recipe_path: str, seed: int, overrides: list[str]) -> dict:
-    from compress_dqn.evaluation.verdicts import evaluate
+    from compress_dqn.evaluation.play import evaluate
     from compress_dqn.rl.networks import NumpyActor
     from compress_dqn.recipe.schema import load_recipe
     from compress_dqn.rl.trainer import DQNTrainer

@@ -122,10 +122,10 @@ def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_step
 
     Its verdicts use sequential looks as the shipped recipes do: identical episodes decide "within"
     only from ~400 on, so a plain 100-episode evaluation would leave the best variants undecided."""
+    from compress_dqn.envs.environment import probe_env
     from compress_dqn.port.baseline import load_model
     from compress_dqn.port.run_dir import run_env
     from compress_dqn.recipe.schema import EnvConfig
-    from compress_dqn.rl.envs import probe_env
     from compress_dqn.rl.networks import weight_layers
 
     env = run_env(model, env_id) or {"id": env_id, "frame_stack": frame_stack}  # a run's own settings, kwargs too
@@ -256,8 +256,8 @@ def search(model: Path, env_id: str, out: Path | None, transitions: Path | None,
 def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
     """Check a recipe and its environment without training (and without importing TensorFlow)."""
     loaded = _load(recipe, seed, overrides)
+    from compress_dqn.envs.environment import probe_env
     from compress_dqn.run import resources
-    from compress_dqn.rl.envs import probe_env
 
     info = probe_env(loaded.env)
     needed = resources.plan(loaded, info)
@@ -286,11 +286,12 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
 @_user_errors
 def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) -> None:
     """Play greedy episodes with a .tflite file or SavedModel directory; prints JSON."""
-    from compress_dqn.rl.envs import probe_env
-    from compress_dqn.evaluation.verdicts import evaluate as run_evaluation
-    from compress_dqn.run.manifest import check_artifact
-    from compress_dqn.deploy.policy import check_compatible, load_policy
+    from compress_dqn.deploy.policy import check_compatible
+    from compress_dqn.envs.environment import probe_env
+    from compress_dqn.evaluation.play import evaluate as run_evaluation
+    from compress_dqn.export.loading import load_policy
     from compress_dqn.recipe.schema import EnvConfig
+    from compress_dqn.run.manifest import check_artifact
 
     check_artifact(policy)
     if runtime == "micro":
@@ -317,8 +318,9 @@ def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) 
 @_user_errors
 def report(run_dir: Path) -> None:
     """Re-render results.csv, report.md, report.html and the plots from RUN_DIR/results.json."""
-    from compress_dqn.run.manifest import MANIFEST, verify as verify_run, write_manifest
     from compress_dqn.evaluation.report import write_report
+    from compress_dqn.run.manifest import MANIFEST, write_manifest
+    from compress_dqn.run.manifest import verify as verify_run
 
     finished = (run_dir / MANIFEST).is_file()
     if finished:  # the manifest is rewritten below: never sign altered artifacts into it
@@ -337,7 +339,8 @@ def report(run_dir: Path) -> None:
 @_user_errors
 def verify(run_dir: Path) -> None:
     """Check every artifact of a finished run against RUN_DIR/manifest.json (SHA-256 and size)."""
-    from compress_dqn.run.manifest import read_manifest, verify as verify_run
+    from compress_dqn.run.manifest import read_manifest
+    from compress_dqn.run.manifest import verify as verify_run
 
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such directory; pass a run directory written by compress-dqn run")
@@ -357,9 +360,16 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
     """Measure one .tflite file or SavedModel directory: size, latency, inference memory (JSON)."""
     import numpy as np
 
+    from compress_dqn.deploy.policy import TFLitePolicy, read_tflite
+    from compress_dqn.evaluation.measure import (
+        compare_with_litert,
+        dir_bytes,
+        gzip_bytes,
+        measure_latency,
+        measure_memory,
+    )
+    from compress_dqn.export.loading import load_policy
     from compress_dqn.run.manifest import check_artifact
-    from compress_dqn.evaluation.measure import compare_with_litert, dir_bytes, gzip_bytes, measure_latency, measure_memory
-    from compress_dqn.deploy.policy import TFLitePolicy, load_policy, read_tflite
 
     check_artifact(policy)
     loaded = load_policy(policy)

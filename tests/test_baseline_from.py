@@ -84,7 +84,7 @@ def test_compress_shortcut_and_transitions_file(saved_model_file, tmp_path):
 
 def test_mismatched_models_and_data_are_refused(saved_model_file, tmp_path):
     from compress_dqn.port.baseline import load_model, load_transitions
-    from compress_dqn.rl.envs import env_info, make_env
+    from compress_dqn.envs.environment import env_info, make_env
 
     path, _ = saved_model_file
     lunar = env_info(make_env("LunarLander-v3"), "LunarLander-v3")
@@ -132,7 +132,7 @@ def test_a_lambda_layer_is_refused_without_running_its_code(tmp_path, monkeypatc
     """tf_keras applies safe_mode only to zip .keras files: an .h5 Lambda ran its stored code on load."""
     from compress_dqn._tf import tf_keras
     from compress_dqn.port.baseline import load_model
-    from compress_dqn.rl.envs import env_info, make_env
+    from compress_dqn.envs.environment import env_info, make_env
 
     marker = tmp_path / "ran"
     monkeypatch.setenv("COMPRESS_DQN_TEST_MARKER", str(marker))

@@ -39,13 +39,13 @@ def test_mse_loss_is_available(trained_tiny):
 def test_keep_best_policy_restores_the_best_evaluated_weights(monkeypatch):
     """Selection episodes score each snapshot; the weights that end up in the model are the best
     one's (the latest among ties), whatever came after."""
-    import compress_dqn.rl.episodes as evaluate_module
+    import compress_dqn.rl.callbacks as callbacks_module
     from compress_dqn.rl.callbacks import KeepBestPolicy
     from compress_dqn.rl.networks import build_q_network
 
     model = build_q_network((4,), 2, [8])
     scores = {1.0: 50.0, 2.0: 200.0, 3.0: 200.0, 4.0: 20.0, 5.0: 90.0}  # by the value every bias holds
-    monkeypatch.setattr(evaluate_module, "run_episodes",
+    monkeypatch.setattr(callbacks_module, "run_episodes",
                         lambda act, env, seeds: [scores[float(model.layers[-1].bias.numpy()[0])]] * len(list(seeds)))
     keep = KeepBestPolicy(env=None, seeds=range(3), every=100)
     keep.set_model(model)
@@ -131,7 +131,7 @@ def test_a_conv_student_plays_image_states_and_the_teacher_labels_them():
     from compress_dqn.compress.distill import Distiller, build_student
     from compress_dqn.recipe.schema import FineTuneConfig, StudentConfig, load_recipe
     from compress_dqn.replay.buffer import ReplayBuffer
-    from compress_dqn.rl.envs import env_info, make_env_from, seed_env
+    from compress_dqn.envs.environment import env_info, make_env_from, seed_env
     from compress_dqn.rl.networks import make_actor, network_for
 
     from conftest import MINATAR

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from compress_dqn.rl.envs import env_info, make_env, rng_state, seed_env, set_rng_state
+from compress_dqn.envs.environment import env_info, make_env, rng_state, seed_env, set_rng_state
 from compress_dqn.errors import UserError
 
 

@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
-from compress_dqn.evaluation.verdicts import bootstrap_ci, evaluate, summarize
-from compress_dqn.rl.episodes import run_episodes, run_episodes_side_by_side
+from compress_dqn.evaluation.play import evaluate
+from compress_dqn.evaluation.verdicts import bootstrap_ci, summarize
+from compress_dqn.envs.episodes import run_episodes, run_episodes_side_by_side
 from compress_dqn.recipe.schema import EnvConfig
 
 
@@ -140,7 +141,7 @@ def test_sequential_looks_and_partial_pairs():
 
 
 def test_random_policy_returns_do_not_depend_on_the_episodes_before():
-    from compress_dqn.rl.episodes import random_returns
+    from compress_dqn.envs.episodes import random_returns
 
     env = EnvConfig(id="CartPole-v1")
     both = random_returns(env, [3, 4], 2)

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from compress_dqn.errors import UserError
-from compress_dqn.deploy.export import export_saved_model, export_tflite
+from compress_dqn.export.writers import export_saved_model, export_tflite
 from compress_dqn.rl.networks import NumpyActor, build_q_network
-from compress_dqn.deploy.policy import SavedModelPolicy, TFLitePolicy, check_compatible, load_policy
+from compress_dqn.deploy.policy import TFLitePolicy, check_compatible
+from compress_dqn.export.loading import load_policy
+from compress_dqn.export.saved_model import SavedModelPolicy
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def test_tflite_policy_acts_without_tensorflow(exported):
     _, out = exported
     code = (
         "import sys, numpy as np\n"
-        "from compress_dqn.deploy.policy import load_policy\n"
+        "from compress_dqn.export.loading import load_policy\n"
         "p = load_policy(sys.argv[1])\n"
         "a = p.act(np.zeros(4, np.float32))\n"
         "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"

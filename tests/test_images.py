@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compress_dqn.rl.envs import FrameStack, env_info, make_env, rng_state, set_rng_state
+from compress_dqn.envs.environment import FrameStack, env_info, make_env, rng_state, set_rng_state
 from compress_dqn.errors import UserError
 from compress_dqn.recipe.schema import load_recipe
 

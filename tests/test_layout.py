@@ -88,3 +88,14 @@ def test_no_module_imports_another_modules_private_names():
                 found += [f"{path.relative_to(PACKAGE)}:{node.lineno} {alias.name} from {node.module}"
                           for alias in node.names if alias.name.startswith("_") and not alias.name.endswith("__")]
     assert not found, "make these public where they are defined: " + "; ".join(found)
+
+
+def test_the_import_contracts_hold():
+    """pyproject.toml's import-linter contracts: no package imports one above it, and the
+    TensorFlow-free packages (the TFLite path, validate, the report) never reach TensorFlow."""
+    import subprocess
+    import sys
+
+    lint = Path(sys.executable).parent / "lint-imports"
+    done = subprocess.run([str(lint), "--no-cache"], cwd=PACKAGE.parent, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

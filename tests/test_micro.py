@@ -18,7 +18,7 @@ needs_tflm = pytest.mark.skipif(not micro.available(), reason="tflite-micro not 
 
 
 def _export(model, path: Path, configure=None) -> Path:
-    from compress_dqn.deploy.export import convert_tflite, export_saved_model
+    from compress_dqn.export.writers import convert_tflite, export_saved_model
 
     saved = export_saved_model(model, (4,), np.float32, path.with_suffix(".sm"))
     path.write_bytes(convert_tflite(saved, configure))
@@ -145,7 +145,7 @@ class LiteRTBuiltin:
 
 @needs_tflm
 def test_micro_policy_plays_like_litert(policies):
-    from compress_dqn.evaluation.verdicts import evaluate
+    from compress_dqn.evaluation.play import evaluate
     from compress_dqn.deploy.policy import TFLitePolicy
     from compress_dqn.recipe.schema import EnvConfig
 
@@ -167,7 +167,7 @@ def test_micro_policy_plays_like_litert(policies):
 
 @needs_tflm
 def test_cli_evaluate_runtime_micro_matches_litert_without_tensorflow(policies):
-    from compress_dqn.evaluation.verdicts import evaluate
+    from compress_dqn.evaluation.play import evaluate
     from compress_dqn.recipe.schema import EnvConfig
 
     runs = {}

@@ -34,8 +34,8 @@ def tiny_run(tmp_path_factory):
 
 def _our_actions(policy: Path) -> list[list[int]]:
     """The actions compress-dqn's own loader takes on the same episodes (what evaluate plays)."""
-    from compress_dqn.deploy.policy import load_policy
-    from compress_dqn.rl.episodes import run_episodes
+    from compress_dqn.export.loading import load_policy
+    from compress_dqn.envs.episodes import run_episodes
     from compress_dqn.recipe.schema import EnvConfig
 
     loaded, episodes = load_policy(policy), []

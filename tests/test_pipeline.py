@@ -6,12 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import compress_dqn.evaluation.verdicts as evaluate_module
+import compress_dqn.evaluation.play as play_module
 from compress_dqn.deploy import micro
-from compress_dqn.run import looks as looks_module
-from compress_dqn.run import pipeline
-from compress_dqn.rl.envs import make_env_from
-from compress_dqn.rl.episodes import random_returns
+from compress_dqn.run import baseline_stages, looks as looks_module, pipeline, variants as variants_module
+from compress_dqn.envs.environment import make_env_from
+from compress_dqn.envs.episodes import random_returns
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.run.pipeline import run
 from compress_dqn.recipe.schema import load_recipe
@@ -35,7 +34,7 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
     from compress_dqn.run.pipeline import finish_run
 
     calls, plays = [], []
-    real_evaluate, real_paired = evaluate_module.evaluate, evaluate_module.paired_difference
+    real_evaluate, real_paired = play_module.evaluate, pipeline.paired_difference
     real_play = looks_module.play_unit
 
     def spy(act, env, episodes, seed):
@@ -50,8 +49,10 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
         out = real_paired(variant, baseline, tolerance, random, confidence)
         return {**out, "verdict": "inconclusive"} if len(variant) < 20 else out
 
-    monkeypatch.setattr(evaluate_module, "evaluate", spy)
-    monkeypatch.setattr(evaluate_module, "paired_difference", undecided_until_20)
+    for module in (baseline_stages, variants_module):
+        monkeypatch.setattr(module, "evaluate", spy)
+    for module in (looks_module, pipeline):
+        monkeypatch.setattr(module, "paired_difference", undecided_until_20)
     monkeypatch.setattr(looks_module, "play_unit", play_spy)
     recipe = load_recipe(TINY, [VARIANTS, "workers=2", "eval.max_episodes=20", "measure.saved_model_memory=baseline"])
     ctx, _ = open_run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
@@ -126,7 +127,7 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
     # until 20 episodes (they are decided in this process); the spies, local functions, cannot be
     # sent to a worker.
     monkeypatch.setattr(looks_module, "play_unit", real_play)
-    monkeypatch.setattr(evaluate_module, "evaluate", real_evaluate)
+    monkeypatch.setattr(variants_module, "evaluate", real_evaluate)
     finish_run(reopen_run(recipe, tmp_path / "two", quiet=True, log=lambda m: None), workers=2)
     assert run_fingerprint(tmp_path / "two") == run_fingerprint(tmp_path / "run")
     stages = json.loads((tmp_path / "two" / "stages.json").read_text())
@@ -149,9 +150,9 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
 def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path):
     import numpy as np
 
-    from compress_dqn.deploy.export import convert_tflite, export_saved_model
+    from compress_dqn.export.writers import convert_tflite, export_saved_model
     from compress_dqn.rl.networks import build_q_network
-    from compress_dqn.deploy.export import same_policy
+    from compress_dqn.export.writers import same_policy
 
     obs = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
     blobs = []
@@ -219,10 +220,10 @@ class _Stop(Exception):
 @pytest.mark.parametrize("workers", [2, 1])
 def test_a_run_starts_its_build_workers_before_training_and_builds_in_them(tmp_path, monkeypatch, workers):
     """The pool's workers import TensorFlow while the baseline trains (one core is free), not after."""
-    from compress_dqn.run import executors
+    from compress_dqn.run import variants
 
     events, started = [], []
-    real_start = executors.start_local_pool
+    real_start = variants.start_local_pool
 
     def start(n, warm):
         started.append(real_start(n, warm))
@@ -236,7 +237,7 @@ def test_a_run_starts_its_build_workers_before_training_and_builds_in_them(tmp_p
         events.append(("finish", workers, bool(started) and started[0]._shutdown_thread))
         raise _Stop
 
-    monkeypatch.setattr(executors, "start_local_pool", start)
+    monkeypatch.setattr(variants, "start_local_pool", start)
     monkeypatch.setattr(pipeline, "train_baseline", lambda ctx: events.append(("train",)))
     monkeypatch.setattr(pipeline, "build_variants", build)
     monkeypatch.setattr(pipeline, "finish_run", finish)
@@ -265,11 +266,10 @@ def test_a_failed_memory_probe_keeps_the_variant_it_follows(monkeypatch):
 def test_a_variant_unit_probes_tensorflow_memory_only_where_the_recipe_asks(monkeypatch):
     """Every policy's TFLite memory is probed; its SavedModel's (a TensorFlow import each) for every
     policy by default, for the baseline only with measure.saved_model_memory: baseline, for none with none."""
-    from compress_dqn.evaluation import measure
     from compress_dqn.run import measuring, variants
 
     probed = []
-    monkeypatch.setattr(measure, "measure_memory", lambda path, runtime: probed.append((path.name, runtime)) or {"peak_rss": 1})
+    monkeypatch.setattr(measuring, "measure_memory", lambda path, runtime: probed.append((path.name, runtime)) or {"peak_rss": 1})
     monkeypatch.setattr(variants, "variant_unit", lambda *args: {"size": {}})
     out = variants.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, False)
     assert out["memory"] == {"tflite": {"peak_rss": 1}, "saved_model": None} and probed == [("policy.tflite", "tflite")]
@@ -305,7 +305,7 @@ def test_parallel_builds_start_the_costliest_first_counting_a_clustering_step_de
 def test_a_dueling_baseline_is_exported_and_compressed_as_the_plain_network(tmp_path):
     """train.dueling changes how the baseline learns, not what it is: weights.npz holds the plain
     network (one Dense head), which the TFLite policy computes and a variant compresses."""
-    from compress_dqn.rl.envs import env_info
+    from compress_dqn.envs.environment import env_info
     from compress_dqn.fileio import load_arrays
     from compress_dqn.rl.networks import network_for
 

@@ -6,7 +6,7 @@ import pytest
 from compress_dqn.compress.build import build_variant
 from compress_dqn.compress.prune import kernel_sparsity
 from compress_dqn.errors import UserError
-from compress_dqn.deploy.export import export_saved_model
+from compress_dqn.export.writers import export_saved_model
 
 from conftest import variant
 
@@ -162,7 +162,7 @@ def test_selection_keeps_only_fully_pruned_weights(trained_tiny, monkeypatch):
     sparsity even where its earlier, denser weights play better: here every evaluation scores
     lower than the one before, so without the guard the unpruned start would be kept. And the
     kept snapshot, taken after a gradient step, is masked again before the wrappers go."""
-    import compress_dqn.rl.episodes as evaluate
+    import compress_dqn.envs.episodes as evaluate
     from compress_dqn.compress.prune import pruned_from_step
 
     scores = iter(range(1000, 0, -1))

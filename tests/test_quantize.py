@@ -5,7 +5,7 @@ import pytest
 
 from compress_dqn.compress.build import build_variant
 from compress_dqn.compress.build import dense_kernels
-from compress_dqn.deploy.export import export_policy
+from compress_dqn.export.writers import export_policy
 from compress_dqn.deploy.graph_input import graph_normalization
 from compress_dqn.deploy.policy import TFLitePolicy
 

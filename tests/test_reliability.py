@@ -253,7 +253,8 @@ def test_runs_that_do_not_fit_are_refused_before_anything_is_written(tmp_path, m
 
 def test_saved_model_with_the_wrong_signature_or_shape_is_refused(tmp_path):
     from compress_dqn._tf import tf
-    from compress_dqn.deploy.policy import check_compatible, load_policy
+    from compress_dqn.deploy.policy import check_compatible
+    from compress_dqn.export.loading import load_policy
 
     module = tf.Module()
     module.v = tf.Variable(1.0)
@@ -262,7 +263,7 @@ def test_saved_model_with_the_wrong_signature_or_shape_is_refused(tmp_path):
     with pytest.raises(UserError, match="serving_default"):
         load_policy(tmp_path / "other")
     with pytest.raises(UserError, match=r"shape \(4,\) but MinAtar/Breakout-v1 gives \(10, 10, 4\)"):
-        from compress_dqn.deploy.export import export_saved_model
+        from compress_dqn.export.writers import export_saved_model
         from compress_dqn.rl.networks import build_q_network
 
         export_saved_model(build_q_network((4,), 3, [8]), (4,), np.float32, tmp_path / "sm")
@@ -323,7 +324,7 @@ def test_resume_rebuilds_a_finished_stage_whose_files_are_gone(finished_run, tmp
 
 
 def test_forget_missing_drops_only_what_was_built_on_the_lost_files(tmp_path):
-    from compress_dqn.run.rundir import Stages
+    from compress_dqn.store.stages import Stages
 
     def artifacts(folder):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)

@@ -356,7 +356,7 @@ def test_a_minatar_transition_costs_one_frame():
     """The MinAtar recipes' 100k transitions of 10x10x4 uint8 frames: one frame a row (the next
     observation is the next row's), plus the action, reward and flags, never two float stacks."""
     from compress_dqn.recipe.schema import load_recipe
-    from compress_dqn.rl.envs import probe_env
+    from compress_dqn.envs.environment import probe_env
 
     from conftest import MINATAR
 

@@ -114,7 +114,6 @@ def test_search_command_refuses_bad_ladders_in_one_line():
 def test_a_chunk_with_fewer_seeds_than_workers_plays_its_looks_on_the_spare_ones(monkeypatch):
     """3 seeds on 2 workers: seeds 0 and 1 build and decide side by side, one look worker each;
     seed 2 runs alone and plays its looks on both workers. Ray units always get one."""
-    from compress_dqn.run import executors
     from compress_dqn.run.search import _Plan as Plan, play_candidate
 
     calls = []
@@ -124,7 +123,7 @@ def test_a_chunk_with_fewer_seeds_than_workers_plays_its_looks_on_the_spare_ones
         return [{"verdict": "within 1%", "episodes": 5, "normalized_score": 1.0, "objective": 100.0, "difference": 0.0}
                 for _ in args]
 
-    monkeypatch.setattr(executors, "map_units", fake_map_units)
+    monkeypatch.setattr(search_module, "map_units", fake_map_units)
     (rungs,) = ladders(load_recipe(TINY, [STUDENTS]), (4,), 2).values()
     for executor, expected in (("local", [[1, 1], [2]]), ("ray", [[1, 1], [1]])):
         calls.clear()
@@ -140,24 +139,24 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
     """One seed on two workers: the candidate's unit plays its looks (5 -> 10 -> 20 episodes,
     forced undecided until 20) in chunks on both; the search equals the one-worker search. The
     one-worker search is also the tiny end-to-end search: winner, report, resume."""
-    from compress_dqn.evaluation import verdicts as evaluate_module
-    from compress_dqn.run import looks, variants
+    from compress_dqn.run import looks
     from compress_dqn.run.search import run_search, search_fingerprint
 
-    real_paired, real_decide, look_workers = evaluate_module.paired_difference, looks.decide, []
+    real_paired, real_decide, look_workers = search_module.paired_difference, looks.decide, []
 
     def spy_decide(ctx, names=None, workers=1):
         if names is not None:  # a search unit's (finish_run decides every variant)
             look_workers.append(workers)
         return real_decide(ctx, names, workers)
 
-    monkeypatch.setattr(looks, "decide", spy_decide)
+    monkeypatch.setattr(search_module, "decide", spy_decide)
 
     def undecided_until_20(variant, baseline, tolerance=0.01, random=None, confidence=0.95):
         out = real_paired(variant, baseline, tolerance, random, confidence)
         return {**out, "verdict": "inconclusive"} if len(variant) < 20 else out
 
-    monkeypatch.setattr(evaluate_module, "paired_difference", undecided_until_20)
+    for module in (looks, search_module):
+        monkeypatch.setattr(module, "paired_difference", undecided_until_20)
     overrides = ["search.students=[[8]]", "search.student_quantize=float16", "search.student_fine_tune.steps=300",
                  "eval.tolerance=1.0", "eval.max_episodes=20", NO_TF_MEMORY]
     outcomes = {workers: run_search(load_recipe(TINY, [*overrides, f"workers={workers}"]), tmp_path / f"w{workers}",
@@ -184,7 +183,7 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
     def refuse(*args, **kwargs):
         raise AssertionError("a finished candidate was rebuilt")
 
-    monkeypatch.setattr(variants, "variant_stage", refuse)
+    monkeypatch.setattr(search_module, "variant_stage", refuse)
     again = run_search(load_recipe(TINY, [*overrides, "workers=1"]), run_dir, quiet=True, log=lambda m: None)
     assert again.results.search["winner"] == found["winner"] and again.resumed
 

@@ -1,7 +1,7 @@
 """Stage keys read back as they were built, so resume and forget_missing find every stage of a policy."""
 
-from compress_dqn.run import stage_keys as keys
-from compress_dqn.run.stage_keys import StageKey
+from compress_dqn.store import stage_keys as keys
+from compress_dqn.store.stage_keys import StageKey
 
 
 def test_every_key_parses_back_to_its_parts():
@@ -15,7 +15,7 @@ def test_every_key_parses_back_to_its_parts():
 
 
 def test_a_deleted_variant_forgets_its_own_stages_only(tmp_path):
-    from compress_dqn.run.rundir import Stages
+    from compress_dqn.store.stages import Stages
 
     stages = Stages(tmp_path)
     (tmp_path / "variants" / "a").mkdir(parents=True)
@@ -36,7 +36,7 @@ def test_a_hand_edited_key_that_does_not_parse_is_one_line_not_a_traceback(tmp_p
     import pytest
 
     from compress_dqn.errors import UserError
-    from compress_dqn.run.rundir import Stages
+    from compress_dqn.store.stages import Stages
 
     (tmp_path / "stages.json").write_text(json.dumps({"train": {}, "look:x:a": {}}))
     with pytest.raises(UserError, match="unreadable"):

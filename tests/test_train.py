@@ -312,7 +312,7 @@ def test_tfmot_pruning_callback_plugs_in_and_a_fine_tune_keeps_the_baseline_targ
     import tensorflow_model_optimization as tfmot
 
     from compress_dqn.compress import prune
-    from compress_dqn.rl.envs import probe_env
+    from compress_dqn.envs.environment import probe_env
     from compress_dqn.rl.networks import network_for
     from compress_dqn.recipe.schema import PruneConfig
 

@@ -23,17 +23,22 @@ from typing import Any, Callable
 import numpy as np
 
 from compress_dqn._tf import set_seed, tf, tf_keras, use_xla
-from compress_dqn.rl.callbacks import KeepBestPolicy
 from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.distill import Distiller, build_student
-from compress_dqn.rl.envs import EnvInfo
-from compress_dqn.fileio import load_dict, save_arrays
 from compress_dqn.compress.rewrites import (
-    fold_input_normalization, input_range, input_statistics, split_value_advantage, with_action_head,
+    fold_input_normalization,
+    input_range,
+    input_statistics,
+    split_value_advantage,
+    with_action_head,
 )
-from compress_dqn.rl.networks import WEIGHT_LAYERS, count_params, independent_copy
+from compress_dqn.envs.environment import EnvInfo
+from compress_dqn.fileio import load_dict, save_arrays
 from compress_dqn.recipe.schema import FineTuneConfig, QuantizeConfig, Recipe, VariantConfig
 from compress_dqn.replay.buffer import ReplayBuffer, sampling_undone
+from compress_dqn.rl.callbacks import KeepBestPolicy
+from compress_dqn.rl.networks import WEIGHT_LAYERS, count_params, independent_copy
+from compress_dqn.rl.trainer import DQNTrainer
 
 
 @dataclass
@@ -164,7 +169,6 @@ def _fine_tune(model: tf_keras.Model, ft: FineTuneConfig, recipe: Recipe, baseli
             jit_compile=jit, label=label, quiet=quiet, env=recipe.env, seed=fine_tune_seed(recipe.seed, seed_label),
         ).run()
         return {"method": "distill", "gradient_steps": ft.steps, "final_loss": loss}
-    from compress_dqn.rl.trainer import DQNTrainer
 
     cfg = recipe.train.model_copy(update={
         "total_timesteps": ft.steps,

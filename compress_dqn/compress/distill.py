@@ -13,13 +13,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from compress_dqn._tf import tf, tf_keras
-from compress_dqn.rl.callbacks import LoopCallbacks
-from compress_dqn.rl.envs import EnvInfo
+from compress_dqn.envs.environment import EnvInfo, make_env_from, seed_env
 from compress_dqn.errors import UserError
-from compress_dqn.rl.networks import KerasActor, NumpyActor, make_actor, network_for, q_from_outputs
 from compress_dqn.progress import Progress
 from compress_dqn.recipe.schema import FineTuneConfig, StudentConfig
 from compress_dqn.replay.buffer import ReplayBuffer
+from compress_dqn.rl.callbacks import LoopCallbacks
+from compress_dqn.rl.networks import KerasActor, NumpyActor, make_actor, network_for, q_from_outputs
 from compress_dqn.rl.train_state import TrainState
 from compress_dqn.rl.updates import UpdateFn, run_updates
 
@@ -111,7 +111,6 @@ class StudentStates:
                  obs_dtype: np.dtype = np.dtype(np.float32)) -> None:
         """steps: environment steps per play; plays: how many (the arrays hold them all). States
         are kept as the environment gives them (a uint8 image stays uint8: 4x less memory than float)."""
-        from compress_dqn.rl.envs import make_env_from, seed_env
 
         self.steps = steps
         capacity = steps * plays

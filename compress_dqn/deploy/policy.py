@@ -1,8 +1,8 @@
 """Runtime policy loaders with one interface: `act(obs) -> int` and `q_values(batch)`.
 
 `TFLitePolicy` runs on `ai_edge_litert` alone and never imports TensorFlow: a deployed TFLite
-policy should cost megabytes, not the ~700 MB of a TensorFlow process. `SavedModelPolicy`
-imports TensorFlow lazily. A SavedModel is code: load one only from a source you trust.
+policy should cost megabytes, not the ~700 MB of a TensorFlow process. The SavedModel runtime
+lives in compress_dqn.export.saved_model, a package that may import TensorFlow.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from typing import Protocol
 
 import numpy as np
 
+from compress_dqn._quiet import quiet_stderr
+from compress_dqn.deploy.tflite_metadata import caller_normalization
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import read_user_file
 
@@ -37,9 +39,6 @@ class TFLitePolicy:
         """path: a .tflite file, or the flatbuffer bytes themselves (checked before writing one)."""
         content, label = read_tflite(path)
         from ai_edge_litert.interpreter import Interpreter
-
-        from compress_dqn._quiet import quiet_stderr
-        from compress_dqn.deploy.tflite_metadata import caller_normalization
 
         try:
             with quiet_stderr():
@@ -144,49 +143,6 @@ class TFLitePolicy:
         return int(self._get_tensor(self._action_index)[0])
 
 
-class SavedModelPolicy:
-    """A SavedModel policy run by TensorFlow (imported on first use)."""
-
-    def __init__(self, path: str | Path) -> None:
-        path = Path(path)
-        if not (path / "saved_model.pb").exists():
-            raise UserError(f"{path}: not a SavedModel directory (no saved_model.pb); pass a .tflite file or a SavedModel dir")
-        from compress_dqn._tf import tf
-
-        try:
-            loaded = tf.saved_model.load(str(path))
-        except Exception as exc:  # TensorFlow raises many types for corrupt files
-            raise UserError(f"{path}: TensorFlow cannot load this SavedModel ({type(exc).__name__}); is it complete?") from None
-        if SIGNATURE not in loaded.signatures:
-            raise UserError(f"{path}: no {SIGNATURE!r} signature (has {sorted(loaded.signatures)}); export it with compress-dqn")
-        self._loaded = loaded  # keep the variables alive
-        self._fn = loaded.signatures[SIGNATURE]
-        args = self._fn.structured_input_signature[1]
-        outputs = self._fn.structured_outputs
-        if len(args) != 1 or not {"q_values", "action"} <= set(outputs):
-            raise UserError(
-                f"{path}: signature {SIGNATURE!r} maps {sorted(args)} -> {sorted(outputs)}; "
-                "expected one observation input -> q_values, action"
-            )
-        (self._input_name, spec), = args.items()
-        self.obs_shape = tuple(int(d) for d in spec.shape[1:])
-        self.n_actions = int(outputs["q_values"].shape[-1])
-        self.input_dtype = np.dtype(spec.dtype.as_numpy_dtype)
-        self._tf = tf
-
-    def _call(self, obs: np.ndarray) -> dict:
-        return self._fn(**{self._input_name: self._tf.constant(np.asarray(obs, dtype=self.input_dtype))})
-
-    def q_values(self, obs: np.ndarray) -> np.ndarray:
-        return self._call(obs)["q_values"].numpy()
-
-    def actions(self, obs: np.ndarray) -> np.ndarray:
-        return self._call(obs)["action"].numpy()
-
-    def act(self, obs: np.ndarray) -> int:
-        return int(self._call(np.asarray(obs)[None])["action"].numpy()[0])
-
-
 def read_tflite(source: str | Path | bytes) -> tuple[bytes, str]:
     """A .tflite file's bytes (or the bytes given), checked to be a TFLite flatbuffer, and a label
     (the path) for messages."""
@@ -200,16 +156,6 @@ def read_tflite(source: str | Path | bytes) -> tuple[bytes, str]:
     if data[4:8] != _TFLITE_MAGIC:
         raise UserError(f"{label}: not a TFLite flatbuffer (no TFL3 identifier); pass a .tflite file written by compress-dqn")
     return data, label
-
-
-def load_policy(path: str | Path, num_threads: int = 1) -> TFLitePolicy | SavedModelPolicy:
-    """A .tflite file or a SavedModel directory, chosen by what the path is."""
-    path = Path(path)
-    if path.is_dir():
-        return SavedModelPolicy(path)
-    if not path.exists():
-        raise UserError(f"{path}: no such file or directory; pass a .tflite file or a SavedModel dir")
-    return TFLitePolicy(path, num_threads=num_threads)
 
 
 def check_compatible(policy: Policy, obs_shape: tuple[int, ...], n_actions: int, env_id: str, source: str) -> None:

@@ -3,7 +3,8 @@
 Gzip is where sparsity shows: a pruned TFLite file is no smaller until compressed. Latency is
 batch-1 action latency (observation in, action out) after warm-up, the number that matters for
 an agent acting in a loop, plus batch-256 throughput. Inference memory is measured in a fresh
-subprocess per artifact that loads only its runtime (compress_dqn.evaluation._memory_probe).
+subprocess per artifact that loads only its runtime (evaluation.memory_probe for TFLite,
+export.memory_probe for a SavedModel: the process boundary keeps TensorFlow out of this package).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from compress_dqn._quiet import quiet_stderr
 
 
 def dir_bytes(path: Path) -> int:
@@ -142,8 +145,6 @@ def compare_with_litert(policy: Any, content: bytes, observations: np.ndarray, r
     """
     from ai_edge_litert.interpreter import Interpreter
 
-    from compress_dqn._quiet import quiet_stderr
-
     with quiet_stderr():
         interp = Interpreter(model_content=content, num_threads=1)
         interp.allocate_tensors()
@@ -197,46 +198,22 @@ def _time_calls(call: Any, inputs: list, n: int) -> list[float]:
     return times
 
 
+PROBES = {"tflite": "compress_dqn.evaluation.memory_probe", "saved_model": "compress_dqn.export.memory_probe"}
+"""The module each runtime's memory probe runs as (a process of its own: see measure_memory)."""
+
+
 def measure_memory(artifact: Path, runtime: str, steps: int = 1000, timeout: float = 300) -> dict[str, Any]:
     """Peak RSS of a fresh process that loads one artifact with its runtime and acts `steps` times.
 
     runtime is "tflite" (ai_edge_litert only, no TensorFlow) or "saved_model" (TensorFlow).
     """
-    if runtime not in ("tflite", "saved_model"):
+    if runtime not in PROBES:
         raise ValueError(f"runtime {runtime!r}: expected tflite or saved_model")
     done = subprocess.run(
-        [sys.executable, "-m", "compress_dqn.evaluation._memory_probe", runtime, str(artifact), str(steps)],
+        [sys.executable, "-m", PROBES[runtime], str(artifact), str(steps)],
         capture_output=True, text=True, timeout=timeout,
     )
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"memory probe for {artifact} failed: {tail}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def gpu_note() -> str | None:
-    """None when TensorFlow sees a GPU, else the reason GPU figures are missing."""
-    from compress_dqn._tf import tf
-
-    return None if tf.config.list_physical_devices("GPU") else "no GPU on this machine"
-
-
-def measure_gpu(saved_model: Path, observations: np.ndarray, calls: int = 2000,
-                seconds: float | None = None) -> dict[str, Any] | None:
-    """SavedModel inference on the first GPU: batch-1 latency and peak GPU memory around it.
-
-    None where TensorFlow sees no GPU (the caller records gpu_note()'s reason instead).
-    Peak memory is TensorFlow's allocator peak, reset just before loading the policy.
-    """
-    from compress_dqn._tf import tf
-    from compress_dqn.deploy.policy import SavedModelPolicy
-
-    if not tf.config.list_physical_devices("GPU"):
-        return None
-    device = "GPU:0"
-    tf.config.experimental.reset_memory_stats(device)
-    with tf.device(f"/{device}"):
-        policy = SavedModelPolicy(saved_model)
-        latency = measure_latency(policy, observations, calls=calls, seconds=seconds)
-    peak = int(tf.config.experimental.get_memory_info(device)["peak"])
-    return {"latency_us": latency.to_dict(), "peak_bytes": peak, "device": device}

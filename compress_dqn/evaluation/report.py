@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from compress_dqn.deploy.micro import TFLM_RUNTIME_FLASH
 from compress_dqn.errors import UserError
-from compress_dqn.evaluation.verdicts import Verdict, keeps_return
-from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 from compress_dqn.evaluation.results import RunResults, SeedsResults, load_results
-
+from compress_dqn.evaluation.verdicts import Verdict, episodes_to_decide, keeps_return
+from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 
 
 def pareto_front(costs: Sequence[float], returns: Sequence[float]) -> list[int]:
@@ -93,7 +93,6 @@ def _lead_over_random(results: RunResults) -> float:
 def _to_decide(versus: dict | None) -> int | None:
     """The episode estimate of an inconclusive verdict, recomputed from its CI (an estimate stored by
     an older version of the rule would otherwise be re-rendered as it was)."""
-    from compress_dqn.evaluation.verdicts import episodes_to_decide
 
     if not versus or Verdict.of(versus.get("verdict")) is not Verdict.INCONCLUSIVE:
         return None
@@ -174,7 +173,6 @@ def headline(results: RunResults) -> list[str]:
                      "them, raise eval.max_episodes (compress and search: --max-episodes) and rerun on the same "
                      "directory: the episodes already played are kept.")
     on_micro = [r for r in keepers if r["micro_arena_bytes"] is not None]
-    from compress_dqn.deploy.micro import TFLM_RUNTIME_FLASH
 
     runtime = TFLM_RUNTIME_FLASH["high_bytes"]  # TFLM's own code in flash, the high end of its docs' estimate
     for budget in (32 * 1024, 256 * 1024):

@@ -12,12 +12,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from compress_dqn.errors import UserError
+from compress_dqn.fileio import write_text_atomic
+
 SCHEMA_VERSION = 2
 
 
 def _check_schema(data: dict[str, Any], source: str) -> None:
-    from compress_dqn.errors import UserError
-
     version = data.get("schema_version")
     if version is None:
         raise UserError(f"{source}: not a compress-dqn results file (no schema_version)")
@@ -191,6 +192,5 @@ def load_results(path: Path) -> RunResults | SeedsResults:
 
 def save_results(results: RunResults | SeedsResults, path: Path) -> None:
     """Write results.json atomically."""
-    from compress_dqn.fileio import write_text_atomic
 
     write_text_atomic(Path(path), json.dumps(results.to_dict(), indent=2))

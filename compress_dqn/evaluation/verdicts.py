@@ -14,8 +14,6 @@ from enum import Enum
 import numpy as np
 
 from compress_dqn.errors import UserError
-from compress_dqn.recipe.schema import EnvConfig
-from compress_dqn.rl.episodes import Act, run_episodes
 
 
 class Verdict(str, Enum):
@@ -212,8 +210,3 @@ def stratified_bootstrap_ci(
     alpha = (1.0 - confidence) / 2.0
     lo, hi = np.quantile(values, [alpha, 1.0 - alpha])
     return float(lo), float(hi)
-
-
-def evaluate(act: Act, env: EnvConfig, episodes: int, seed: int) -> ReturnStats:
-    """Evaluate on seeds seed .. seed+episodes-1."""
-    return summarize(run_episodes(act, env, range(seed, seed + episodes)))

@@ -15,9 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from compress_dqn.envs.environment import make_env_from, seed_env
 from compress_dqn.errors import UserError
+from compress_dqn.port.keras_file import load_keras
 from compress_dqn.port.load import file_kind, port_model
+from compress_dqn.port.run_dir import load_run_network, run_root
 from compress_dqn.replay.buffer import ReplayBuffer
+from compress_dqn.rl.networks import make_actor
 
 TRANSITION_KEYS = ("observations", "actions", "rewards", "next_observations", "terminated", "truncated")
 
@@ -25,8 +29,6 @@ TRANSITION_KEYS = ("observations", "actions", "rewards", "next_observations", "t
 def load_model(path: str | Path, info: Any) -> Any:
     """A tf_keras Q-network from a Keras file or SavedModel directory, a finished compress-dqn run,
     or ported from a Stable-Baselines3 zip, a PyTorch state dict or an ONNX file; checked against the env."""
-    from compress_dqn.port.keras_file import load_keras
-    from compress_dqn.port.run_dir import load_run_network, run_root
 
     path = Path(path)
     if not path.exists():
@@ -52,8 +54,6 @@ def file_digest(path: str | Path) -> str:
 
 def rollout(model: Any, env_cfg: Any, info: Any, steps: int, epsilon: float, capacity: int, seed: int) -> tuple[ReplayBuffer, dict[str, Any]]:
     """Play the model epsilon-greedily for `steps` env steps into a fresh replay buffer."""
-    from compress_dqn.rl.envs import make_env_from, seed_env
-    from compress_dqn.rl.networks import make_actor
 
     replay = ReplayBuffer(max(2, min(capacity, steps + steps // 2 + 2)), info.obs_shape, info.obs_dtype,
                           info.n_actions, seed, frame_stack=info.frame_stack)

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from compress_dqn._tf import quiet_stderr, tf_keras
 from compress_dqn.errors import UserError
 
 
@@ -20,7 +21,6 @@ def _shape(value: Any) -> tuple:
 
 def load_keras(path: Path, info: Any) -> Any:
     """The tf_keras model in `path`, its one input and output checked against the environment."""
-    from compress_dqn._tf import quiet_stderr, tf_keras  # first: it sets TensorFlow's environment before the import
     from tf_keras.src.saving.serialization_lib import SafeModeScope
 
     if path.is_file() and path.suffix not in (".keras", ".h5"):

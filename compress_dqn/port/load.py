@@ -19,6 +19,9 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.errors import UserError
+from compress_dqn.port import cleanrl, onnx_net, sb3
+from compress_dqn.port.spec import build_keras
+from compress_dqn.port.tensor_pickle import read_file, read_state_dict
 
 KINDS = {"sb3": "a Stable-Baselines3 DQN zip", "torch": "a PyTorch state dict", "onnx": "an ONNX model"}
 
@@ -86,8 +89,6 @@ def _version(module: str) -> str:
 
 def read_port(path: Path, info: Any, kind: str) -> Port:
     """Read a foreign policy file into a PortedNet (no torch, SB3 or onnxruntime needed)."""
-    from compress_dqn.port import cleanrl, onnx_net, sb3
-    from compress_dqn.port.tensor_pickle import read_file, read_state_dict
 
     data = read_file(path)
     label = f"baseline.from: {path}"
@@ -121,7 +122,6 @@ def read_port(path: Path, info: Any, kind: str) -> Port:
 
 def port_model(path: Path, info: Any, kind: str) -> Any:
     """The tf_keras model of a foreign policy file, taking the environment's raw observations."""
-    from compress_dqn.port.spec import build_keras
 
     port = read_port(path, info, kind)
     name = re.sub(r"[^A-Za-z0-9_]", "_", path.stem) or "ported"

@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from compress_dqn.errors import UserError
+from compress_dqn.fileio import load_arrays
+from compress_dqn.recipe.safe_yaml import read_yaml
+from compress_dqn.recipe.schema import recipe_from_data
+from compress_dqn.replay.buffer import load_replay
 
 
 def run_root(path: str | Path) -> Path | None:
@@ -29,9 +33,6 @@ def run_root(path: str | Path) -> Path | None:
 
 
 def _recipe(root: Path) -> Any:
-    from compress_dqn.recipe.safe_yaml import read_yaml
-    from compress_dqn.recipe.schema import recipe_from_data
-
     recipe = recipe_from_data(read_yaml(root / "recipe.yaml"), str(root / "recipe.yaml"))
     if recipe.seeds:
         raise UserError(f"{root}: a run of several seeds; pass one seed's directory, e.g. {root / f'seed-{recipe.seeds[0]}'}")
@@ -55,7 +56,6 @@ def run_env(path: str | Path, env_id: str) -> dict[str, Any] | None:
 
 def load_run_network(path: str | Path, info: Any) -> Any:
     """The run's baseline Q-network (tf_keras), rebuilt as the run itself loads it, with its weights."""
-    from compress_dqn.fileio import load_arrays
 
     root = run_root(path)
     recipe = _recipe(root)
@@ -76,7 +76,6 @@ def load_run_network(path: str | Path, info: Any) -> Any:
 
 def run_replay(path: str | Path, info: Any) -> tuple[Any, dict[str, Any]]:
     """The replay buffer the run's baseline trained on (or was compressed with), and its record."""
-    from compress_dqn.replay.buffer import load_replay
 
     root = run_root(path)
     _recipe(root)

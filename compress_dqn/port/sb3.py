@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from compress_dqn.errors import UserError
@@ -158,7 +159,6 @@ class SB3Policy:
 
     def reference(self) -> Any:
         """SB3's own QNetwork with torch.load(weights_only=True) weights: a function of env observations."""
-        import gymnasium as gym
         import torch
         from stable_baselines3.common.torch_layers import FlattenExtractor, NatureCNN
         from stable_baselines3.dqn.policies import QNetwork

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from compress_dqn._tf import tf_keras
 from compress_dqn.errors import UserError
 
 
@@ -84,7 +85,6 @@ def fold_input_normalization(net: PortedNet, mean: np.ndarray, std: np.ndarray) 
 
 def build_keras(net: PortedNet, obs_shape: tuple[int, ...], name: str) -> Any:
     """The tf_keras Sequential model computing `net` on raw observations of `obs_shape`."""
-    from compress_dqn._tf import tf_keras
 
     model = tf_keras.Sequential([tf_keras.layers.InputLayer(input_shape=tuple(obs_shape), name="obs")], name=name)
     if net.input_scale is not None:

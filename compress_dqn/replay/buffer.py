@@ -33,11 +33,13 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from compress_dqn.envs.environment import EnvInfo
+from compress_dqn.recipe.schema import ReplayConfig, TrainConfig
 from compress_dqn.replay.budget import format_bytes, rows_for_budget
 from compress_dqn.replay.frames import frame_shape, pairs_at, stacks_at
 from compress_dqn.replay.index import START, TERMINATED, TRUNCATED, VALID, TransitionIndex, next_rows
-from compress_dqn.replay.writer import TransitionWriter
 from compress_dqn.replay.ring import Ring
+from compress_dqn.replay.writer import TransitionWriter
 
 __all__ = ["Batch", "ReplayBuffer", "VALID", "TERMINATED", "TRUNCATED", "START", "format_bytes"]
 
@@ -336,3 +338,15 @@ def capacity_for_budget(budget_bytes: int, obs_shape: tuple[int, ...], obs_dtype
     needs (2, or ``frame_stack + 1``)."""
     row_bytes = ReplayBuffer.bytes_per_row(obs_shape, obs_dtype, n_actions, frame_stack=frame_stack)
     return rows_for_budget(budget_bytes, row_bytes, max(2, int(frame_stack) + 1))
+
+
+def replay_capacity(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> int:
+    """Transitions the replay buffer will hold: train.buffer_size, bounded by replay.memory."""
+    if replay.memory is None:
+        return train.buffer_size
+    return min(
+        train.buffer_size,
+        capacity_for_budget(
+            replay.memory, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
+        ),
+    )

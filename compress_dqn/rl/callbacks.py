@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from compress_dqn._tf import tf_keras
+from compress_dqn.envs.episodes import run_episodes, run_episodes_side_by_side
+from compress_dqn.rl.networks import KerasActor, make_actor
 
 Logs = dict[str, float]
 
@@ -83,9 +85,6 @@ class KeepBestPolicy(PhaseCallback):
         self.history: list[tuple[int, float]] = []
 
     def _consider(self, gradient_step: int) -> None:
-        from compress_dqn.rl.episodes import run_episodes, run_episodes_side_by_side
-        from compress_dqn.rl.networks import KerasActor, make_actor
-
         actor = make_actor(self.model)
         if isinstance(actor, KerasActor):  # costly per call, not per row: one call per step for all episodes
             returns = run_episodes_side_by_side(actor.q_values, self.env, self.seeds)

@@ -288,8 +288,6 @@ class KerasActor:
     """Greedy actions through a compiled tf.function, for networks NumpyActor cannot run (wrapped, split)."""
 
     def __init__(self, model: tf_keras.Model) -> None:
-        from compress_dqn._tf import tf
-
         self._fn = tf.function(lambda x: q_from_outputs(model(x, training=False)))
 
     def refresh(self) -> None:

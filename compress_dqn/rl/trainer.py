@@ -24,17 +24,22 @@ import gymnasium as gym
 import numpy as np
 
 from compress_dqn._tf import (
-    configure_device, configure_threads, mixed_precision_policy, set_seed, tf, tf_keras, use_xla,
+    configure_device,
+    configure_threads,
+    mixed_precision_policy,
+    set_seed,
+    tf,
+    tf_keras,
+    use_xla,
 )
-from compress_dqn.rl.callbacks import Interrupt, LoopCallbacks
-from compress_dqn.rl.envs import EnvInfo, env_info, make_env_from, rng_state, seed_env, set_rng_state
-from compress_dqn.rl.episodes import run_episodes
+from compress_dqn.envs.environment import EnvInfo, env_info, make_env_from, rng_state, seed_env, set_rng_state
+from compress_dqn.envs.episodes import run_episodes
 from compress_dqn.fileio import load_arrays, load_dict, save_arrays, write_text_atomic
-from compress_dqn.rl.networks import fold_dueling, make_actor, network_for
 from compress_dqn.progress import Progress
 from compress_dqn.recipe.schema import EnvConfig, ReplayConfig, TrainConfig
-from compress_dqn.replay.buffer import ReplayBuffer
-from compress_dqn.run.resources import replay_capacity
+from compress_dqn.replay.buffer import ReplayBuffer, replay_capacity
+from compress_dqn.rl.callbacks import Interrupt, LoopCallbacks
+from compress_dqn.rl.networks import fold_dueling, make_actor, network_for
 from compress_dqn.rl.train_state import TrainState, latest_checkpoint, write_checkpoint_dir
 from compress_dqn.rl.updates import TrainingDiverged, make_soft_update_fn, make_update_fn, run_updates
 

@@ -7,9 +7,22 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
+from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.envs.episodes import random_returns, run_episodes
+from compress_dqn.evaluation.measure import measure_size
+from compress_dqn.evaluation.play import evaluate
+from compress_dqn.evaluation.verdicts import summarize
+from compress_dqn.export.writers import export_policy
 from compress_dqn.fileio import save_arrays
+from compress_dqn.port.baseline import file_digest, load_model, load_transitions, rollout
+from compress_dqn.port.check import check_port
+from compress_dqn.port.run_dir import run_replay, run_root
 from compress_dqn.recipe.schema import Recipe
-from compress_dqn.run import resources
+from compress_dqn.replay.buffer import replay_capacity
+from compress_dqn.rl.networks import count_params
+from compress_dqn.rl.trainer import DQNTrainer
 from compress_dqn.run.context import RunContext, Stage, run_stages
 
 
@@ -17,7 +30,6 @@ def _train_stage(ctx: RunContext) -> dict[str, Any]:
     """Train the baseline (resuming from baseline/checkpoints), or load the user's network."""
     if ctx.recipe.baseline is not None:
         return _load_baseline(ctx.recipe, ctx.info, ctx.base, ctx.log)
-    from compress_dqn.rl.trainer import DQNTrainer
 
     recipe = ctx.recipe
     trainer = DQNTrainer.from_recipe(
@@ -49,9 +61,6 @@ def _train_stage(ctx: RunContext) -> dict[str, Any]:
 
 def _export_stage(ctx: RunContext) -> dict[str, Any]:
     """A slim SavedModel and an fp32 TFLite file of the baseline."""
-    from compress_dqn.deploy.export import export_policy
-    from compress_dqn.evaluation.measure import measure_size
-    from compress_dqn.rl.networks import count_params
 
     export_policy(ctx.model, ctx.info, ctx.base)
     params, nonzero = count_params(ctx.model)
@@ -63,8 +72,6 @@ def _export_stage(ctx: RunContext) -> dict[str, Any]:
 
 def _evaluate_stage(ctx: RunContext) -> dict[str, Any]:
     """The deployed artifact (TFLite) on the fixed episode seeds."""
-    from compress_dqn.deploy.policy import TFLitePolicy
-    from compress_dqn.evaluation.verdicts import evaluate
 
     cfg = ctx.recipe.eval
     stats = evaluate(TFLitePolicy(ctx.base / "policy.tflite").act, ctx.recipe.env, cfg.episodes, cfg.seed)
@@ -75,8 +82,6 @@ def _evaluate_stage(ctx: RunContext) -> dict[str, Any]:
 
 def _random_stage(ctx: RunContext) -> dict[str, Any]:
     """A uniform-random policy on the same episode seeds: the floor of normalized scores."""
-    from compress_dqn.evaluation.verdicts import summarize
-    from compress_dqn.rl.episodes import random_returns
 
     cfg = ctx.recipe.eval
     stats = summarize(random_returns(ctx.recipe.env, range(cfg.seed, cfg.seed + cfg.episodes), ctx.info.n_actions))
@@ -103,10 +108,6 @@ def train_baseline(ctx: RunContext) -> None:
 def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """The train stage for a brought baseline: load and check it, then collect its data."""
 
-    from compress_dqn.port.baseline import file_digest, load_model, load_transitions, rollout
-    from compress_dqn.port.check import check_port
-    from compress_dqn.port.run_dir import run_replay, run_root
-
     source = recipe.baseline
     model = load_model(source.from_, info)
     base.mkdir(parents=True, exist_ok=True)
@@ -114,7 +115,7 @@ def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], N
     model.save(str(tmp))
     os.replace(tmp, base / "model.keras")
     save_arrays(base / "weights.npz", model.get_weights())
-    capacity = resources.replay_capacity(recipe.train, recipe.replay, info)
+    capacity = replay_capacity(recipe.train, recipe.replay, info)
     root = run_root(source.from_)
     if source.transitions is not None:
         replay, data = load_transitions(source.transitions, info, capacity, recipe.seed)
@@ -136,10 +137,6 @@ def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], N
 def heldout_states(tflite: Path, recipe: Recipe, limit: int = 5000) -> Any:
     """States the baseline visits greedily on the held-out episode seeds (at most `limit`, evenly
     subsampled with a fixed seed): where variants' actions are compared with the baseline's."""
-    import numpy as np
-
-    from compress_dqn.deploy.policy import TFLitePolicy
-    from compress_dqn.rl.episodes import run_episodes
 
     policy = TFLitePolicy(tflite)
     visited: list[Any] = []

@@ -7,11 +7,17 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
+from compress_dqn._tf import configure_device
+from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.envs.environment import probe_env
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import load_arrays, load_dict
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run import resources
-from compress_dqn.run.rundir import Stages, prepare_run_dir
+from compress_dqn.run.rundir import prepare_run_dir
+from compress_dqn.store.stages import Stages
 
 
 def decisive_states(q_values: Any) -> Any:
@@ -19,7 +25,6 @@ def decisive_states(q_values: Any) -> Any:
     second-best Q-value is at least the median gap. Where actions are near-tied (a balanced pole, a
     landed lander) any rounding flips the argmax at no cost in return, so agreement there says
     little; agreement on these states says whether the variant keeps the baseline's decisions."""
-    import numpy as np
 
     top_two = np.sort(q_values, axis=1)[:, -2:]
     gap = top_two[:, 1] - top_two[:, 0]
@@ -70,7 +75,6 @@ class RunContext:
     @cached_property
     def reference(self) -> tuple[Any, Any]:
         """The baseline TFLite policy's actions on the held-out states, and which states are decisive."""
-        from compress_dqn.deploy.policy import TFLitePolicy
 
         policy = TFLitePolicy(self.base / "policy.tflite")
         return policy.actions(self.heldout), decisive_states(policy.q_values(self.heldout))
@@ -96,8 +100,6 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
 
     The environment is probed before anything is written: a bad id leaves no run directory behind.
     """
-    from compress_dqn._tf import configure_device
-    from compress_dqn.rl.envs import probe_env
 
     run_dir = Path(run_dir)
     info = probe_env(recipe.env)
@@ -116,8 +118,6 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
 
 def reopen_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunContext:
     """The context of a run directory that open_run prepared (for a unit that runs one of its stages)."""
-    from compress_dqn._tf import configure_device
-    from compress_dqn.rl.envs import probe_env
 
     run_dir = Path(run_dir)
     return RunContext(recipe, run_dir, probe_env(recipe.env), Stages(run_dir), log, quiet, configure_device(recipe.device))

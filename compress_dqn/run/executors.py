@@ -11,6 +11,8 @@ results do not depend on where it ran.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
@@ -48,8 +50,6 @@ def exit_with_parent(parent: int, poll_seconds: float = 1.0) -> None:
     otherwise live on (each holding TensorFlow's ~700 MB) and may finish a unit into the run
     directory while the resumed run works in it.
     """
-    import threading
-    import time
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -5,32 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from compress_dqn.evaluation.play import play_unit
+from compress_dqn.evaluation.verdicts import Verdict, paired_difference, sequential_plan
 from compress_dqn.run.context import RunContext
-from compress_dqn.run import stage_keys as keys
-
-
-def play_unit(env_data: dict[str, Any], tflite: str | None, n_actions: int, first_seed: int, count: int) -> list[float]:
-    """The returns of `count` episodes on seeds first_seed.. of the TFLite policy at `tflite`, or of a
-    uniform-random policy where it is None. Plain data in and out, and no TensorFlow: a pool worker
-    starts in about a second. Each episode depends only on its seed, so chunks of a range played
-    apart give the returns of the range played at once."""
-    from compress_dqn.rl.episodes import random_returns, run_episodes
-    from compress_dqn.recipe.schema import EnvConfig
-
-    env = EnvConfig(**env_data)
-    seeds = range(first_seed, first_seed + count)
-    if tflite is None:
-        return random_returns(env, seeds, n_actions)
-    from compress_dqn.deploy.policy import TFLitePolicy
-
-    return run_episodes(TFLitePolicy(Path(tflite)).act, env, seeds)
+from compress_dqn.run.executors import map_units, worker_count
+from compress_dqn.store import stage_keys as keys
 
 
 def _play(ctx: RunContext, wanted: dict[str, tuple[str | None, int, int]], workers: int = 1) -> dict[str, list[float]]:
     """Each wanted key's returns: (TFLite policy name or None for random, first episode, end episode),
     episode i on seed eval.seed + i. `workers` play at once, each range cut in chunks so that
     the workers finish together; the longest chunks start first."""
-    from compress_dqn.run.executors import map_units, worker_count
 
     env_data = ctx.recipe.env.model_dump(mode="json")
     pieces = worker_count(sum(after - before for _, before, after in wanted.values()), workers)
@@ -70,7 +55,6 @@ def _play_look(ctx: RunContext, before: int, after: int, names: list[str], worke
 def reference_episodes(ctx: RunContext, upto: int) -> dict[str, list[float]]:
     """The baseline's and the random policy's first `upto` episode returns (a look count), played
     once per look (stage "reference:N") and shared by every variant paired with them."""
-    from compress_dqn.evaluation.verdicts import sequential_plan
 
     cfg, done = ctx.recipe.eval, ctx.stages.done
     episodes = {"baseline": list(done["evaluate"]["return"]["episodes"]),
@@ -94,7 +78,6 @@ def decide(ctx: RunContext, names: list[str] | None = None, workers: int = 1) ->
 
     Returns every named variant's episode returns, and the baseline's and the random policy's
     over as many episodes as the longest of them ("baseline", "random", names)."""
-    from compress_dqn.evaluation.verdicts import Verdict, paired_difference, sequential_plan
 
     cfg, done = ctx.recipe.eval, ctx.stages.done
     names = [v.name for v in ctx.recipe.variants] if names is None else names

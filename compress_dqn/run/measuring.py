@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import subprocess
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from compress_dqn.deploy import micro
+from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.evaluation.measure import measure_latency, measure_memory
+from compress_dqn.export.saved_model import SavedModelPolicy, gpu_note, measure_gpu
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run.context import RunContext, Stage
-from compress_dqn.run import stage_keys as keys
+from compress_dqn.store import stage_keys as keys
 
 LATENCY_SECONDS = 0.5
 """Timed calls per runtime and policy stop after this long, once 500 are in (measure_latency)."""
@@ -21,8 +26,6 @@ PROBE_ERRORS = (RuntimeError, OSError, subprocess.SubprocessError)
 
 def measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
     """Batch-1 latency, inference memory per runtime, GPU figures and microcontroller cost of one policy."""
-    from compress_dqn.deploy.policy import SavedModelPolicy, TFLitePolicy
-    from compress_dqn.evaluation.measure import gpu_note, measure_gpu, measure_latency
 
     folder = ctx.folder(name)
     latency = {
@@ -44,7 +47,6 @@ def measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
 def probe_policy_memory(folder: Path, saved_model: bool) -> dict[str, Any]:
     """Peak RSS of a fresh process acting with the policy in `folder`, per runtime; the SavedModel's
     is None when `saved_model` is False (see probes_saved_model)."""
-    from compress_dqn.evaluation.measure import measure_memory
 
     return {"tflite": measure_memory(folder / "policy.tflite", "tflite"),
             "saved_model": measure_memory(folder / "saved_model", "saved_model") if saved_model else None}
@@ -62,7 +64,6 @@ def probe_memory(ctx: RunContext, workers: int = 1) -> None:
     Each probe is a fresh process whose peak RSS does not depend on what else runs, unlike the
     timings measured after it one policy at a time; the SavedModel probe's TensorFlow import
     made it most of the measuring's wall time."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     todo = [name for name in policy_names(ctx.recipe)
             if keys.memory(name) not in ctx.stages.done and keys.measure(name) not in ctx.stages.done]
@@ -85,7 +86,6 @@ def measure_stages(recipe: Recipe) -> list[Stage]:
 def micro_figures(tflite: Path) -> dict[str, Any]:
     """What the policy costs on a microcontroller (TFLite Micro: flash, measured arena, whether it
     runs), or why that was not measured."""
-    from compress_dqn.deploy import micro
 
     if not micro.available():
         return {"runs": None, "reason": micro.INSTALL_HINT, "flash_bytes": tflite.stat().st_size}

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from compress_dqn.evaluation.report import write_report
 from compress_dqn.evaluation.results import RunResults, VariantResult, save_results
+from compress_dqn.evaluation.verdicts import paired_difference, sequential_plan, summarize
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run.baseline_stages import train_baseline
 from compress_dqn.run.context import RunContext, open_run, run_stages
@@ -33,7 +34,7 @@ from compress_dqn.run.manifest import write_manifest
 from compress_dqn.run.measuring import measure_stages, probe_memory
 from compress_dqn.run.rundir import RunOutcome
 from compress_dqn.run.variants import build_pool, build_variants, variant_workers
-from compress_dqn.run import stage_keys as keys
+from compress_dqn.store import stage_keys as keys
 
 
 def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
@@ -68,7 +69,6 @@ def finish_run(ctx: RunContext, search: dict[str, Any] | None = None, workers: i
 
 def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunResults:
     """results.json from the finished stages and every policy's episode returns."""
-    from compress_dqn.evaluation.verdicts import paired_difference, sequential_plan, summarize
 
     cfg, done = ctx.recipe.eval, ctx.stages.done
     plan, confidence = sequential_plan(cfg.episodes, cfg.max_episodes)

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from compress_dqn.errors import UserError
-from compress_dqn.replay.buffer import ReplayBuffer, capacity_for_budget, format_bytes
+from compress_dqn.replay.buffer import ReplayBuffer, format_bytes, replay_capacity
 
 # TensorFlow, the environment and the interpreter, on top of the replay buffer and the networks.
 _PROCESS_OVERHEAD = 1 << 30
@@ -41,18 +41,6 @@ class ResourcePlan:
     """Weights of the online and target networks, Adam's two moments and the gradients."""
     memory_bytes: int
     disk_bytes: int
-
-
-def replay_capacity(train: Any, replay: Any, info: Any) -> int:
-    """Transitions the replay buffer will hold: train.buffer_size, bounded by replay.memory."""
-    if replay.memory is None:
-        return train.buffer_size
-    return min(
-        train.buffer_size,
-        capacity_for_budget(
-            replay.memory, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
-        ),
-    )
 
 
 def _network_params(recipe: Any, info: Any) -> int:

@@ -1,4 +1,4 @@
-"""The run directory: create it or check that it holds this recipe, lock it, and stages.json.
+"""The run directory: create it or check that it holds this recipe, lock it, and reruns that extend it.
 
 A rerun of the same recipe resumes; one that changes only what is built from the baseline (its
 variants, its search, the evaluation caps) extends it; any other is refused with the keys that differ. A
@@ -7,7 +7,6 @@ killed process's temporaries are dropped; a finished run's manifest is checked f
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -21,7 +20,8 @@ from compress_dqn.recipe.safe_yaml import read_yaml
 from compress_dqn.recipe.schema import Recipe, SearchConfig, recipe_from_data
 from compress_dqn.run.ladders import candidate_variants
 from compress_dqn.run.manifest import MANIFEST, verify
-from compress_dqn.run.stage_keys import PER_POLICY_KINDS, StageKey
+from compress_dqn.store.stage_keys import StageKey
+from compress_dqn.store.stages import Stages
 
 
 @dataclass
@@ -153,65 +153,3 @@ def _started(run_dir: Path) -> bool:
             continue
         return True
     return False
-
-
-def _parses(key: str) -> bool:
-    try:
-        StageKey.parse(key)
-    except ValueError:
-        return False
-    return True
-
-
-class Stages:
-    """stages.json: each finished stage's outputs; written atomically after every stage."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "stages.json"
-        try:
-            self.done: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
-        except (ValueError, UnicodeDecodeError):
-            self.done = None  # type: ignore[assignment]
-        if isinstance(self.done, dict) and not all(map(_parses, self.done)):
-            self.done = None  # type: ignore[assignment]
-        if not isinstance(self.done, dict):
-            raise UserError(f"{self.path}: unreadable (not the JSON compress-dqn writes); pass another --out, "
-                            "or delete the directory to start the run again")
-
-    def policy_stages(self, names: Any) -> list[str]:
-        """The finished stages (build, looks, measures) of the policies named."""
-        return [stage for stage in self.done
-                if (key := StageKey.parse(stage)).kind in PER_POLICY_KINDS and key.name in names]
-
-    def forget(self, stages: list[str]) -> None:
-        for stage in stages:
-            self.done.pop(stage, None)
-        if stages:
-            self._save()
-
-    def finish(self, name: str, outputs: dict[str, Any]) -> None:
-        self.done[name] = outputs
-        self._save()
-
-    def _save(self) -> None:
-        write_text_atomic(self.path, json.dumps(self.done, indent=2))
-
-    def forget_missing(self, run_dir: Path) -> list[str]:
-        """Forget every finished stage whose files are gone (a variant folder deleted to rebuild it,
-        a lost baseline), with the stages built on it, so that a resume redoes them instead of
-        finishing a run whose results point at nothing. Returns the stages forgotten."""
-        def missing(name: str, outputs: Any) -> bool:
-            files = ["baseline/weights.npz", "baseline/replay.npz"] if name == "train" else []
-            if isinstance(outputs, dict) and isinstance(outputs.get("artifacts"), dict):
-                files += [f for f in outputs["artifacts"].values() if isinstance(f, str)]
-            return any(not (run_dir / f).exists() for f in files)
-
-        gone = [name for name, outputs in self.done.items() if missing(name, outputs)]
-        if not gone:
-            return []
-        if any(name in ("train", "export") for name in gone):  # everything else starts from the baseline
-            forget = [name for name in self.done if name != "train" or "train" in gone]
-        else:
-            forget = self.policy_stages({key.name for key in map(StageKey.parse, gone) if key.kind == "variant"})
-        self.forget(forget)
-        return forget

@@ -20,10 +20,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from compress_dqn.envs.environment import probe_env
 from compress_dqn.errors import UserError
+from compress_dqn.evaluation.report import pareto_front
+from compress_dqn.evaluation.results import RunResults
+from compress_dqn.evaluation.verdicts import keeps_return, paired_difference, sequential_plan
+from compress_dqn.fileio import write_text_atomic
 from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig, recipe_from_data
-from compress_dqn.run import stage_keys as keys
+from compress_dqn.run import resources
+from compress_dqn.run.context import Stage, reopen_run, run_stages
+from compress_dqn.run.executors import cpu_count, map_units
 from compress_dqn.run.ladders import GZIP_FLOOR, Candidate, candidate_variants, ladders
+from compress_dqn.run.looks import decide
+from compress_dqn.run.manifest import run_fingerprint
+from compress_dqn.run.measuring import measure_stage
+from compress_dqn.run.rundir import RunOutcome, prepare_run_dir
+from compress_dqn.run.seeds import baseline_unit, finish_unit, seed_plan, seed_recipes, write_seeds_results
+from compress_dqn.run.variants import variant_stage
+from compress_dqn.store import stage_keys as keys
 
 
 @dataclass
@@ -56,11 +70,6 @@ def candidate_unit(recipe_data: dict[str, Any], seed_dir: str, variant_data: dic
     in and out, so any executor can run it; finished steps are stages of the seed's run.
     look_workers: processes that play its looks (the episodes, hence the verdict, are the same
     for any number)."""
-    from compress_dqn.evaluation.verdicts import paired_difference, sequential_plan
-    from compress_dqn.run.context import Stage, reopen_run, run_stages
-    from compress_dqn.run.looks import decide
-    from compress_dqn.run.measuring import measure_stage
-    from compress_dqn.run.variants import variant_stage
 
     variant = VariantConfig(**variant_data)
     ctx = reopen_run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet,
@@ -91,8 +100,6 @@ class SearchLog:
         self.tried: dict[str, dict[str, Any]] = json.loads(path.read_text())["tried"] if path.exists() else {}
 
     def record(self, tried: Tried) -> Tried:
-        from compress_dqn.fileio import write_text_atomic
-
         self.tried[tried.name] = asdict(tried)
         write_text_atomic(self.path, json.dumps({"tried": self.tried}, indent=2))
         return tried
@@ -112,8 +119,6 @@ class _Plan:
 def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
     """Evaluate a candidate seed by seed (workers seeds at a time), stopping at the first seed
     whose verdict rules it out."""
-    from compress_dqn.evaluation.verdicts import keeps_return
-    from compress_dqn.run.executors import cpu_count, map_units
 
     variant = candidate.variant.model_dump(mode="json", exclude_none=True)
     per_seed: dict[str, dict[str, Any]] = {}
@@ -173,7 +178,6 @@ def bisect_family(rungs: list[Candidate], plan: _Plan, log: SearchLog, budget: C
 def pareto_names(tried: dict[str, dict[str, Any]], seeds: int) -> list[str]:
     """Kept candidates (within tolerance on every seed) that no other kept one beats on both objective
     and mean normalized score: a lost candidate's higher point estimate is not a trade-off to offer."""
-    from compress_dqn.evaluation.report import pareto_front
 
     full = [t for t in tried.values() if len(t["per_seed"]) == seeds and t["outcome"] == "kept"]
     scores = [statistics.fmean((o["normalized_score"] or 0.0) for o in t["per_seed"].values()) for t in full]
@@ -221,12 +225,6 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     """Train each seed's baseline, search the recipe's families for the smallest policy that keeps
     the return on every seed, then finish each seed's run (its listed variants and every candidate
     it played) and aggregate. Returns the pipeline's RunOutcome."""
-    from compress_dqn.evaluation.results import RunResults
-    from compress_dqn.rl.envs import probe_env
-    from compress_dqn.run import resources
-    from compress_dqn.run.executors import map_units
-    from compress_dqn.run.rundir import RunOutcome, prepare_run_dir
-    from compress_dqn.run.seeds import baseline_unit, finish_unit, seed_plan, seed_recipes, write_seeds_results
 
     started, run_dir = time.monotonic(), Path(run_dir)
     _check_names(recipe)
@@ -262,7 +260,6 @@ def search_fingerprint(run_dir: Path) -> dict[str, Any]:
     """What a search computed, timings left out: its winner, front, every candidate's outcome and
     per-seed verdicts, and each seed's run fingerprint. Equal for two searches that computed the
     same thing, whichever engine ran them and however often they were killed and resumed."""
-    from compress_dqn.run.manifest import run_fingerprint
 
     results = json.loads((Path(run_dir) / "results.json").read_text())
     found = results["search"]

@@ -5,12 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
+from compress_dqn.envs.environment import probe_env
 from compress_dqn.evaluation.report import write_report
 from compress_dqn.evaluation.results import RunResults, SeedAggregate, SeedsResults, save_results
+from compress_dqn.evaluation.verdicts import iqm, stratified_bootstrap_ci
 from compress_dqn.recipe.schema import Recipe, recipe_from_data
 from compress_dqn.run import resources
 from compress_dqn.run.baseline_stages import train_baseline
 from compress_dqn.run.context import open_run, reopen_run
+from compress_dqn.run.executors import map_units, threads_per_worker, worker_count
 from compress_dqn.run.manifest import write_manifest
 from compress_dqn.run.pipeline import finish_run, run
 from compress_dqn.run.rundir import RunOutcome, prepare_run_dir
@@ -19,9 +24,6 @@ from compress_dqn.run.rundir import RunOutcome, prepare_run_dir
 def aggregate_seeds(runs: list[RunResults]) -> list[SeedAggregate]:
     """Per variant, over training seeds: IQM of the per-seed mean returns with a stratified
     bootstrap CI, and the same for the per-seed difference to that seed's baseline."""
-    import numpy as np
-
-    from compress_dqn.evaluation.verdicts import iqm, stratified_bootstrap_ci
 
     out = []
     # A search drops a candidate at its first losing seed: aggregate what every seed played.
@@ -67,7 +69,6 @@ def finish_unit(recipe_data: dict[str, Any], seed_dir: str, quiet: bool, search:
 def seed_plan(recipe: Recipe) -> tuple[list[int], int, int]:
     """The training seeds, how many run at once, and TensorFlow threads per unit (the same on
     either engine, so per-seed results do not depend on the engine)."""
-    from compress_dqn.run.executors import threads_per_worker, worker_count
 
     seeds = list(recipe.seeds or [recipe.seed])
     workers = worker_count(len(seeds), recipe.workers)
@@ -90,8 +91,6 @@ def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[
     Seeds run in parallel on recipe.executor (local process pool or Ray); each unit gets the same
     TensorFlow thread count on either engine, so per-seed results do not depend on the engine.
     """
-    from compress_dqn.rl.envs import probe_env
-    from compress_dqn.run.executors import map_units
 
     run_dir = Path(run_dir)
     seeds, workers, threads = seed_plan(recipe)

@@ -8,17 +8,28 @@ import shutil
 import time
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from compress_dqn._tf import configure_threads, set_seed, tf_keras
+from compress_dqn.compress.build import build_cost, build_variant
+from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.evaluation.measure import measure_size
+from compress_dqn.evaluation.play import evaluate
+from compress_dqn.export.writers import export_policy
 from compress_dqn.fileio import replace_dir
-from compress_dqn.recipe.schema import Recipe, recipe_from_data
+from compress_dqn.recipe.schema import Recipe, VariantConfig, recipe_from_data
+from compress_dqn.replay.buffer import load_replay
 from compress_dqn.run import resources
 from compress_dqn.run.context import RunContext, Stage, reopen_run, run_stages
+from compress_dqn.run.executors import map_units, start_local_pool, worker_count
 from compress_dqn.run.measuring import PROBE_ERRORS, probe_policy_memory, probes_saved_model
-from compress_dqn.run import stage_keys as keys
+from compress_dqn.store import stage_keys as keys
 
 
 def variant_seed(seed: int, name: str) -> int:
@@ -28,17 +39,12 @@ def variant_seed(seed: int, name: str) -> int:
 
 def _load_replay(path: Path, info: Any) -> Any:
     """The baseline's final replay buffer, fresh for each variant (so each is reproducible alone)."""
-    from compress_dqn.replay.buffer import load_replay
 
     return load_replay(path, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack)
 
 
 def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any, decisive: Any) -> dict[str, Any]:
     """Return statistics on the shared episode seeds, and agreement with the baseline's actions."""
-    import numpy as np
-
-    from compress_dqn.deploy.policy import TFLitePolicy
-    from compress_dqn.evaluation.verdicts import evaluate
 
     policy = TFLitePolicy(tflite)
     stats = evaluate(policy.act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
@@ -51,7 +57,6 @@ def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any,
 def variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
     """Build one variant from the baseline (the best of its candidates where it has some), export
     it, evaluate it on the shared seeds."""
-    from compress_dqn.evaluation.measure import measure_size
 
     started = time.perf_counter()
     out = ctx.folder(variant.name)
@@ -77,9 +82,6 @@ def variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
 
 def _build_and_export(variant: Any, ctx: RunContext, out: Path, shared: Path | None) -> tuple[Any, dict[str, Any]]:
     """Build `variant` from the baseline and export it into `out`: (BuiltVariant, export_policy's info)."""
-    from compress_dqn._tf import set_seed, tf_keras
-    from compress_dqn.compress.build import build_variant
-    from compress_dqn.deploy.export import export_policy
 
     baseline = ctx.model  # loaded (on first use) before the seed: loading draws initial weights
     # Fresh Keras name counters and a seed from the recipe and the variant's name alone: a variant
@@ -101,10 +103,6 @@ def _pick_candidate(variant: Any, ctx: RunContext, out: Path) -> tuple[Any, dict
     """Build each of variant.candidates.count candidates into out/candidates/, play each and the
     baseline on the same fresh episodes, and move the best one's files into `out` (the first of
     equals). Returns its (BuiltVariant, export info) and the pick's record for results.json."""
-    import numpy as np
-
-    from compress_dqn.deploy.policy import TFLitePolicy
-    from compress_dqn.evaluation.verdicts import evaluate
 
     cfg = variant.candidates
 
@@ -142,8 +140,6 @@ def variant_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[s
     """One variant stage in a pool worker. Returns its outputs for the run's own process to record
     (stages.json keeps one writer). Same TensorFlow threads and seeds as in that process, so the
     same bytes wherever it runs."""
-    from compress_dqn._tf import configure_threads
-    from compress_dqn.recipe.schema import VariantConfig
 
     recipe = recipe_from_data(recipe_data)
     configure_threads(recipe.train.intra_op_threads)  # before the first TensorFlow op of this process
@@ -179,10 +175,6 @@ def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
     of following them with a core idle (docs/executors.md). Ray units leave memory to
     probe_memory, so every policy's figure comes from the same machine. `pool`: a local pool
     started ahead (build_pool), else map_units starts one."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from compress_dqn.compress.build import build_cost
-    from compress_dqn.run.executors import map_units
 
     todo = unbuilt_variants(ctx)
     if workers <= 1 or len(todo) <= 1:
@@ -219,7 +211,6 @@ def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
 def variant_workers(ctx: RunContext) -> int:
     """Variants a single-seed run builds at once: `workers` (null: one per CPU), fewer where memory
     does not hold that many processes with the baseline's replay loaded."""
-    from compress_dqn.run.executors import worker_count
 
     wanted = worker_count(len(ctx.recipe.variants), ctx.recipe.workers)
     return resources.fits_at_once(resources.plan(ctx.recipe, ctx.info), wanted)
@@ -229,9 +220,9 @@ def warm_build_worker() -> None:
     """A build worker's imports, TensorFlow's among them. No TensorFlow op runs,
     so variant_unit can still set the worker's thread count."""
     import compress_dqn.compress.build  # noqa: F401
-    import compress_dqn.deploy.export  # noqa: F401
     import compress_dqn.deploy.policy  # noqa: F401
     import compress_dqn.evaluation.verdicts  # noqa: F401
+    import compress_dqn.export.writers  # noqa: F401
 
 
 @contextmanager
@@ -240,7 +231,6 @@ def build_pool(ctx: RunContext, workers: int) -> Iterator[Any]:
     TensorFlow while this process trains the baseline (one TensorFlow thread on the demo: a core
     stays free); None where builds do not run in a local pool. Started after training, each worker
     would spend its import time before its first build (docs/executors.md)."""
-    from compress_dqn.run.executors import start_local_pool
 
     todo = unbuilt_variants(ctx)
     if ctx.recipe.executor != "local" or workers <= 1 or len(todo) <= 1:

@@ -8,14 +8,22 @@ import contextlib
 import math
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from compress_dqn.deploy.micro.model import (
-    ModelInfo, generous_arena, failure_reason, inspect_model, invoke_zeros, native_stderr, new_interpreter,
-    refuse_missing, tflm_runtime,
+    ModelInfo,
+    failure_reason,
+    generous_arena,
+    inspect_model,
+    invoke_zeros,
+    native_stderr,
+    new_interpreter,
+    refuse_missing,
+    tflm_runtime,
 )
 from compress_dqn.deploy.policy import read_tflite
 from compress_dqn.errors import UserError
@@ -53,8 +61,6 @@ class ArenaProbe:
         self._proc: Any = None
 
     def _start(self) -> None:
-        import subprocess
-
         code = "from compress_dqn.deploy.micro.arena import probe_worker; probe_worker()"
         package_root = str(Path(__file__).resolve().parents[3])  # the repository root: importable even when not installed
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,7 +222,6 @@ def try_compression(data: bytes, label: str = "<bytes>") -> Compression:
     if not chosen:
         return Compression(None, None, "no weight tensor has 128 or fewer distinct values (int8 weights use up to "
                            "255): a look-up table would make it larger; cluster the weights first", 0)
-    import warnings
 
     try:
         with warnings.catch_warnings():

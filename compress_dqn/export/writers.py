@@ -13,16 +13,18 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from compress_dqn._tf import quiet_stderr, tf, tf_keras
+from compress_dqn.deploy.graph_input import carry_input_normalization
+from compress_dqn.deploy.policy import SIGNATURE, TFLitePolicy
+from compress_dqn.deploy.tflite_metadata import slim_tensor_names
+from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import replace_dir, write_bytes_atomic
-from compress_dqn.deploy.tflite_metadata import slim_tensor_names
 
-SIGNATURE = "serving_default"
 INPUT_NAME = "observations"
 
 
@@ -84,8 +86,6 @@ def export_tflite(
 
 def same_policy(candidate: bytes, reference: bytes, observations: Any) -> bool:
     """Whether a TFLite encoding loads in the runtime (XNNPACK) and computes what the reference does."""
-    from compress_dqn.deploy.policy import TFLitePolicy
-
     try:
         policy = TFLitePolicy(candidate)
         got, actions = policy.q_values(observations), policy.actions(observations)
@@ -97,7 +97,21 @@ def same_policy(candidate: bytes, reference: bytes, observations: Any) -> bool:
                 and np.array_equal(actions, expected.actions(observations)))
 
 
-def export_policy(model: Any, info: Any, out: Path, built: Any = None, check_obs: Any = None) -> dict[str, Any]:
+class Conversion(Protocol):
+    """How a compressed model converts to TFLite (compress.build.BuiltVariant is one): the model to
+    convert, the converter settings, and the input normalization the file must carry."""
+
+    input_normalization: tuple[np.ndarray, np.ndarray] | None
+    try_sparse_format: bool
+
+    @property
+    def converts_own_model(self) -> bool: ...
+    def tflite_model(self) -> tf_keras.Model: ...
+    def converter(self, sparse: bool = False) -> Callable[[tf.lite.TFLiteConverter], None]: ...
+
+
+def export_policy(model: tf_keras.Model, info: EnvInfo, out: Path, built: Conversion | None = None,
+                  check_obs: np.ndarray | None = None) -> dict[str, bool]:
     """SavedModel + TFLite for one model (a BuiltVariant says how to convert; None: fp32).
 
     Both take raw observations. The TFLite file is converted from built.tflite_model(), which
@@ -107,8 +121,6 @@ def export_policy(model: Any, info: Any, out: Path, built: Any = None, check_obs
     the TFLite sparse weight format is kept only if it is smaller AND the runtime loads it and
     computes the same Q-values (XNNPACK cannot prepare every sparse layout).
     """
-    from compress_dqn.deploy.graph_input import carry_input_normalization
-
     export_saved_model(model, info.obs_shape, info.obs_dtype, out / "saved_model")
     source = out / "saved_model"
     with tempfile.TemporaryDirectory(dir=out, prefix=".tmp-export-") as scratch:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from compress_dqn.envs.environment import make_env_from
 from compress_dqn.recipe.schema import EnvConfig
 
 Act = Callable[[np.ndarray], int]
@@ -17,8 +18,6 @@ Act = Callable[[np.ndarray], int]
 
 def run_episodes(act: Act, env: EnvConfig, seeds: Iterable[int]) -> list[float]:
     """Play one greedy episode per seed and return the undiscounted returns."""
-    from compress_dqn.rl.envs import make_env_from  # gymnasium: not needed by the statistics (or the report)
-
     instance = make_env_from(env)
     returns = []
     try:
@@ -50,8 +49,6 @@ def run_episodes_side_by_side(q_values: QValues, env: EnvConfig, seeds: Iterable
     row (a finished one keeps its last observation, its action unused): one batch shape, so a
     tf.function traces once, not once per episode that ends.
     """
-    from compress_dqn.rl.envs import make_env_from
-
     seeds = [int(seed) for seed in seeds]
     instances = [make_env_from(env) for _ in seeds]
     try:

@@ -1,12 +1,19 @@
-"""Run as `python -m compress_dqn.evaluation._memory_probe RUNTIME PATH STEPS`: load one policy with only the
-runtime it needs, act STEPS times, print JSON with the peak RSS. A fresh process per artifact, so
-the figure is that runtime's cost alone; the TFLite path never imports TensorFlow."""
+"""Run as `python -m compress_dqn.evaluation.memory_probe PATH STEPS`: load one TFLite policy with LiteRT
+alone, act STEPS times, print JSON with the peak RSS. A fresh process per artifact, so the figure is
+that runtime's cost alone; this process never imports TensorFlow (a SavedModel's probe is
+compress_dqn.export.memory_probe, which reuses `probe`)."""
 
 from __future__ import annotations
 
 import json
 import resource
 import sys
+from collections.abc import Callable
+
+import numpy as np
+import psutil
+
+from compress_dqn.deploy.policy import Policy, TFLitePolicy
 
 
 def _peak_rss_bytes() -> int:
@@ -24,19 +31,14 @@ def _peak_rss_bytes() -> int:
 
 
 def _current_rss_bytes() -> int:
-    import psutil
-
     return psutil.Process().memory_info().rss
 
 
-def main() -> None:
-    runtime, path, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    import numpy as np
-
-    from compress_dqn.deploy.policy import SavedModelPolicy, TFLitePolicy
-
+def probe(runtime: str, load: Callable[[str], Policy]) -> None:
+    """Load the policy at argv[1] with `load`, act argv[2] times, print the JSON line measure_memory reads."""
+    path, steps = sys.argv[1], int(sys.argv[2])
     before = _current_rss_bytes()  # interpreter + numpy + our package: the floor of any policy process
-    policy = TFLitePolicy(path) if runtime == "tflite" else SavedModelPolicy(path)
+    policy = load(path)
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(steps, *policy.obs_shape)).astype(np.float32)
     for row in obs:
@@ -53,4 +55,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    probe("tflite", TFLitePolicy)

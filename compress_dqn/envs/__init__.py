@@ -1,0 +1,1 @@
+"""Environments and greedy episodes: gymnasium, Atari and MinAtar preprocessing, seeding. No TensorFlow."""

@@ -1,0 +1,1 @@
+"""What needs TensorFlow to leave the tool: SavedModel and TFLite writers, the SavedModel runtime, GPU figures."""
