@@ -139,7 +139,8 @@ def test_only_a_run_or_its_baseline_folder_is_taken_for_a_run(tmp_path):
     """runs/x/variants is not run x; a run of several seeds is named so that the error can say which
     seed's folder to pass."""
     from compress_dqn.errors import UserError
-    from compress_dqn.port.run_dir import run_env, run_root
+    from compress_dqn.port.run_dir import run_env
+    from compress_dqn.store.layout import RunLayout
     from compress_dqn.recipe.schema import load_recipe
     from compress_dqn.run.rundir import prepare_run_dir
 
@@ -148,7 +149,8 @@ def test_only_a_run_or_its_baseline_folder_is_taken_for_a_run(tmp_path):
     (run / "stages.json").write_text("{}")
     for sub in ("baseline", "variants"):
         (run / sub).mkdir()
-    assert run_root(run) == run and run_root(run / "baseline") == run and run_root(run / "variants") is None
+    find = RunLayout.find
+    assert find(run).root == run and find(run / "baseline").root == run and find(run / "variants") is None
     seeds = tmp_path / "s"
     prepare_run_dir(load_recipe(TINY, ["seeds=[0, 1]"]), seeds)
     (seeds / "seed-0").mkdir()

@@ -19,9 +19,10 @@ from compress_dqn.envs.environment import make_env_from, seed_env
 from compress_dqn.errors import UserError
 from compress_dqn.port.keras_file import load_keras
 from compress_dqn.port.load import file_kind, port_model
-from compress_dqn.port.run_dir import load_run_network, run_root
+from compress_dqn.port.run_dir import load_run_network
 from compress_dqn.replay.buffer import ReplayBuffer
 from compress_dqn.rl.networks import make_actor
+from compress_dqn.store.layout import RunLayout
 
 TRANSITION_KEYS = ("observations", "actions", "rewards", "next_observations", "terminated", "truncated")
 
@@ -33,7 +34,7 @@ def load_model(path: str | Path, info: Any) -> Any:
     path = Path(path)
     if not path.exists():
         raise UserError(f"baseline.from: {path}: no such file or directory; check the path")
-    if run_root(path) is not None:
+    if RunLayout.find(path) is not None:
         return load_run_network(path, info)
     kind = file_kind(path)
     if kind != "keras":

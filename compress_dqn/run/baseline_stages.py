@@ -10,6 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.envs.episodes import random_returns, run_episodes
 from compress_dqn.evaluation.measure import measure_size
 from compress_dqn.evaluation.play import evaluate
@@ -18,29 +19,29 @@ from compress_dqn.export.writers import export_policy
 from compress_dqn.fileio import save_arrays
 from compress_dqn.port.baseline import file_digest, load_model, load_transitions, rollout
 from compress_dqn.port.check import check_port
-from compress_dqn.port.run_dir import run_replay, run_root
-from compress_dqn.recipe.schema import Recipe
+from compress_dqn.port.run_dir import run_replay
+from compress_dqn.recipe.schema import EnvConfig, Recipe
 from compress_dqn.replay.buffer import replay_capacity
 from compress_dqn.rl.networks import count_params
 from compress_dqn.rl.trainer import DQNTrainer
 from compress_dqn.run.context import RunContext, Stage, run_stages
+from compress_dqn.store.layout import BASELINE, RunLayout
 
 
 def _train_stage(ctx: RunContext) -> dict[str, Any]:
     """Train the baseline (resuming from baseline/checkpoints), or load the user's network."""
     if ctx.recipe.baseline is not None:
-        return _load_baseline(ctx.recipe, ctx.info, ctx.base, ctx.log)
-
+        return _load_baseline(ctx.recipe, ctx.info, ctx.layout, ctx.log)
     recipe = ctx.recipe
     trainer = DQNTrainer.from_recipe(
         recipe.train, recipe.env, recipe.replay, seed=recipe.seed,
-        ckpt_dir=ctx.base / "checkpoints", tb_dir=ctx.run_dir / "tensorboard" / "baseline",
-        label="baseline", quiet=ctx.quiet, device=recipe.device,
+        ckpt_dir=ctx.layout.checkpoints, tb_dir=ctx.layout.tensorboard(BASELINE),
+        label=BASELINE, quiet=ctx.quiet, device=recipe.device,
     )
     result = trainer.train()
-    ctx.base.mkdir(parents=True, exist_ok=True)
-    save_arrays(ctx.base / "weights.npz", result.model.get_weights())
-    save_arrays(ctx.base / "replay.npz", result.replay.state_dict())
+    ctx.layout.baseline.mkdir(parents=True, exist_ok=True)
+    save_arrays(ctx.layout.weights, result.model.get_weights())
+    save_arrays(ctx.layout.replay, result.replay.state_dict())
     ctx.log(f"[baseline] trained {result.env_steps} steps in {result.wall_seconds:.1f} s "
             f"({result.env_steps_per_second:.0f} steps/s)")
     return {
@@ -61,38 +62,37 @@ def _train_stage(ctx: RunContext) -> dict[str, Any]:
 
 def _export_stage(ctx: RunContext) -> dict[str, Any]:
     """A slim SavedModel and an fp32 TFLite file of the baseline."""
-
-    export_policy(ctx.model, ctx.info, ctx.base)
+    files = ctx.layout.policy(BASELINE)
+    export_policy(ctx.model, ctx.info, files.folder)
     params, nonzero = count_params(ctx.model)
-    size = measure_size(params, nonzero, ctx.base / "policy.tflite", ctx.base / "saved_model")
+    size = measure_size(params, nonzero, files.tflite, files.saved_model)
     ctx.log(f"[baseline] exported: TFLite {size.tflite_bytes} bytes ({size.tflite_gzip_bytes} gzipped)")
-    return {"artifacts": {"saved_model": "baseline/saved_model", "tflite": "baseline/policy.tflite"},
+    return {"artifacts": ctx.layout.artifacts(BASELINE),
             "size": size.to_dict()}
 
 
 def _evaluate_stage(ctx: RunContext) -> dict[str, Any]:
     """The deployed artifact (TFLite) on the fixed episode seeds."""
-
-    cfg = ctx.recipe.eval
-    stats = evaluate(TFLitePolicy(ctx.base / "policy.tflite").act, ctx.recipe.env, cfg.episodes, cfg.seed)
-    ctx.log(f"[baseline] return {stats.mean:.1f} ± {stats.std:.1f} over {cfg.episodes} episodes "
+    seeds = ctx.ranges.first
+    stats = evaluate(TFLitePolicy(ctx.layout.policy(BASELINE).tflite).act, ctx.recipe.env, len(seeds), seeds.start)
+    ctx.log(f"[baseline] return {stats.mean:.1f} ± {stats.std:.1f} over {len(seeds)} episodes "
             f"(95% CI {stats.ci95[0]:.1f}..{stats.ci95[1]:.1f})")
     return {"return": stats.to_dict(), "action_agreement": 1.0}
 
 
 def _random_stage(ctx: RunContext) -> dict[str, Any]:
     """A uniform-random policy on the same episode seeds: the floor of normalized scores."""
-
-    cfg = ctx.recipe.eval
-    stats = summarize(random_returns(ctx.recipe.env, range(cfg.seed, cfg.seed + cfg.episodes), ctx.info.n_actions))
+    stats = summarize(random_returns(ctx.recipe.env, ctx.ranges.first, ctx.info.n_actions))
     ctx.log(f"[random] return {stats.mean:.1f} ± {stats.std:.1f} (uniform-random actions, same episodes)")
     return {"return": stats.to_dict()}
 
 
 def _heldout_stage(ctx: RunContext) -> dict[str, Any]:
     """States from episodes (heldout_seed..) that no calibration, fine-tune or evaluation plays."""
-    save_arrays(ctx.base / "heldout_obs.npz", {"observations": heldout_states(ctx.base / "policy.tflite", ctx.recipe)})
-    return {"episodes": ctx.recipe.eval.heldout_episodes, "seed": ctx.recipe.eval.heldout_seed}
+    seeds = ctx.ranges.heldout
+    states = heldout_states(ctx.layout.policy(BASELINE).tflite, ctx.recipe.env, seeds)
+    save_arrays(ctx.layout.heldout, {"observations": states})
+    return {"episodes": len(seeds), "seed": seeds.start}
 
 
 BASELINE_STAGES = [Stage("train", _train_stage), Stage("export", _export_stage), Stage("evaluate", _evaluate_stage),
@@ -102,42 +102,40 @@ BASELINE_STAGES = [Stage("train", _train_stage), Stage("export", _export_stage),
 def train_baseline(ctx: RunContext) -> None:
     """The baseline stages: train (or load), export, evaluate, random policy, held-out states."""
     run_stages(ctx, BASELINE_STAGES)
-    shutil.rmtree(ctx.base / "checkpoints", ignore_errors=True)
+    shutil.rmtree(ctx.layout.checkpoints, ignore_errors=True)
 
 
-def _load_baseline(recipe: Recipe, info: Any, base: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def _load_baseline(recipe: Recipe, info: EnvInfo, layout: RunLayout, log: Callable[[str], None]) -> dict[str, Any]:
     """The train stage for a brought baseline: load and check it, then collect its data."""
-
     source = recipe.baseline
     model = load_model(source.from_, info)
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = base / f".tmp-model-{os.getpid()}.keras"  # tf_keras wants the suffix
+    layout.baseline.mkdir(parents=True, exist_ok=True)
+    tmp = layout.baseline / f".tmp-model-{os.getpid()}.keras"  # tf_keras wants the suffix
     model.save(str(tmp))
-    os.replace(tmp, base / "model.keras")
-    save_arrays(base / "weights.npz", model.get_weights())
+    os.replace(tmp, layout.keras_model)
+    save_arrays(layout.weights, model.get_weights())
     capacity = replay_capacity(recipe.train, recipe.replay, info)
-    root = run_root(source.from_)
+    other = RunLayout.find(source.from_)
     if source.transitions is not None:
         replay, data = load_transitions(source.transitions, info, capacity, recipe.seed)
-    elif root is not None:  # another run's baseline: the replay it trained on
-        replay, data = run_replay(root, info)
+    elif other is not None:  # another run's baseline: the replay it trained on
+        replay, data = run_replay(other.root, info)
     else:
         replay, data = rollout(model, recipe.env, info, source.rollout.steps, source.rollout.epsilon, capacity, recipe.seed)
-    save_arrays(base / "replay.npz", replay.state_dict())
+    save_arrays(layout.replay, replay.state_dict())
     log(f"[baseline] loaded {source.from_}; data: {data['kind']} ({replay.num_transitions} transitions)")
     return {
         "source": {"from": str(source.from_), "data": data,
-                   "sha256": file_digest(root / "baseline" / "weights.npz" if root else source.from_)},
+                   "sha256": file_digest(other.weights if other else source.from_)},
         "port_check": check_port(source.from_, model, replay, info),
         "replay_capacity": replay.capacity,
         "replay_nbytes": replay.nbytes,
     }
 
 
-def heldout_states(tflite: Path, recipe: Recipe, limit: int = 5000) -> Any:
+def heldout_states(tflite: Path, env: EnvConfig, seeds: range, limit: int = 5000) -> np.ndarray:
     """States the baseline visits greedily on the held-out episode seeds (at most `limit`, evenly
     subsampled with a fixed seed): where variants' actions are compared with the baseline's."""
-
     policy = TFLitePolicy(tflite)
     visited: list[Any] = []
 
@@ -145,7 +143,6 @@ def heldout_states(tflite: Path, recipe: Recipe, limit: int = 5000) -> Any:
         visited.append(np.array(obs))
         return policy.act(obs)
 
-    cfg = recipe.eval
-    run_episodes(act, recipe.env, range(cfg.heldout_seed, cfg.heldout_seed + cfg.heldout_episodes))
-    pick = np.random.default_rng(cfg.heldout_seed).choice(len(visited), size=min(len(visited), limit), replace=False)
+    run_episodes(act, env, seeds)
+    pick = np.random.default_rng(seeds.start).choice(len(visited), size=min(len(visited), limit), replace=False)
     return np.stack([visited[i] for i in sorted(pick)])

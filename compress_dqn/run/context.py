@@ -9,23 +9,25 @@ from typing import Any, Callable
 
 import numpy as np
 
-from compress_dqn._tf import configure_device
+from compress_dqn._tf import configure_device, tf_keras
 from compress_dqn.deploy.policy import TFLitePolicy
-from compress_dqn.envs.environment import probe_env
+from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.errors import UserError
-from compress_dqn.fileio import load_arrays, load_dict
+from compress_dqn.evaluation.ranges import EvalRanges
+from compress_dqn.fileio import load_dict
+from compress_dqn.port.run_dir import baseline_network
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run import resources
 from compress_dqn.run.rundir import prepare_run_dir
+from compress_dqn.store.layout import BASELINE, RunLayout
 from compress_dqn.store.stages import Stages
 
 
-def decisive_states(q_values: Any) -> Any:
+def decisive_states(q_values: np.ndarray) -> np.ndarray:
     """Held-out states where the baseline prefers its action clearly: its gap between the best and
     second-best Q-value is at least the median gap. Where actions are near-tied (a balanced pole, a
     landed lander) any rounding flips the argmax at no cost in return, so agreement there says
     little; agreement on these states says whether the variant keeps the baseline's decisions."""
-
     top_two = np.sort(q_values, axis=1)[:, -2:]
     gap = top_two[:, 1] - top_two[:, 0]
     return gap >= np.median(gap)
@@ -34,49 +36,40 @@ def decisive_states(q_values: Any) -> Any:
 @dataclass
 class RunContext:
     """What every stage of one seed's run reads: the recipe, the probed environment, the run
-    directory and its finished stages. Heavy objects (the baseline network, held-out states) are
-    loaded from the run directory on first use, so any stage can run alone in a fresh process."""
+    directory's layout and its finished stages. Heavy objects (the baseline network, held-out states)
+    are loaded from the run directory on first use, so any stage can run alone in a fresh process."""
 
     recipe: Recipe
     run_dir: Path
-    info: Any
+    info: EnvInfo
     stages: Stages
     log: Callable[[str], None] = print
     quiet: bool = False
     device: str = "cpu"
 
-    @property
-    def base(self) -> Path:
-        return self.run_dir / "baseline"
-
-    def folder(self, name: str) -> Path:
-        """Where a policy's artifacts live: baseline/ or variants/NAME/."""
-        return self.base if name == "baseline" else self.run_dir / "variants" / name
+    @cached_property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.run_dir)
 
     @cached_property
-    def model(self) -> Any:
+    def ranges(self) -> EvalRanges:
+        """The episode seeds every stage of this run plays."""
+        return EvalRanges.of(self.recipe.eval)
+
+    @cached_property
+    def model(self) -> tf_keras.Model:
         """The baseline Q-network (tf_keras), with its trained weights."""
-        if self.recipe.baseline is not None:
-            from compress_dqn.port.baseline import load_model
-
-            model = load_model(self.base / "model.keras", self.info)
-        else:
-            from compress_dqn.rl.networks import network_for
-
-            model = network_for(self.info, self.recipe.train)
-        model.set_weights(load_arrays(self.base / "weights.npz"))
-        return model
+        return baseline_network(self.layout, self.recipe, self.info)
 
     @cached_property
-    def heldout(self) -> Any:
+    def heldout(self) -> np.ndarray:
         """States from the held-out episodes (action agreement and latency are measured on them)."""
-        return load_dict(self.base / "heldout_obs.npz")["observations"]
+        return load_dict(self.layout.heldout)["observations"]
 
     @cached_property
-    def reference(self) -> tuple[Any, Any]:
+    def reference(self) -> tuple[np.ndarray, np.ndarray]:
         """The baseline TFLite policy's actions on the held-out states, and which states are decisive."""
-
-        policy = TFLitePolicy(self.base / "policy.tflite")
+        policy = TFLitePolicy(self.layout.policy(BASELINE).tflite)
         return policy.actions(self.heldout), decisive_states(policy.q_values(self.heldout))
 
 
@@ -100,7 +93,6 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
 
     The environment is probed before anything is written: a bad id leaves no run directory behind.
     """
-
     run_dir = Path(run_dir)
     info = probe_env(recipe.env)
     if run_dir.exists() and not run_dir.is_dir():
@@ -118,6 +110,5 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
 
 def reopen_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunContext:
     """The context of a run directory that open_run prepared (for a unit that runs one of its stages)."""
-
     run_dir = Path(run_dir)
     return RunContext(recipe, run_dir, probe_env(recipe.env), Stages(run_dir), log, quiet, configure_device(recipe.device))

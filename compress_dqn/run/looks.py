@@ -21,11 +21,12 @@ def _play(ctx: RunContext, wanted: dict[str, tuple[str | None, int, int]], worke
     pieces = worker_count(sum(after - before for _, before, after in wanted.values()), workers)
     chunks = []  # (key, first episode, episodes, what the unit plays)
     for key, (name, before, after) in wanted.items():
-        tflite = None if name is None else str(ctx.folder(name) / "policy.tflite")
+        tflite = None if name is None else str(ctx.layout.policy(name).tflite)
         size = -(-(after - before) // pieces)
         for first in range(before, after, size):
             count = min(size, after - first)
-            chunks.append((key, first, count, (env_data, tflite, ctx.info.n_actions, ctx.recipe.eval.seed + first, count)))
+            seeds = ctx.ranges.episode_seeds(first, first + count)
+            chunks.append((key, first, count, (env_data, tflite, ctx.info.n_actions, seeds.start, count)))
     chunks.sort(key=lambda chunk: -chunk[2])
     results = map_units(play_unit, [chunk[3] for chunk in chunks], ctx.recipe.executor,
                         worker_count(len(chunks), workers), ctx.recipe.address)
@@ -56,10 +57,10 @@ def reference_episodes(ctx: RunContext, upto: int) -> dict[str, list[float]]:
     """The baseline's and the random policy's first `upto` episode returns (a look count), played
     once per look (stage "reference:N") and shared by every variant paired with them."""
 
-    cfg, done = ctx.recipe.eval, ctx.stages.done
+    done = ctx.stages.done
     episodes = {"baseline": list(done["evaluate"]["return"]["episodes"]),
                 "random": list(done["random"]["return"]["episodes"])}
-    plan, _ = sequential_plan(cfg.episodes, cfg.max_episodes)
+    plan = ctx.ranges.looks
     for before, after in zip(plan, plan[1:]):
         if after > upto:
             break

@@ -15,6 +15,7 @@ from compress_dqn.export.saved_model import SavedModelPolicy, gpu_note, measure_
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run.context import RunContext, Stage
 from compress_dqn.store import stage_keys as keys
+from compress_dqn.store.layout import BASELINE, PolicyFiles
 
 LATENCY_SECONDS = 0.5
 """Timed calls per runtime and policy stop after this long, once 500 are in (measure_latency)."""
@@ -26,30 +27,28 @@ PROBE_ERRORS = (RuntimeError, OSError, subprocess.SubprocessError)
 
 def measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
     """Batch-1 latency, inference memory per runtime, GPU figures and microcontroller cost of one policy."""
-
-    folder = ctx.folder(name)
+    files = ctx.layout.policy(name)
     latency = {
-        "tflite": measure_latency(TFLitePolicy(folder / "policy.tflite"), ctx.heldout, seconds=LATENCY_SECONDS).to_dict(),
-        "saved_model": measure_latency(SavedModelPolicy(folder / "saved_model"), ctx.heldout,
+        "tflite": measure_latency(TFLitePolicy(files.tflite), ctx.heldout, seconds=LATENCY_SECONDS).to_dict(),
+        "saved_model": measure_latency(SavedModelPolicy(files.saved_model), ctx.heldout,
                                        seconds=LATENCY_SECONDS).to_dict(),
     }
-    memory = ctx.stages.done.get(keys.memory(name)) or probe_policy_memory(folder, probes_saved_model(ctx.recipe, name))
-    on_gpu = measure_gpu(folder / "saved_model", ctx.heldout, seconds=LATENCY_SECONDS)
+    memory = ctx.stages.done.get(keys.memory(name)) or probe_policy_memory(files, probes_saved_model(ctx.recipe, name))
+    on_gpu = measure_gpu(files.saved_model, ctx.heldout, seconds=LATENCY_SECONDS)
     tf_rss = memory["saved_model"] and f"{memory['saved_model']['peak_rss'] / 2**20:.0f} MiB"
     ctx.log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
             f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {tf_rss or 'not probed (measure.saved_model_memory)'}")
     return {"latency_us": {"cpu": latency, "gpu": on_gpu and {"saved_model": on_gpu["latency_us"]}},
             "memory_bytes": {"cpu_rss": memory, "gpu_peak": on_gpu and on_gpu["peak_bytes"]},
-            "micro": micro_figures(folder / "policy.tflite"),
+            "micro": micro_figures(files.tflite),
             "gpu_note": gpu_note()}
 
 
-def probe_policy_memory(folder: Path, saved_model: bool) -> dict[str, Any]:
-    """Peak RSS of a fresh process acting with the policy in `folder`, per runtime; the SavedModel's
+def probe_policy_memory(files: PolicyFiles, saved_model: bool) -> dict[str, Any]:
+    """Peak RSS of a fresh process acting with the policy in `files`, per runtime; the SavedModel's
     is None when `saved_model` is False (see probes_saved_model)."""
-
-    return {"tflite": measure_memory(folder / "policy.tflite", "tflite"),
-            "saved_model": measure_memory(folder / "saved_model", "saved_model") if saved_model else None}
+    return {"tflite": measure_memory(files.tflite, "tflite"),
+            "saved_model": measure_memory(files.saved_model, "saved_model") if saved_model else None}
 
 
 def probes_saved_model(recipe: Recipe, name: str) -> bool:
@@ -68,7 +67,7 @@ def probe_memory(ctx: RunContext, workers: int = 1) -> None:
     todo = [name for name in policy_names(ctx.recipe)
             if keys.memory(name) not in ctx.stages.done and keys.measure(name) not in ctx.stages.done]
     with ThreadPoolExecutor(max(1, workers)) as pool:  # threads: each waits on its probe process
-        futures = {pool.submit(probe_policy_memory, ctx.folder(name), probes_saved_model(ctx.recipe, name)): name
+        futures = {pool.submit(probe_policy_memory, ctx.layout.policy(name), probes_saved_model(ctx.recipe, name)): name
                    for name in todo}
         for future in as_completed(futures):
             ctx.stages.finish(keys.memory(futures[future]), future.result())

@@ -17,19 +17,21 @@ from typing import Any
 import numpy as np
 
 from compress_dqn._tf import configure_threads, set_seed, tf_keras
-from compress_dqn.compress.build import build_cost, build_variant
+from compress_dqn.compress.build import BuiltVariant, build_cost, build_variant
+from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.evaluation.measure import measure_size
 from compress_dqn.evaluation.play import evaluate
 from compress_dqn.export.writers import export_policy
 from compress_dqn.fileio import replace_dir
 from compress_dqn.recipe.schema import Recipe, VariantConfig, recipe_from_data
-from compress_dqn.replay.buffer import load_replay
+from compress_dqn.replay.buffer import ReplayBuffer, load_replay
 from compress_dqn.run import resources
 from compress_dqn.run.context import RunContext, Stage, reopen_run, run_stages
 from compress_dqn.run.executors import map_units, start_local_pool, worker_count
 from compress_dqn.run.measuring import PROBE_ERRORS, probe_policy_memory, probes_saved_model
 from compress_dqn.store import stage_keys as keys
+from compress_dqn.store.layout import BASELINE, PolicyFiles, RunLayout
 
 
 def variant_seed(seed: int, name: str) -> int:
@@ -37,41 +39,38 @@ def variant_seed(seed: int, name: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**31
 
 
-def _load_replay(path: Path, info: Any) -> Any:
+def _load_replay(path: Path, info: EnvInfo) -> ReplayBuffer:
     """The baseline's final replay buffer, fresh for each variant (so each is reproducible alone)."""
-
     return load_replay(path, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack)
 
 
-def _evaluate(tflite: Path, recipe: Recipe, heldout: Any, baseline_actions: Any, decisive: Any) -> dict[str, Any]:
+def _evaluate(tflite: Path, ctx: RunContext) -> dict[str, Any]:
     """Return statistics on the shared episode seeds, and agreement with the baseline's actions."""
-
-    policy = TFLitePolicy(tflite)
-    stats = evaluate(policy.act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
-    actions = policy.actions(heldout)
+    policy, seeds = TFLitePolicy(tflite), ctx.ranges.first
+    baseline_actions, decisive = ctx.reference
+    stats = evaluate(policy.act, ctx.recipe.env, len(seeds), seeds.start)
+    actions = policy.actions(ctx.heldout)
     same = actions == baseline_actions
     return {"return": stats.to_dict(), "action_agreement": float(np.mean(same)),
             "action_agreement_decisive": float(np.mean(same[decisive]))}
 
 
-def variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
+def variant_stage(variant: VariantConfig, ctx: RunContext) -> dict[str, Any]:
     """Build one variant from the baseline (the best of its candidates where it has some), export
     it, evaluate it on the shared seeds."""
-
     started = time.perf_counter()
-    out = ctx.folder(variant.name)
+    out = ctx.layout.policy(variant.name)
     if variant.candidates is None:
-        built, exported = _build_and_export(variant, ctx, out, ctx.run_dir / "variants" / "_shared")
+        built, exported = _build_and_export(variant, ctx, out, ctx.layout.shared_pruning)
         picked = {}
     else:
         built, exported, picked = _pick_candidate(variant, ctx, out)
-    size = measure_size(built.params, built.nonzero_params, out / "policy.tflite", out / "saved_model")
-    evaluated = _evaluate(out / "policy.tflite", ctx.recipe, ctx.heldout, *ctx.reference)
+    size = measure_size(built.params, built.nonzero_params, out.tflite, out.saved_model)
+    evaluated = _evaluate(out.tflite, ctx)
     ctx.log(f"[{variant.name}] return {evaluated['return']['mean']:.1f}, TFLite {size.tflite_bytes} bytes "
             f"({size.tflite_gzip_bytes} gzipped), agreement {evaluated['action_agreement']:.3f}")
     return {
-        "artifacts": {"saved_model": f"variants/{variant.name}/saved_model",
-                      "tflite": f"variants/{variant.name}/policy.tflite"},
+        "artifacts": ctx.layout.artifacts(variant.name),
         "size": size.to_dict(),
         **evaluated,
         "compression": {**variant.model_dump(mode="json", exclude_none=True, exclude={"name"}), **picked,
@@ -80,18 +79,18 @@ def variant_stage(variant: Any, ctx: RunContext) -> dict[str, Any]:
     }
 
 
-def _build_and_export(variant: Any, ctx: RunContext, out: Path, shared: Path | None) -> tuple[Any, dict[str, Any]]:
+def _build_and_export(variant: VariantConfig, ctx: RunContext, out: PolicyFiles,
+                      shared: Path | None) -> tuple[BuiltVariant, dict[str, bool]]:
     """Build `variant` from the baseline and export it into `out`: (BuiltVariant, export_policy's info)."""
-
     baseline = ctx.model  # loaded (on first use) before the seed: loading draws initial weights
     # Fresh Keras name counters and a seed from the recipe and the variant's name alone: a variant
     # rebuilt after a crash, alone, or after other units in the same worker process gets the same
     # weights and the same layer (so TFLite tensor) names, hence the same bytes.
     tf_keras.backend.clear_session()
     set_seed(variant_seed(ctx.recipe.seed, variant.name))
-    built = build_variant(variant, baseline, _load_replay(ctx.base / "replay.npz", ctx.info), ctx.recipe, ctx.info,
+    built = build_variant(variant, baseline, _load_replay(ctx.layout.replay, ctx.info), ctx.recipe, ctx.info,
                           quiet=ctx.quiet, shared=shared)
-    return built, export_policy(built.export_model, ctx.info, out, built, ctx.heldout[:500])
+    return built, export_policy(built.export_model, ctx.info, out.folder, built, ctx.heldout[:500])
 
 
 def candidate_name(name: str, k: int) -> str:
@@ -99,34 +98,34 @@ def candidate_name(name: str, k: int) -> str:
     return f"{name}.c{k}"
 
 
-def _pick_candidate(variant: Any, ctx: RunContext, out: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+def _pick_candidate(variant: VariantConfig, ctx: RunContext,
+                    out: PolicyFiles) -> tuple[BuiltVariant, dict[str, bool], dict[str, Any]]:
     """Build each of variant.candidates.count candidates into out/candidates/, play each and the
     baseline on the same fresh episodes, and move the best one's files into `out` (the first of
     equals). Returns its (BuiltVariant, export info) and the pick's record for results.json."""
-
     cfg = variant.candidates
 
-    def play(tflite: Path) -> Any:
+    def play(tflite: Path) -> np.ndarray:
         return np.asarray(evaluate(TFLitePolicy(tflite).act, ctx.recipe.env, cfg.episodes, cfg.seed).episodes)
 
-    baseline = play(ctx.base / "policy.tflite")
+    baseline = play(ctx.layout.policy(BASELINE).tflite)
     differences: list[float] = []
     best: tuple[int, Any, dict[str, Any]] | None = None
     for k in range(cfg.count):
         name = candidate_name(variant.name, k)
         # No shared pruning: candidates that loaded one pruning would all be the same build.
         built, exported = _build_and_export(variant.model_copy(update={"name": name, "candidates": None}),
-                                            ctx, out / "candidates" / name, shared=None)
-        differences.append(float(np.mean(play(out / "candidates" / name / "policy.tflite") - baseline)))
+                                            ctx, out.candidate(name), shared=None)
+        differences.append(float(np.mean(play(out.candidate(name).tflite) - baseline)))
         ctx.log(f"[{variant.name}] candidate {k}: {differences[-1]:+.1f} against the baseline on "
                 f"{cfg.episodes} fresh episodes")
         if best is None or differences[-1] > differences[best[0]]:
             best = (k, built, exported)
     k, built, exported = best
-    chosen = out / "candidates" / candidate_name(variant.name, k)
-    replace_dir(chosen / "saved_model", out / "saved_model")
-    os.replace(chosen / "policy.tflite", out / "policy.tflite")
-    shutil.rmtree(out / "candidates")
+    chosen = out.candidate(candidate_name(variant.name, k))
+    replace_dir(chosen.saved_model, out.saved_model)
+    os.replace(chosen.tflite, out.tflite)
+    shutil.rmtree(out.candidates)
     record = {**cfg.model_dump(mode="json"), "picked": k, "fresh_differences": [round(d, 3) for d in differences]}
     return built, exported, {"candidates": record}
 
@@ -154,7 +153,7 @@ def variant_and_memory_unit(recipe_data: dict[str, Any], run_dir: str, variant_d
     depend on what else runs, so it can overlap other builds rather than wait for all of them."""
     outputs = variant_unit(recipe_data, run_dir, variant_data, quiet)
     try:
-        memory = probe_policy_memory(Path(run_dir) / "variants" / variant_data["name"], saved_model)
+        memory = probe_policy_memory(RunLayout(Path(run_dir)).policy(variant_data["name"]), saved_model)
     except PROBE_ERRORS:  # the build is kept; probe_memory tries again
         memory = None
     return {"variant": outputs, "memory": memory}
@@ -197,13 +196,13 @@ def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
             ctx.stages.finish(keys.memory(todo[i].name), outputs["memory"])
 
     with ThreadPoolExecutor(1) as side:  # a thread: it waits on the probe's own process
-        probing = [] if {keys.memory("baseline"), keys.measure("baseline")} & set(ctx.stages.done) else [
-            side.submit(probe_policy_memory, ctx.base, probes_saved_model(ctx.recipe, "baseline"))]
+        probing = [] if {keys.memory(BASELINE), keys.measure(BASELINE)} & set(ctx.stages.done) else [
+            side.submit(probe_policy_memory, ctx.layout.policy(BASELINE), probes_saved_model(ctx.recipe, BASELINE))]
         map_units(variant_and_memory_unit, units, ctx.recipe.executor, workers, ctx.recipe.address,
                   on_result=record, pool=pool)
         for future in probing:
             try:
-                ctx.stages.finish(keys.memory("baseline"), future.result())
+                ctx.stages.finish(keys.memory(BASELINE), future.result())
             except PROBE_ERRORS:
                 pass  # probe_memory tries again after the looks
 

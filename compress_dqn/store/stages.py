@@ -8,6 +8,7 @@ from typing import Any
 
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_text_atomic
+from compress_dqn.store.layout import RunLayout
 from compress_dqn.store.stage_keys import PER_POLICY_KINDS, StageKey
 
 
@@ -23,7 +24,8 @@ class Stages:
     """stages.json: each finished stage's outputs; written atomically after every stage."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "stages.json"
+        self.layout = RunLayout(run_dir)
+        self.path = self.layout.stages
         try:
             self.done: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
         except (ValueError, UnicodeDecodeError):
@@ -57,7 +59,7 @@ class Stages:
         a lost baseline), with the stages built on it, so that a resume redoes them instead of
         finishing a run whose results point at nothing. Returns the stages forgotten."""
         def missing(name: str, outputs: Any) -> bool:
-            files = ["baseline/weights.npz", "baseline/replay.npz"] if name == "train" else []
+            files = [self.layout.relative(f) for f in (self.layout.weights, self.layout.replay)] if name == "train" else []
             if isinstance(outputs, dict) and isinstance(outputs.get("artifacts"), dict):
                 files += [f for f in outputs["artifacts"].values() if isinstance(f, str)]
             return any(not (run_dir / f).exists() for f in files)
