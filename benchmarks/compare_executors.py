@@ -48,7 +48,7 @@ def main() -> None:
     if args.search:
         args.overrides = [*TINY_SEARCH, *args.overrides]
 
-    from compress_dqn.run.manifest import run_fingerprint
+    from compress_dqn.store.manifest import run_fingerprint
     from compress_dqn.run.seeds import run_seeds
     from compress_dqn.recipe.schema import load_recipe
     from compress_dqn.run.search import run_search, search_fingerprint

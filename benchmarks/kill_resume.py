@@ -68,7 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.kills = 1
-    from compress_dqn.run.manifest import run_fingerprint
+    from compress_dqn.store.manifest import run_fingerprint
     from compress_dqn.run.search import search_fingerprint
 
     fingerprint = search_fingerprint if args.search else run_fingerprint

@@ -74,10 +74,12 @@ def _load(recipe: str, seed: int | None, overrides: tuple[str, ...]):
     return loaded
 
 
-def _echo_outcome(outcome: Any, baseline_return: float) -> None:
-    click.echo(json.dumps({"run_dir": str(outcome.run_dir), "baseline_return": baseline_return,
-                           "report": str(outcome.run_dir / "report.md"),
-                           "results": str(outcome.run_dir / "results.json")}))
+def _echo_outcome(outcome: Any) -> None:
+    from compress_dqn.store.layout import RunLayout
+
+    layout = RunLayout(outcome.run_dir)
+    click.echo(json.dumps({"run_dir": str(layout.root), "baseline_return": outcome.baseline_return,
+                           "report": str(layout.report), "results": str(layout.results)}))
 
 
 _set_option = click.option(
@@ -97,22 +99,9 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
     """Train, export and evaluate the recipe's policies; writes RUN_DIR/results.json."""
     loaded = _load(recipe, seed, overrides)
     run_dir = out or Path("runs") / (loaded.name if seed is None else f"{loaded.name}-seed{seed}")
-    from compress_dqn.run.pipeline import run as run_pipeline
-    from compress_dqn.run.seeds import run_seeds
+    from compress_dqn.run.entry import run_recipe
 
-    log = lambda m: click.echo(m, err=True)  # noqa: E731
-    if loaded.search:
-        from compress_dqn.run.search import run_search
-
-        outcome = run_search(loaded, run_dir, quiet=quiet, log=log)
-        baseline_return = outcome.results.aggregate[0].iqm_return
-    elif loaded.seeds:
-        outcome = run_seeds(loaded, run_dir, quiet=quiet, log=log)
-        baseline_return = outcome.results.aggregate[0].iqm_return
-    else:
-        outcome = run_pipeline(loaded, run_dir, quiet=quiet, log=log)
-        baseline_return = outcome.results.baseline.returns["mean"]
-    _echo_outcome(outcome, baseline_return)
+    _echo_outcome(run_recipe(loaded, run_dir, quiet=quiet, log=lambda m: click.echo(m, err=True)))
 
 
 def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_steps: int, epsilon: float,
@@ -193,11 +182,11 @@ def compress(model: Path, env_id: str, variants: str, out: Path | None, transiti
                                          max_episodes, seed)
     data["variants"] = [{"name": n, **preset_for(n, keep_dense, flat)} for n in names]
     from compress_dqn.recipe.schema import recipe_from_data
-    from compress_dqn.run.pipeline import run as run_pipeline
+    from compress_dqn.run.entry import run_recipe
 
     recipe = recipe_from_data(data, "compress", overrides)
-    outcome = run_pipeline(recipe, out or Path("runs") / data["name"], quiet=quiet, log=lambda m: click.echo(m, err=True))
-    _echo_outcome(outcome, outcome.results.baseline.returns["mean"])
+    _echo_outcome(run_recipe(recipe, out or Path("runs") / data["name"], quiet=quiet,
+                             log=lambda m: click.echo(m, err=True)))
 
 
 def _students(text: str) -> list[Any]:
@@ -240,12 +229,11 @@ def search(model: Path, env_id: str, out: Path | None, transitions: Path | None,
     data["search"] = {"objective": objective, "students": widths, "sparsities": targets, "prune_exclude": keep_dense,
                       **search_defaults(flat)}
     from compress_dqn.recipe.schema import recipe_from_data
-    from compress_dqn.run.search import run_search
+    from compress_dqn.run.entry import run_recipe
 
     recipe = recipe_from_data(data, "search", overrides)
-    outcome = run_search(recipe, out or Path("runs") / f"{data['name']}-search", quiet=quiet,
-                         log=lambda m: click.echo(m, err=True))
-    _echo_outcome(outcome, outcome.results.aggregate[0].iqm_return)
+    _echo_outcome(run_recipe(recipe, out or Path("runs") / f"{data['name']}-search", quiet=quiet,
+                             log=lambda m: click.echo(m, err=True)))
 
 
 @main.command()
@@ -291,7 +279,7 @@ def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) 
     from compress_dqn.evaluation.play import evaluate as run_evaluation
     from compress_dqn.export.loading import load_policy
     from compress_dqn.recipe.schema import EnvConfig
-    from compress_dqn.run.manifest import check_artifact
+    from compress_dqn.store.manifest import check_artifact
 
     check_artifact(policy)
     if runtime == "micro":
@@ -319,10 +307,11 @@ def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) 
 def report(run_dir: Path) -> None:
     """Re-render results.csv, report.md, report.html and the plots from RUN_DIR/results.json."""
     from compress_dqn.evaluation.report import write_report
-    from compress_dqn.run.manifest import MANIFEST, write_manifest
-    from compress_dqn.run.manifest import verify as verify_run
+    from compress_dqn.store.layout import RunLayout
+    from compress_dqn.store.manifest import verify as verify_run
+    from compress_dqn.store.manifest import write_manifest
 
-    finished = (run_dir / MANIFEST).is_file()
+    finished = RunLayout(run_dir).manifest.is_file()
     if finished:  # the manifest is rewritten below: never sign altered artifacts into it
         problems = verify_run(run_dir)
         if problems:
@@ -339,8 +328,8 @@ def report(run_dir: Path) -> None:
 @_user_errors
 def verify(run_dir: Path) -> None:
     """Check every artifact of a finished run against RUN_DIR/manifest.json (SHA-256 and size)."""
-    from compress_dqn.run.manifest import read_manifest
-    from compress_dqn.run.manifest import verify as verify_run
+    from compress_dqn.store.manifest import read_manifest
+    from compress_dqn.store.manifest import verify as verify_run
 
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such directory; pass a run directory written by compress-dqn run")
@@ -369,7 +358,7 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
         measure_memory,
     )
     from compress_dqn.export.loading import load_policy
-    from compress_dqn.run.manifest import check_artifact
+    from compress_dqn.store.manifest import check_artifact
 
     check_artifact(policy)
     loaded = load_policy(policy)
@@ -406,7 +395,7 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
 @_user_errors
 def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None, tflm_compress: bool) -> None:
     """Export a .tflite policy to ship (tflite) or for a microcontroller with measured flash and RAM (micro); prints JSON."""
-    from compress_dqn.run.manifest import check_artifact
+    from compress_dqn.store.manifest import check_artifact
 
     check_artifact(policy)
     if target == "tflite":

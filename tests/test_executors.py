@@ -11,7 +11,7 @@ import pytest
 
 from compress_dqn.errors import UserError
 from compress_dqn.run.executors import map_units, start_local_pool, threads_per_worker, worker_count
-from compress_dqn.run.manifest import run_fingerprint
+from compress_dqn.store.manifest import run_fingerprint
 from compress_dqn.recipe.schema import load_recipe
 
 from conftest import NO_TF_MEMORY, TINY

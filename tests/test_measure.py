@@ -123,8 +123,8 @@ def test_gpu_measurement_path_records_latency_and_peak(artifacts, monkeypatch):
     monkeypatch.setattr(tf.config.experimental, "get_memory_info",
                         lambda device: calls.append(("read", device)) or {"current": 1, "peak": 12345})
     result = measure_gpu(out / "sm", obs, calls=200)
-    assert result["peak_bytes"] == 12345 and result["device"] == "GPU:0"
-    assert result["latency_us"]["p50"] > 0
+    assert result.peak_bytes == 12345 and result.device == "GPU:0"
+    assert result.latency.p50 > 0
     assert calls == [("reset", "GPU:0"), ("read", "GPU:0")]  # reset before loading, read after acting
 
 

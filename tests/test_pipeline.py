@@ -15,7 +15,7 @@ from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.run.pipeline import run
 from compress_dqn.recipe.schema import load_recipe
 
-from conftest import NO_TF_MEMORY, TINY
+from conftest import NO_TF_MEMORY, TINY, variant
 
 VARIANTS = ('variants=[{name: ptq-float16, quantize: {mode: float16}}, '
             '{name: student-8-int8, student: {net_arch: [8]}, quantize: {mode: int8, calibration_samples: 50}, '
@@ -28,7 +28,7 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
     finished by two pool workers: the set-up of both checks is the same trained baseline."""
     import shutil
 
-    from compress_dqn.run.manifest import run_fingerprint
+    from compress_dqn.store.manifest import run_fingerprint
     from compress_dqn.run.baseline_stages import train_baseline
     from compress_dqn.run.context import open_run, reopen_run
     from compress_dqn.run.pipeline import finish_run
@@ -41,9 +41,9 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
         calls.append((env.id, episodes, seed))
         return real_evaluate(act, env, episodes, seed)
 
-    def play_spy(env_data, tflite, n_actions, first_seed, count):
+    def play_spy(env, tflite, n_actions, first_seed, count):
         plays.append((tflite and Path(tflite).parent.name, first_seed, count))
-        return real_play(env_data, tflite, n_actions, first_seed, count)
+        return real_play(env, tflite, n_actions, first_seed, count)
 
     def undecided_until_20(variant, baseline, tolerance=0.01, random=None, confidence=0.95):
         out = real_paired(variant, baseline, tolerance, random, confidence)
@@ -257,10 +257,11 @@ def test_a_failed_memory_probe_keeps_the_variant_it_follows(monkeypatch):
     def failing_probe(folder, saved_model):
         raise RuntimeError(f"memory probe for {folder} failed: killed")
 
-    monkeypatch.setattr(variants, "variant_unit", lambda *args: {"size": {"tflite_bytes": 1}})
+    built = object()  # what the build returned, passed through untouched
+    monkeypatch.setattr(variants, "variant_unit", lambda *args: built)
     monkeypatch.setattr(variants, "probe_policy_memory", failing_probe)
-    out = variants.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, True)
-    assert out == {"variant": {"size": {"tflite_bytes": 1}}, "memory": None}
+    out = variants.variant_and_memory_unit(None, "/tmp/run", variant(None, name="ptq-int8", quantize={"mode": "int8"}), True, True)
+    assert out == (built, None)
 
 
 def test_a_variant_unit_probes_tensorflow_memory_only_where_the_recipe_asks(monkeypatch):
@@ -269,12 +270,14 @@ def test_a_variant_unit_probes_tensorflow_memory_only_where_the_recipe_asks(monk
     from compress_dqn.run import measuring, variants
 
     probed = []
-    monkeypatch.setattr(measuring, "measure_memory", lambda path, runtime: probed.append((path.name, runtime)) or {"peak_rss": 1})
-    monkeypatch.setattr(variants, "variant_unit", lambda *args: {"size": {}})
-    out = variants.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, False)
-    assert out["memory"] == {"tflite": {"peak_rss": 1}, "saved_model": None} and probed == [("policy.tflite", "tflite")]
+    probe = {"runtime": "tflite", "steps": 1, "process_baseline_rss": 1, "peak_rss": 2, "policy_rss": 1,
+             "imports_tensorflow": False}
+    monkeypatch.setattr(measuring, "measure_memory", lambda path, runtime: probed.append((path.name, runtime)) or probe)
+    monkeypatch.setattr(variants, "variant_unit", lambda *args: None)
+    _, memory = variants.variant_and_memory_unit(None, "/tmp/run", variant(None, name="ptq-int8", quantize={"mode": "int8"}), True, False)
+    assert memory.tflite.peak_rss == 2 and memory.saved_model is None and probed == [("policy.tflite", "tflite")]
     probed.clear()
-    variants.variant_and_memory_unit({}, "/tmp/run", {"name": "ptq-int8"}, True, True)
+    variants.variant_and_memory_unit(None, "/tmp/run", variant(None, name="ptq-int8", quantize={"mode": "int8"}), True, True)
     assert probed == [("policy.tflite", "tflite"), ("saved_model", "saved_model")]
 
     default = load_recipe(TINY, [VARIANTS])

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from compress_dqn.cli import main
 from compress_dqn.errors import UserError
-from compress_dqn.run.manifest import run_fingerprint
+from compress_dqn.store.manifest import run_fingerprint
 from compress_dqn.recipe.schema import load_recipe
 
 from conftest import FINISHED_OVERRIDES, NO_TF_MEMORY, ROOT, TINY
@@ -157,7 +157,7 @@ def test_report_does_not_sign_an_altered_policy_into_the_manifest(finished_run, 
 
 
 def test_only_the_baselines_checkpoints_are_left_out_of_the_manifest(tmp_path):
-    from compress_dqn.run.manifest import verify, write_manifest
+    from compress_dqn.store.manifest import verify, write_manifest
 
     for rel in ["baseline/checkpoints/step-1/weights.npz", "variants/checkpoints/policy.tflite",
                 "variants/x/.tmp-export-1/saved_model.pb", "results.json"]:
@@ -307,7 +307,7 @@ def test_resume_rebuilds_a_finished_stage_whose_files_are_gone(finished_run, tmp
     variant was done, so the resumed run wrote results and a clean manifest pointing at nothing."""
     import shutil
 
-    from compress_dqn.run.manifest import verify
+    from compress_dqn.store.manifest import verify
     from compress_dqn.run.pipeline import run
 
     run_dir = _copy(finished_run, tmp_path)
@@ -324,20 +324,24 @@ def test_resume_rebuilds_a_finished_stage_whose_files_are_gone(finished_run, tmp
 
 
 def test_forget_missing_drops_only_what_was_built_on_the_lost_files(tmp_path):
+    from compress_dqn.evaluation.figures import Record
     from compress_dqn.store.stages import Stages
+
+    class Outputs(Record):
+        artifacts: dict[str, str] | None = None
 
     def artifacts(folder):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
         (tmp_path / folder / "policy.tflite").write_bytes(b"x")
-        return {"artifacts": {"tflite": f"{folder}/policy.tflite"}}
+        return Outputs(artifacts={"tflite": f"{folder}/policy.tflite"})
 
     (tmp_path / "baseline").mkdir()
     for name in ("weights.npz", "replay.npz"):
         (tmp_path / "baseline" / name).write_bytes(b"x")
     stages = Stages(tmp_path)
-    for name, outputs in [("train", {}), ("export", artifacts("baseline")), ("variant:a", artifacts("variants/a")),
-                          ("memory:a", {}), ("variant:b", artifacts("variants/b")), ("reference:200", {}),
-                          ("look:200:a", {}), ("look:200:b", {}), ("measure:a", {})]:
+    for name, outputs in [("train", Outputs()), ("export", artifacts("baseline")), ("variant:a", artifacts("variants/a")),
+                          ("memory:a", Outputs()), ("variant:b", artifacts("variants/b")), ("reference:200", Outputs()),
+                          ("look:200:a", Outputs()), ("look:200:b", Outputs()), ("measure:a", Outputs())]:
         stages.finish(name, outputs)
     assert stages.forget_missing(tmp_path) == []
     (tmp_path / "variants" / "a" / "policy.tflite").unlink()

@@ -254,3 +254,62 @@ class Comparison(Record):
     def label(self) -> str:
         """The verdict as results.json and the report write it ("within 1%")."""
         return self.verdict.label(self.tolerance)
+
+
+class PortCheckRecord(Record):
+    """A policy brought from another framework: its ported Q-values against the source's own runtime
+    (results.json train.port_check; absent for a Keras file or a trained baseline)."""
+
+    format: str
+    checked: bool
+    states: int
+    notes: list[str] = Field(default_factory=list)
+    runtime: str | None = None
+    max_abs_q_diff: float | None = None
+    action_agreement: float | None = None
+    reason: str | None = None
+
+    def summary(self) -> str:
+        """One line for the report."""
+        if not self.checked:
+            return f"Port from {self.format}: {self.reason}."
+        return (f"Port from {self.format} checked against {self.runtime} on {self.states} states: largest "
+                f"|dQ| {self.max_abs_q_diff:.2g}, greedy-action agreement {self.action_agreement:.3f}.")
+
+
+class BroughtData(OpenRecord):
+    """What a brought baseline was compressed with: a rollout of it, an .npz of transitions, or the
+    replay buffer of the run it came from (`kind` says which; each kind adds its own figures)."""
+
+    kind: str
+
+
+class BroughtSource(Record):
+    """Where a brought baseline came from: the file or run, its SHA-256, and the data."""
+
+    source_from: str = Field(alias="from")
+    data: BroughtData
+    sha256: str
+
+
+class TrainRecord(Record):
+    """The baseline's train stage (results.json `train`): a trained baseline's training figures, or a
+    brought one's source and port check. Both record the replay buffer that variants build from."""
+
+    omit_unset: ClassVar[frozenset[str]] = frozenset(
+        {"env_steps", "gradient_steps", "episodes", "wall_seconds", "env_steps_per_second", "resumed_from_step",
+         "selected_step", "selected_eval_return", "device", "dtype_policy", "source", "port_check"})
+    env_steps: int | None = None
+    gradient_steps: int | None = None
+    episodes: int | None = None
+    wall_seconds: float | None = None
+    env_steps_per_second: float | None = None
+    resumed_from_step: int | None = None
+    selected_step: int | None = None
+    selected_eval_return: float | None = None
+    source: BroughtSource | None = None
+    port_check: PortCheckRecord | None = None
+    replay_capacity: int
+    replay_nbytes: int
+    device: str | None = None
+    dtype_policy: str | None = None

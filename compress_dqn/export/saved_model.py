@@ -5,14 +5,15 @@ A SavedModel is code: load one only from a source you trust.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from compress_dqn._tf import tf
 from compress_dqn.deploy.policy import SIGNATURE
 from compress_dqn.errors import UserError
+from compress_dqn.evaluation.figures import LatencyStats
 from compress_dqn.evaluation.measure import measure_latency
 
 
@@ -62,8 +63,17 @@ def gpu_note() -> str | None:
     return None if tf.config.list_physical_devices("GPU") else "no GPU on this machine"
 
 
+@dataclass(frozen=True)
+class GpuMeasurement:
+    """A SavedModel policy on the first GPU: its batch-1 latency and TensorFlow's allocator peak."""
+
+    latency: LatencyStats
+    peak_bytes: int
+    device: str
+
+
 def measure_gpu(saved_model: Path, observations: np.ndarray, calls: int = 2000,
-                seconds: float | None = None) -> dict[str, Any] | None:
+                seconds: float | None = None) -> GpuMeasurement | None:
     """SavedModel inference on the first GPU: batch-1 latency and peak GPU memory around it.
 
     None where TensorFlow sees no GPU (the caller records gpu_note()'s reason instead).
@@ -76,5 +86,4 @@ def measure_gpu(saved_model: Path, observations: np.ndarray, calls: int = 2000,
     with tf.device(f"/{device}"):
         policy = SavedModelPolicy(saved_model)
         latency = measure_latency(policy, observations, calls=calls, seconds=seconds)
-    peak = int(tf.config.experimental.get_memory_info(device)["peak"])
-    return {"latency_us": latency.to_dict(), "peak_bytes": peak, "device": device}
+    return GpuMeasurement(latency, int(tf.config.experimental.get_memory_info(device)["peak"]), device)

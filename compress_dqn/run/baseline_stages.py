@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.envs.episodes import random_returns, run_episodes
+from compress_dqn.evaluation.figures import BroughtData, BroughtSource, PortCheckRecord, TrainRecord
 from compress_dqn.evaluation.measure import measure_size
 from compress_dqn.evaluation.play import evaluate
 from compress_dqn.evaluation.verdicts import summarize
@@ -26,9 +27,10 @@ from compress_dqn.rl.networks import count_params
 from compress_dqn.rl.trainer import DQNTrainer
 from compress_dqn.run.context import RunContext, Stage, run_stages
 from compress_dqn.store.layout import BASELINE, RunLayout
+from compress_dqn.store.records import Artifacts, EvaluateRecord, ExportRecord, HeldoutRecord, RandomRecord
 
 
-def _train_stage(ctx: RunContext) -> dict[str, Any]:
+def _train_stage(ctx: RunContext) -> TrainRecord:
     """Train the baseline (resuming from baseline/checkpoints), or load the user's network."""
     if ctx.recipe.baseline is not None:
         return _load_baseline(ctx.recipe, ctx.info, ctx.layout, ctx.log)
@@ -44,55 +46,47 @@ def _train_stage(ctx: RunContext) -> dict[str, Any]:
     save_arrays(ctx.layout.replay, result.replay.state_dict())
     ctx.log(f"[baseline] trained {result.env_steps} steps in {result.wall_seconds:.1f} s "
             f"({result.env_steps_per_second:.0f} steps/s)")
-    return {
-        "env_steps": result.env_steps,
-        "gradient_steps": result.gradient_steps,
-        "episodes": result.episodes,
-        "wall_seconds": round(result.wall_seconds, 3),
-        "env_steps_per_second": round(result.env_steps_per_second, 1),
-        "resumed_from_step": result.resumed_from,
-        "selected_step": result.selected_step,
-        "selected_eval_return": result.selected_return,
-        "replay_capacity": result.replay.capacity,
-        "replay_nbytes": result.replay.nbytes,
-        "device": ctx.device,
-        "dtype_policy": trainer.dtype_policy,
-    }
+    return TrainRecord(
+        env_steps=result.env_steps, gradient_steps=result.gradient_steps, episodes=result.episodes,
+        wall_seconds=round(result.wall_seconds, 3), env_steps_per_second=round(result.env_steps_per_second, 1),
+        resumed_from_step=result.resumed_from, selected_step=result.selected_step,
+        selected_eval_return=result.selected_return, replay_capacity=result.replay.capacity,
+        replay_nbytes=result.replay.nbytes, device=ctx.device, dtype_policy=trainer.dtype_policy,
+    )
 
 
-def _export_stage(ctx: RunContext) -> dict[str, Any]:
+def _export_stage(ctx: RunContext) -> ExportRecord:
     """A slim SavedModel and an fp32 TFLite file of the baseline."""
     files = ctx.layout.policy(BASELINE)
     export_policy(ctx.model, ctx.info, files.folder)
     params, nonzero = count_params(ctx.model)
     size = measure_size(params, nonzero, files.tflite, files.saved_model)
     ctx.log(f"[baseline] exported: TFLite {size.tflite_bytes} bytes ({size.tflite_gzip_bytes} gzipped)")
-    return {"artifacts": ctx.layout.artifacts(BASELINE),
-            "size": size.to_dict()}
+    return ExportRecord(artifacts=Artifacts(**ctx.layout.artifacts(BASELINE)), size=size)
 
 
-def _evaluate_stage(ctx: RunContext) -> dict[str, Any]:
+def _evaluate_stage(ctx: RunContext) -> EvaluateRecord:
     """The deployed artifact (TFLite) on the fixed episode seeds."""
     seeds = ctx.ranges.first
     stats = evaluate(TFLitePolicy(ctx.layout.policy(BASELINE).tflite).act, ctx.recipe.env, len(seeds), seeds.start)
     ctx.log(f"[baseline] return {stats.mean:.1f} ± {stats.std:.1f} over {len(seeds)} episodes "
             f"(95% CI {stats.ci95[0]:.1f}..{stats.ci95[1]:.1f})")
-    return {"return": stats.to_dict(), "action_agreement": 1.0}
+    return EvaluateRecord(returns=stats, action_agreement=1.0)
 
 
-def _random_stage(ctx: RunContext) -> dict[str, Any]:
+def _random_stage(ctx: RunContext) -> RandomRecord:
     """A uniform-random policy on the same episode seeds: the floor of normalized scores."""
     stats = summarize(random_returns(ctx.recipe.env, ctx.ranges.first, ctx.info.n_actions))
     ctx.log(f"[random] return {stats.mean:.1f} ± {stats.std:.1f} (uniform-random actions, same episodes)")
-    return {"return": stats.to_dict()}
+    return RandomRecord(returns=stats)
 
 
-def _heldout_stage(ctx: RunContext) -> dict[str, Any]:
+def _heldout_stage(ctx: RunContext) -> HeldoutRecord:
     """States from episodes (heldout_seed..) that no calibration, fine-tune or evaluation plays."""
     seeds = ctx.ranges.heldout
     states = heldout_states(ctx.layout.policy(BASELINE).tflite, ctx.recipe.env, seeds)
     save_arrays(ctx.layout.heldout, {"observations": states})
-    return {"episodes": len(seeds), "seed": seeds.start}
+    return HeldoutRecord(episodes=len(seeds), seed=seeds.start)
 
 
 BASELINE_STAGES = [Stage("train", _train_stage), Stage("export", _export_stage), Stage("evaluate", _evaluate_stage),
@@ -105,7 +99,7 @@ def train_baseline(ctx: RunContext) -> None:
     shutil.rmtree(ctx.layout.checkpoints, ignore_errors=True)
 
 
-def _load_baseline(recipe: Recipe, info: EnvInfo, layout: RunLayout, log: Callable[[str], None]) -> dict[str, Any]:
+def _load_baseline(recipe: Recipe, info: EnvInfo, layout: RunLayout, log: Callable[[str], None]) -> TrainRecord:
     """The train stage for a brought baseline: load and check it, then collect its data."""
     source = recipe.baseline
     model = load_model(source.from_, info)
@@ -124,22 +118,22 @@ def _load_baseline(recipe: Recipe, info: EnvInfo, layout: RunLayout, log: Callab
         replay, data = rollout(model, recipe.env, info, source.rollout.steps, source.rollout.epsilon, capacity, recipe.seed)
     save_arrays(layout.replay, replay.state_dict())
     log(f"[baseline] loaded {source.from_}; data: {data['kind']} ({replay.num_transitions} transitions)")
-    return {
-        "source": {"from": str(source.from_), "data": data,
-                   "sha256": file_digest(other.weights if other else source.from_)},
-        "port_check": check_port(source.from_, model, replay, info),
-        "replay_capacity": replay.capacity,
-        "replay_nbytes": replay.nbytes,
-    }
+    checked = check_port(source.from_, model, replay, info)
+    return TrainRecord(
+        source=BroughtSource(source_from=str(source.from_), data=BroughtData(**data),
+                             sha256=file_digest(other.weights if other else source.from_)),
+        port_check=PortCheckRecord(**checked) if checked is not None else None,
+        replay_capacity=replay.capacity, replay_nbytes=replay.nbytes,
+    )
 
 
 def heldout_states(tflite: Path, env: EnvConfig, seeds: range, limit: int = 5000) -> np.ndarray:
     """States the baseline visits greedily on the held-out episode seeds (at most `limit`, evenly
     subsampled with a fixed seed): where variants' actions are compared with the baseline's."""
     policy = TFLitePolicy(tflite)
-    visited: list[Any] = []
+    visited: list[np.ndarray] = []
 
-    def act(obs: Any) -> int:
+    def act(obs: np.ndarray) -> int:
         visited.append(np.array(obs))
         return policy.act(obs)
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 from compress_dqn.evaluation.play import play_unit
-from compress_dqn.evaluation.verdicts import Verdict, paired_difference, sequential_plan
+from compress_dqn.evaluation.verdicts import Verdict, paired_difference
 from compress_dqn.run.context import RunContext
 from compress_dqn.run.executors import map_units, worker_count
 from compress_dqn.store import stage_keys as keys
+from compress_dqn.store.layout import BASELINE
+from compress_dqn.store.records import EvaluateRecord, LookRecord, RandomRecord, ReferenceRecord, VariantRecord
+
+RANDOM = "random"
+"""The uniform-random policy's key among a look's players: the 0% of normalized scores."""
 
 
 def _play(ctx: RunContext, wanted: dict[str, tuple[str | None, int, int]], workers: int = 1) -> dict[str, list[float]]:
@@ -17,7 +19,6 @@ def _play(ctx: RunContext, wanted: dict[str, tuple[str | None, int, int]], worke
     episode i on seed eval.seed + i. `workers` play at once, each range cut in chunks so that
     the workers finish together; the longest chunks start first."""
 
-    env_data = ctx.recipe.env.model_dump(mode="json")
     pieces = worker_count(sum(after - before for _, before, after in wanted.values()), workers)
     chunks = []  # (key, first episode, episodes, what the unit plays)
     for key, (name, before, after) in wanted.items():
@@ -26,7 +27,7 @@ def _play(ctx: RunContext, wanted: dict[str, tuple[str | None, int, int]], worke
         for first in range(before, after, size):
             count = min(size, after - first)
             seeds = ctx.ranges.episode_seeds(first, first + count)
-            chunks.append((key, first, count, (env_data, tflite, ctx.info.n_actions, seeds.start, count)))
+            chunks.append((key, first, count, (ctx.recipe.env, tflite, ctx.info.n_actions, seeds.start, count)))
     chunks.sort(key=lambda chunk: -chunk[2])
     results = map_units(play_unit, [chunk[3] for chunk in chunks], ctx.recipe.executor,
                         worker_count(len(chunks), workers), ctx.recipe.address)
@@ -39,34 +40,33 @@ def _play(ctx: RunContext, wanted: dict[str, tuple[str | None, int, int]], worke
 def _play_look(ctx: RunContext, before: int, after: int, names: list[str], workers: int = 1) -> None:
     """Record episodes before..after of the reference (stage "reference:AFTER": the baseline and the
     random policy) and of each named variant (stages "look:AFTER:NAME"), played `workers` at once."""
-    reference_due = keys.reference(after) not in ctx.stages.done
-    due = [name for name in names if keys.look(after, name) not in ctx.stages.done]
+    reference_due = keys.reference(after) not in ctx.stages
+    due = [name for name in names if keys.look(after, name) not in ctx.stages]
     wanted: dict[str, tuple[str | None, int, int]] = {name: (name, before, after) for name in due}
     if reference_due:
-        wanted |= {"baseline": ("baseline", before, after), "random": (None, before, after)}
+        wanted |= {BASELINE: (BASELINE, before, after), RANDOM: (None, before, after)}
     if not wanted:
         return
     played = _play(ctx, wanted, workers)
     if reference_due:
-        ctx.stages.finish(keys.reference(after), {"baseline": played["baseline"], "random": played["random"]})
+        ctx.stages.finish(keys.reference(after), ReferenceRecord(baseline=played[BASELINE], random=played[RANDOM]))
     for name in due:
-        ctx.stages.finish(keys.look(after, name), {"episodes": played[name]})
+        ctx.stages.finish(keys.look(after, name), LookRecord(episodes=played[name]))
 
 
 def reference_episodes(ctx: RunContext, upto: int) -> dict[str, list[float]]:
     """The baseline's and the random policy's first `upto` episode returns (a look count), played
     once per look (stage "reference:N") and shared by every variant paired with them."""
-
-    done = ctx.stages.done
-    episodes = {"baseline": list(done["evaluate"]["return"]["episodes"]),
-                "random": list(done["random"]["return"]["episodes"])}
+    episodes = {BASELINE: list(ctx.stages.get("evaluate", EvaluateRecord).returns.episodes),
+                RANDOM: list(ctx.stages.get("random", RandomRecord).returns.episodes)}
     plan = ctx.ranges.looks
     for before, after in zip(plan, plan[1:]):
         if after > upto:
             break
         _play_look(ctx, before, after, [])
-        episodes["baseline"] += done[keys.reference(after)]["baseline"]
-        episodes["random"] += done[keys.reference(after)]["random"]
+        reference = ctx.stages.get(keys.reference(after), ReferenceRecord)
+        episodes[BASELINE] += reference.baseline
+        episodes[RANDOM] += reference.random
     return episodes
 
 
@@ -78,25 +78,23 @@ def decide(ctx: RunContext, names: list[str] | None = None, workers: int = 1) ->
     ("look:N:NAME"), so a killed run resumes at the look it was in.
 
     Returns every named variant's episode returns, and the baseline's and the random policy's
-    over as many episodes as the longest of them ("baseline", "random", names)."""
-
-    cfg, done = ctx.recipe.eval, ctx.stages.done
+    over as many episodes as the longest of them (BASELINE, RANDOM, names)."""
+    ranges, tolerance = ctx.ranges, ctx.recipe.eval.tolerance
     names = [v.name for v in ctx.recipe.variants] if names is None else names
-    played = {name: list(done[keys.variant(name)]["return"]["episodes"]) for name in names}
-    plan, confidence = sequential_plan(cfg.episodes, cfg.max_episodes)
+    played = {name: list(ctx.stages.get(keys.variant(name), VariantRecord).returns.episodes) for name in names}
     still_open = list(names)
-    for before, after in zip(plan, plan[1:]):
+    for before, after in zip(ranges.looks, ranges.looks[1:]):
         reference = reference_episodes(ctx, before)
-        verdicts = {name: paired_difference(played[name], reference["baseline"], cfg.tolerance, reference["random"],
-                                            confidence).verdict for name in still_open}
+        verdicts = {name: paired_difference(played[name], reference[BASELINE], tolerance, reference[RANDOM],
+                                            ranges.confidence).verdict for name in still_open}
         still_open = [name for name in still_open if verdicts[name] is Verdict.INCONCLUSIVE]
         if not still_open:
             break
         for name in still_open:
-            if keys.look(after, name) not in done:
+            if keys.look(after, name) not in ctx.stages:
                 ctx.log(f"[{name}] inconclusive after {before} episodes: playing to {after}")
         _play_look(ctx, before, after, still_open, workers)
         for name in still_open:
-            played[name] += done[keys.look(after, name)]["episodes"]
-    longest = max([len(e) for e in played.values()], default=cfg.episodes)
+            played[name] += ctx.stages.get(keys.look(after, name), LookRecord).episodes
+    longest = max([len(e) for e in played.values()], default=ranges.episodes)
     return {**reference_episodes(ctx, longest), **played}

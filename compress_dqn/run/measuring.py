@@ -6,16 +6,17 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from compress_dqn.deploy import micro
 from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.evaluation.figures import CpuLatency, GpuLatency, LatencyBlock, MemoryBlock, MicroFigures
 from compress_dqn.evaluation.measure import measure_latency, measure_memory
 from compress_dqn.export.saved_model import SavedModelPolicy, gpu_note, measure_gpu
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run.context import RunContext, Stage
 from compress_dqn.store import stage_keys as keys
 from compress_dqn.store.layout import BASELINE, PolicyFiles
+from compress_dqn.store.records import MeasureRecord, MemoryRecord
 
 LATENCY_SECONDS = 0.5
 """Timed calls per runtime and policy stop after this long, once 500 are in (measure_latency)."""
@@ -25,36 +26,37 @@ PROBE_ERRORS = (RuntimeError, OSError, subprocess.SubprocessError)
 """How a memory probe process fails (measure.measure_memory): a failed, killed or timed-out probe."""
 
 
-def measure_stage(name: str, ctx: RunContext) -> dict[str, Any]:
+def measure_stage(name: str, ctx: RunContext) -> MeasureRecord:
     """Batch-1 latency, inference memory per runtime, GPU figures and microcontroller cost of one policy."""
     files = ctx.layout.policy(name)
-    latency = {
-        "tflite": measure_latency(TFLitePolicy(files.tflite), ctx.heldout, seconds=LATENCY_SECONDS).to_dict(),
-        "saved_model": measure_latency(SavedModelPolicy(files.saved_model), ctx.heldout,
-                                       seconds=LATENCY_SECONDS).to_dict(),
-    }
-    memory = ctx.stages.done.get(keys.memory(name)) or probe_policy_memory(files, probes_saved_model(ctx.recipe, name))
+    latency = CpuLatency(
+        tflite=measure_latency(TFLitePolicy(files.tflite), ctx.heldout, seconds=LATENCY_SECONDS),
+        saved_model=measure_latency(SavedModelPolicy(files.saved_model), ctx.heldout, seconds=LATENCY_SECONDS),
+    )
+    memory = ctx.stages.find(keys.memory(name), MemoryRecord) or probe_policy_memory(
+        files, probes_saved_model(ctx.recipe, name))
     on_gpu = measure_gpu(files.saved_model, ctx.heldout, seconds=LATENCY_SECONDS)
-    tf_rss = memory["saved_model"] and f"{memory['saved_model']['peak_rss'] / 2**20:.0f} MiB"
-    ctx.log(f"[{name}] TFLite p50 {latency['tflite']['p50']:.1f} us, peak RSS {memory['tflite']['peak_rss'] / 2**20:.0f} MiB; "
-            f"SavedModel p50 {latency['saved_model']['p50']:.0f} us, peak RSS {tf_rss or 'not probed (measure.saved_model_memory)'}")
-    return {"latency_us": {"cpu": latency, "gpu": on_gpu and {"saved_model": on_gpu["latency_us"]}},
-            "memory_bytes": {"cpu_rss": memory, "gpu_peak": on_gpu and on_gpu["peak_bytes"]},
-            "micro": micro_figures(files.tflite),
-            "gpu_note": gpu_note()}
+    tf_rss = memory.saved_model and f"{memory.saved_model.peak_rss / 2**20:.0f} MiB"
+    ctx.log(f"[{name}] TFLite p50 {latency.tflite.p50:.1f} us, peak RSS {memory.tflite.peak_rss / 2**20:.0f} MiB; "
+            f"SavedModel p50 {latency.saved_model.p50:.0f} us, peak RSS "
+            f"{tf_rss or 'not probed (measure.saved_model_memory)'}")
+    return MeasureRecord(
+        latency_us=LatencyBlock(cpu=latency, gpu=on_gpu and GpuLatency(saved_model=on_gpu.latency)),
+        memory_bytes=MemoryBlock(cpu_rss=memory, gpu_peak=on_gpu and on_gpu.peak_bytes),
+        micro=micro_figures(files.tflite), gpu_note=gpu_note())
 
 
-def probe_policy_memory(files: PolicyFiles, saved_model: bool) -> dict[str, Any]:
+def probe_policy_memory(files: PolicyFiles, saved_model: bool) -> MemoryRecord:
     """Peak RSS of a fresh process acting with the policy in `files`, per runtime; the SavedModel's
     is None when `saved_model` is False (see probes_saved_model)."""
-    return {"tflite": measure_memory(files.tflite, "tflite"),
-            "saved_model": measure_memory(files.saved_model, "saved_model") if saved_model else None}
+    return MemoryRecord(tflite=measure_memory(files.tflite, "tflite"),
+                        saved_model=measure_memory(files.saved_model, "saved_model") if saved_model else None)
 
 
 def probes_saved_model(recipe: Recipe, name: str) -> bool:
     """Whether policy `name` gets a SavedModel memory probe (a TensorFlow import of its own)."""
     mode = recipe.measure.saved_model_memory
-    return mode == "all" or (mode == "baseline" and name == "baseline")
+    return mode == "all" or (mode == "baseline" and name == BASELINE)
 
 
 def probe_memory(ctx: RunContext, workers: int = 1) -> None:
@@ -63,7 +65,6 @@ def probe_memory(ctx: RunContext, workers: int = 1) -> None:
     Each probe is a fresh process whose peak RSS does not depend on what else runs, unlike the
     timings measured after it one policy at a time; the SavedModel probe's TensorFlow import
     made it most of the measuring's wall time."""
-
     todo = [name for name in policy_names(ctx.recipe)
             if keys.memory(name) not in ctx.stages.done and keys.measure(name) not in ctx.stages.done]
     with ThreadPoolExecutor(max(1, workers)) as pool:  # threads: each waits on its probe process
@@ -75,17 +76,16 @@ def probe_memory(ctx: RunContext, workers: int = 1) -> None:
 
 def policy_names(recipe: Recipe) -> list[str]:
     """Every policy a run measures: the baseline, then its variants."""
-    return ["baseline"] + [v.name for v in recipe.variants]
+    return [BASELINE] + [v.name for v in recipe.variants]
 
 
 def measure_stages(recipe: Recipe) -> list[Stage]:
     return [Stage(keys.measure(name), partial(measure_stage, name)) for name in policy_names(recipe)]
 
 
-def micro_figures(tflite: Path) -> dict[str, Any]:
+def micro_figures(tflite: Path) -> MicroFigures:
     """What the policy costs on a microcontroller (TFLite Micro: flash, measured arena, whether it
     runs), or why that was not measured."""
-
     if not micro.available():
-        return {"runs": None, "reason": micro.INSTALL_HINT, "flash_bytes": tflite.stat().st_size}
-    return micro.micro_summary(tflite)
+        return MicroFigures(runs=None, reason=micro.INSTALL_HINT, flash_bytes=tflite.stat().st_size)
+    return MicroFigures.model_validate(micro.micro_summary(tflite))

@@ -1,21 +1,8 @@
 """Runs one recipe: the baseline, its variants, the looks that decide them, measuring, results and report.
 
-    run_dir/
-      recipe.yaml            the resolved recipe (a rerun with a different recipe is refused)
-      stages.json            finished stages and what they produced (a finished stage is not redone)
-      baseline/weights.npz   the trained Q-network (npz, no pickle)
-      baseline/heldout_obs.npz states from the baseline's evaluation episodes (for action agreement)
-      baseline/replay.npz    the final replay buffer (calibration/distillation data for compression)
-      baseline/checkpoints/  resumable training state while training runs
-      baseline/saved_model/  slim SavedModel, serving_default: observations -> q_values, action
-      baseline/policy.tflite fp32 TFLite with the same signature
-      tensorboard/baseline/  TensorBoard scalars
-      results.csv, report.md, report.html, *.png   the report (compress-dqn report re-renders it)
-      results.json           schema_version 2 (latency_us.cpu and memory_bytes.cpu_rss per runtime;
-                             gpu fields null with the reason in "gpu" where no GPU is visible)
-
-Every file is written under a temporary name and renamed, so an interrupted run never leaves
-a half-written artifact behind, and rerunning the same command picks up where it stopped.
+What lands where in the run directory is store/layout.py's (RunLayout). Every file is written
+under a temporary name and renamed, so an interrupted run never leaves a half-written artifact
+behind, and rerunning the same command picks up where it stopped.
 """
 
 from __future__ import annotations
@@ -23,18 +10,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from compress_dqn.evaluation.figures import Compression
 from compress_dqn.evaluation.report import write_report
 from compress_dqn.evaluation.results import RunResults, VariantResult, save_results
-from compress_dqn.evaluation.verdicts import paired_difference, sequential_plan, summarize
+from compress_dqn.evaluation.verdicts import paired_difference, summarize
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run.baseline_stages import train_baseline
 from compress_dqn.run.context import RunContext, open_run, run_stages
-from compress_dqn.run.looks import decide
-from compress_dqn.run.manifest import write_manifest
-from compress_dqn.run.measuring import measure_stages, probe_memory
+from compress_dqn.run.looks import RANDOM, decide
+from compress_dqn.run.measuring import measure_stages, policy_names, probe_memory
 from compress_dqn.run.rundir import RunOutcome
 from compress_dqn.run.variants import build_pool, build_variants, variant_workers
 from compress_dqn.store import stage_keys as keys
+from compress_dqn.store.layout import BASELINE
+from compress_dqn.store.manifest import write_manifest
+from compress_dqn.store.records import EvaluateRecord, ExportRecord, MeasureRecord, TrainRecord, VariantRecord
 
 
 def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
@@ -61,49 +51,50 @@ def finish_run(ctx: RunContext, search: dict[str, Any] | None = None, workers: i
     run_stages(ctx, measure_stages(ctx.recipe))
     results = collect_results(ctx, episodes)
     results.search = search
-    save_results(results, ctx.run_dir / "results.json")
-    write_report(ctx.run_dir)
-    write_manifest(ctx.run_dir)
+    save_results(results, ctx.layout.results)
+    write_report(ctx.layout.root)
+    write_manifest(ctx.layout.root)
     return results
 
 
 def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunResults:
-    """results.json from the finished stages and every policy's episode returns."""
-
-    cfg, done = ctx.recipe.eval, ctx.stages.done
-    plan, confidence = sequential_plan(cfg.episodes, cfg.max_episodes)
-    variants = [_variant_result("baseline", done["export"], done["evaluate"], done[keys.measure("baseline")])] + [
-        _variant_result(v.name, done[keys.variant(v.name)], done[keys.variant(v.name)], done[keys.measure(v.name)])
-        for v in ctx.recipe.variants
+    """results.json from the finished stages' records and every policy's episode returns."""
+    cfg, ranges, stages = ctx.recipe.eval, ctx.ranges, ctx.stages
+    exported, evaluated = stages.get("export", ExportRecord), stages.get("evaluate", EvaluateRecord)
+    measured = {name: stages.get(keys.measure(name), MeasureRecord) for name in policy_names(ctx.recipe)}
+    variants = [_variant_result(BASELINE, exported, episodes[BASELINE], evaluated.action_agreement, 1.0, None,
+                                measured[BASELINE])] + [
+        _variant_result(v.name, built, episodes[v.name], built.action_agreement, built.action_agreement_decisive,
+                        built.compression, measured[v.name])
+        for v in ctx.recipe.variants if (built := stages.get(keys.variant(v.name), VariantRecord))
     ]
-    for entry in variants:
-        entry.returns = summarize(episodes[entry.name]).to_dict()
     for entry in variants[1:]:  # each variant against the baseline, episode by episode (non-inferiority)
         entry.return_vs_baseline = paired_difference(entry.returns["episodes"], variants[0].returns["episodes"],
-                                                     cfg.tolerance, episodes["random"], confidence).to_dict()
+                                                     cfg.tolerance, episodes[RANDOM], ranges.confidence).to_dict()
     return RunResults(
         env_id=ctx.recipe.env.id,
-        eval={"episodes": cfg.episodes, "seed": cfg.seed, "max_episodes": plan[-1], "looks": plan,
-              "confidence": confidence, "tolerance": cfg.tolerance, "heldout_seed": cfg.heldout_seed,
-              "heldout_episodes": cfg.heldout_episodes},
-        random={"return": summarize(episodes["random"]).to_dict()},
-        train=done["train"],
-        gpu=done[keys.measure("baseline")]["gpu_note"] or "visible",
+        eval={"episodes": ranges.episodes, "seed": ranges.seed, "max_episodes": ranges.looks[-1],
+              "looks": ranges.looks, "confidence": ranges.confidence, "tolerance": cfg.tolerance,
+              "heldout_seed": ranges.heldout_seed, "heldout_episodes": ranges.heldout_episodes},
+        random={"return": summarize(episodes[RANDOM]).to_dict()},
+        train=stages.get("train", TrainRecord).to_dict(),
+        gpu=measured[BASELINE].gpu_note or "visible",
         variants=variants,
     )
 
 
-def _variant_result(name: str, exported: dict[str, Any], evaluated: dict[str, Any],
-                    measured: dict[str, Any]) -> VariantResult:
+def _variant_result(name: str, built: ExportRecord | VariantRecord, episodes: list[float], agreement: float,
+                    decisive: float | None, compression: Compression | None, measured: MeasureRecord) -> VariantResult:
+    """One policy's results: its build's records, and its returns over every episode it played."""
     return VariantResult(
         name=name,
-        artifacts=exported["artifacts"],
-        returns=evaluated["return"],
-        size=exported["size"],
-        action_agreement=evaluated["action_agreement"],
-        action_agreement_decisive=1.0 if name == "baseline" else evaluated.get("action_agreement_decisive"),
-        latency_us=measured["latency_us"],
-        memory_bytes=measured["memory_bytes"],
-        micro=measured.get("micro"),
-        compression=exported.get("compression"),
+        artifacts=built.artifacts.to_dict(),
+        returns=summarize(episodes).to_dict(),
+        size=built.size.to_dict(),
+        action_agreement=agreement,
+        action_agreement_decisive=decisive,
+        latency_us=measured.latency_us.to_dict(),
+        memory_bytes=measured.memory_bytes.to_dict(),
+        micro=measured.micro.to_dict(),
+        compression=compression and compression.to_dict(),
     )

@@ -19,7 +19,8 @@ from compress_dqn.fileio import LOCK, lock_run_dir, remove_dir, remove_stale_tem
 from compress_dqn.recipe.safe_yaml import read_yaml
 from compress_dqn.recipe.schema import Recipe, SearchConfig, recipe_from_data
 from compress_dqn.run.ladders import candidate_variants
-from compress_dqn.run.manifest import MANIFEST, verify
+from compress_dqn.store.layout import RunLayout
+from compress_dqn.store.manifest import verify
 from compress_dqn.store.stage_keys import StageKey
 from compress_dqn.store.stages import Stages
 
@@ -31,6 +32,13 @@ class RunOutcome:
     run_dir: Path
     results: RunResults | SeedsResults
     resumed: bool
+
+    @property
+    def baseline_return(self) -> float:
+        """The baseline's mean return (over several seeds, the IQM of the seeds' means)."""
+        if isinstance(self.results, SeedsResults):
+            return self.results.aggregate[0].iqm_return
+        return self.results.baseline.returns.mean
 
 
 def differing_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -68,7 +76,8 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, log: Callable[[str], None] | 
     variants whose definition changed or went away are deleted, so the resume (Stages.forget_missing)
     builds just what is new.
     """
-    recipe_file = run_dir / "recipe.yaml"
+    layout = RunLayout(run_dir)
+    recipe_file = layout.recipe
     new = recipe.to_dict()
     if recipe_file.exists():
         lock_run_dir(run_dir)
@@ -94,7 +103,7 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, log: Callable[[str], None] | 
             _drop_changed_variants(old, new, run_dir, log)
             # A search's kept/lost calls used the old caps and the old ladders.
             if any(key.startswith(("eval.", "search")) for key in diff):
-                (run_dir / "search.json").unlink(missing_ok=True)
+                layout.search_log.unlink(missing_ok=True)
             write_text_atomic(recipe_file, yaml.safe_dump(new, sort_keys=False))
         return True
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -107,13 +116,14 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, log: Callable[[str], None] | 
 
 def _check_manifest(run_dir: Path) -> None:
     """A finished run must be intact before it is extended; from then on it is in progress again."""
-    if (run_dir / MANIFEST).exists():
+    manifest = RunLayout(run_dir).manifest
+    if manifest.exists():
         problems = verify(run_dir)
         if problems:
             more = f" (and {len(problems) - 1} more; see compress-dqn verify)" if len(problems) > 1 else ""
             raise UserError(f"{run_dir}: a finished run with a damaged artifact: {problems[0]}{more}; "
                             "pass another --out to rerun it")
-        (run_dir / MANIFEST).unlink()
+        manifest.unlink()
 
 
 def _drop_changed_variants(old: dict[str, Any], new: dict[str, Any], run_dir: Path,
@@ -125,9 +135,10 @@ def _drop_changed_variants(old: dict[str, Any], new: dict[str, Any], run_dir: Pa
     stages = Stages(run_dir)
     # Only what was built is dropped: a search's ladder names rungs it may never have played.
     built = {StageKey.parse(stage).name for stage in stages.policy_stages(changed)}
-    dropped = [name for name in before if name in changed and (name in built or (run_dir / "variants" / name).exists())]
+    layout = RunLayout(run_dir)
+    dropped = [name for name in before if name in changed and (name in built or layout.policy(name).folder.exists())]
     for name in dropped:
-        remove_dir(run_dir / "variants" / name)
+        remove_dir(layout.policy(name).folder)
     stages.forget(stages.policy_stages(dropped))
     added = [name for name in kept if name not in before]
     if log is not None:
@@ -144,10 +155,11 @@ def _candidates(recipe: dict[str, Any]) -> dict[str, Any]:
 
 def _started(run_dir: Path) -> bool:
     """Whether anything but the recipe (and a killed process's temporaries) was written in run_dir."""
+    layout = RunLayout(run_dir)
     for path in run_dir.iterdir():
-        if path.name in ("recipe.yaml", LOCK) or path.name.startswith((".tmp-", ".old-")):
+        if path in (layout.recipe, layout.root / LOCK) or path.name.startswith((".tmp-", ".old-")):
             continue
-        if path.name == "stages.json" and path.read_text().strip() in ("", "{}"):
+        if path == layout.stages and path.read_text().strip() in ("", "{}"):
             continue
         if path.is_dir() and not any(path.iterdir()):
             continue

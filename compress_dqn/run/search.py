@@ -20,24 +20,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from compress_dqn.envs.environment import probe_env
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation.report import pareto_front
-from compress_dqn.evaluation.results import RunResults
-from compress_dqn.evaluation.verdicts import keeps_return, paired_difference, sequential_plan
+from compress_dqn.evaluation.verdicts import keeps_return, paired_difference
 from compress_dqn.fileio import write_text_atomic
-from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig, recipe_from_data
-from compress_dqn.run import resources
+from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig
 from compress_dqn.run.context import Stage, reopen_run, run_stages
 from compress_dqn.run.executors import cpu_count, map_units
 from compress_dqn.run.ladders import GZIP_FLOOR, Candidate, candidate_variants, ladders
-from compress_dqn.run.looks import decide
-from compress_dqn.run.manifest import run_fingerprint
+from compress_dqn.run.looks import RANDOM, decide
 from compress_dqn.run.measuring import measure_stage
-from compress_dqn.run.rundir import RunOutcome, prepare_run_dir
-from compress_dqn.run.seeds import baseline_unit, finish_unit, seed_plan, seed_recipes, write_seeds_results
+from compress_dqn.run.rundir import RunOutcome
+from compress_dqn.run.seeds import baseline_unit, finish_unit, open_seeds, write_seeds_results
 from compress_dqn.run.variants import variant_stage
 from compress_dqn.store import stage_keys as keys
+from compress_dqn.store.layout import BASELINE, RunLayout
+from compress_dqn.store.manifest import run_fingerprint
+from compress_dqn.store.records import MeasureRecord, VariantRecord
 
 
 @dataclass
@@ -54,41 +53,38 @@ class Tried:
     """Median over the seeds played of the measured objective."""
 
 
-def objective_value(stage: dict[str, Any], measured: dict[str, Any] | None, objective: str) -> float:
-    """The search objective from a variant's stage outputs (and its measure stage for latency)."""
+def objective_value(built: VariantRecord, measured: MeasureRecord | None, objective: str) -> float:
+    """The search objective from a variant's build record (and its measure record for latency)."""
     if objective == "gzip_bytes":
-        return float(stage["size"]["tflite_gzip_bytes"])
+        return float(built.size.tflite_gzip_bytes)
     if objective == "params":
-        return float(stage["size"]["nonzero_params"])
-    return float(measured["latency_us"]["cpu"]["tflite"]["p50"])
+        return float(built.size.nonzero_params)
+    return float(measured.latency_us.cpu.tflite.p50)
 
 
-def candidate_unit(recipe_data: dict[str, Any], seed_dir: str, variant_data: dict[str, Any],
-                   quiet: bool, look_workers: int = 1) -> dict[str, Any]:
+def candidate_unit(recipe: Recipe, seed_dir: str, variant: VariantConfig, quiet: bool,
+                   look_workers: int = 1) -> dict[str, Any]:
     """One (seed, candidate) unit: build the candidate from that seed's baseline, evaluate it
-    sequentially until its verdict is decided, and return its verdict and objective. Plain data
-    in and out, so any executor can run it; finished steps are stages of the seed's run.
+    sequentially until its verdict is decided, and return its verdict and objective. Any executor
+    can run it (pydantic records travel pickled); finished steps are stages of the seed's run.
     look_workers: processes that play its looks (the episodes, hence the verdict, are the same
     for any number)."""
-
-    variant = VariantConfig(**variant_data)
-    ctx = reopen_run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet,
-                     log=(lambda _: None) if quiet else print)
+    ctx = reopen_run(recipe, Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
     stages = [Stage(keys.variant(variant.name), lambda c: variant_stage(variant, c))]
     if ctx.recipe.search.objective == "latency":
         stages.append(Stage(keys.measure(variant.name), lambda c: measure_stage(variant.name, c)))
     run_stages(ctx, stages)
     played = decide(ctx, [variant.name], workers=look_workers)
     episodes = played[variant.name]
-    _, confidence = sequential_plan(ctx.recipe.eval.episodes, ctx.recipe.eval.max_episodes)
-    versus = paired_difference(episodes, played["baseline"], ctx.recipe.eval.tolerance, played["random"], confidence)
-    done = ctx.stages.done
+    versus = paired_difference(episodes, played[BASELINE], ctx.recipe.eval.tolerance, played[RANDOM],
+                               ctx.ranges.confidence)
     # The CI, margin and (for an open verdict) the episodes that would decide it: what a search
     # that ended undecided at its cap would need, in the report's words.
     return {"verdict": versus.label, "episodes": len(episodes), "difference": versus.mean,
             "ci": list(versus.ci), "margin": versus.margin, "episodes_to_decide": versus.episodes_to_decide,
             "normalized_score": versus.normalized_score,
-            "objective": objective_value(done[keys.variant(variant.name)], done.get(keys.measure(variant.name)),
+            "objective": objective_value(ctx.stages.get(keys.variant(variant.name), VariantRecord),
+                                         ctx.stages.find(keys.measure(variant.name), MeasureRecord),
                                          ctx.recipe.search.objective)}
 
 
@@ -107,9 +103,9 @@ class SearchLog:
 
 @dataclass
 class _Plan:
-    """What the search runs on: each seed's recipe data and directory, and the executor."""
+    """What the search runs on: each seed's recipe and directory, and the executor."""
 
-    seeds: list[tuple[int, dict[str, Any], str]]
+    seeds: list[tuple[int, Recipe, str]]
     recipe: Recipe
     workers: int
     quiet: bool
@@ -119,8 +115,7 @@ class _Plan:
 def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
     """Evaluate a candidate seed by seed (workers seeds at a time), stopping at the first seed
     whose verdict rules it out."""
-
-    variant = candidate.variant.model_dump(mode="json", exclude_none=True)
+    variant = candidate.variant
     per_seed: dict[str, dict[str, Any]] = {}
     for start in range(0, len(plan.seeds), plan.workers):
         chunk = plan.seeds[start:start + plan.workers]
@@ -128,7 +123,7 @@ def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
         # would leave cores idle: its units play their looks on them. Local only: a Ray task
         # does not start a pool of its own.
         look_workers = max(1, (plan.recipe.workers or cpu_count()) // len(chunk)) if plan.recipe.executor == "local" else 1
-        units = [(data, seed_dir, variant, plan.quiet, look_workers) for _, data, seed_dir in chunk]
+        units = [(recipe, seed_dir, variant, plan.quiet, look_workers) for _, recipe, seed_dir in chunk]
         outcomes = map_units(candidate_unit, units, plan.recipe.executor, plan.workers, plan.recipe.address)
         per_seed.update({str(seed): outcome for (seed, _, _), outcome in zip(chunk, outcomes)})
         if not all(keeps_return(o["verdict"]) for o in outcomes):
@@ -221,23 +216,21 @@ def _check_names(recipe: Recipe) -> None:
                         "rename the listed variant or define it as the search does")
 
 
-def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> Any:
+def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
     """Train each seed's baseline, search the recipe's families for the smallest policy that keeps
     the return on every seed, then finish each seed's run (its listed variants and every candidate
-    it played) and aggregate. Returns the pipeline's RunOutcome."""
-
-    started, run_dir = time.monotonic(), Path(run_dir)
+    it played) and aggregate."""
+    started = time.monotonic()
     _check_names(recipe)
-    seeds, workers, threads = seed_plan(recipe)
-    info = probe_env(recipe.env)
-    resources.check(resources.plan(recipe, info), run_dir, at_once=workers, in_total=len(seeds))
-    resumed = prepare_run_dir(recipe, run_dir)
-    plan = _Plan(seed_recipes(recipe, run_dir, threads), recipe, workers, quiet or workers > 1 or recipe.executor == "ray", log)
-    log(f"[search] training {len(seeds)} baseline(s) on {recipe.executor}, {workers} at a time")
-    map_units(baseline_unit, [(data, d, plan.quiet) for _, data, d in plan.seeds], recipe.executor, workers, recipe.address)
+    opened = open_seeds(recipe, run_dir, quiet)
+    workers, run_dir = opened.workers, opened.layout.root
+    plan = _Plan([(one.seed, one.recipe, str(one.layout.root)) for one in opened.seeds], recipe, workers,
+                 opened.quiet, log)
+    log(f"[search] training {len(plan.seeds)} baseline(s) on {recipe.executor}, {workers} at a time")
+    map_units(baseline_unit, [(one, d, plan.quiet) for _, one, d in plan.seeds], recipe.executor, workers, recipe.address)
 
-    search_log = SearchLog(run_dir / "search.json")
-    rungs = ladders(recipe, info.obs_shape, info.n_actions)
+    search_log = SearchLog(opened.layout.search_log)
+    rungs = ladders(recipe, opened.info.obs_shape, opened.info.n_actions)
     for family in rungs.values():
         bisect_family(family, plan, search_log, _budget(recipe.search, search_log, started))
     found = summary(recipe, search_log, time.monotonic() - started)
@@ -246,14 +239,14 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     by_name = {c.variant.name: c.variant for family in rungs.values() for c in family}
     units = []
     listed = {v.name for v in recipe.variants}  # a candidate listed as a variant too is built once
-    for seed, data, seed_dir in plan.seeds:
+    for seed, one, seed_dir in plan.seeds:
         played = [by_name[t["name"]] for t in search_log.tried.values() if str(seed) in t["per_seed"] and t["name"] not in listed]
-        data = {**data, "variants": data["variants"] + [v.model_dump(mode="json", exclude_none=True) for v in played]}
-        units.append((data, seed_dir, plan.quiet, {"winner": found["winner"], "objective": recipe.search.objective}))
-    runs = [RunResults.from_dict(r) for r in map_units(finish_unit, units, recipe.executor, workers, recipe.address)]
+        one = one.model_copy(update={"variants": [*one.variants, *played]})
+        units.append((one, seed_dir, plan.quiet, {"winner": found["winner"], "objective": recipe.search.objective}))
+    runs = map_units(finish_unit, units, recipe.executor, workers, recipe.address)
     search = {**found, "cost": {**found["cost"], "wall_seconds": round(time.monotonic() - started, 1)}}
-    results = write_seeds_results(recipe, run_dir, runs, workers, threads, search)
-    return RunOutcome(run_dir=run_dir, results=results, resumed=resumed)
+    results = write_seeds_results(recipe, run_dir, runs, workers, opened.threads, search)
+    return RunOutcome(run_dir=run_dir, results=results, resumed=opened.resumed)
 
 
 def search_fingerprint(run_dir: Path) -> dict[str, Any]:
@@ -261,10 +254,11 @@ def search_fingerprint(run_dir: Path) -> dict[str, Any]:
     per-seed verdicts, and each seed's run fingerprint. Equal for two searches that computed the
     same thing, whichever engine ran them and however often they were killed and resumed."""
 
-    results = json.loads((Path(run_dir) / "results.json").read_text())
+    layout = RunLayout(Path(run_dir))
+    results = json.loads(layout.results.read_text())
     found = results["search"]
     return {
         "winner": found["winner"], "front": found["front"],
         "tried": [{k: t[k] for k in ("name", "outcome", "per_seed", "objective")} for t in found["tried"]],
-        "seeds": {str(seed): run_fingerprint(Path(run_dir) / f"seed-{seed}") for seed in results["seeds"]},
+        "seeds": {str(seed): run_fingerprint(layout.seed(seed).root) for seed in results["seeds"]},
     }

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from compress_dqn.envs.environment import probe_env
+from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.evaluation.report import write_report
 from compress_dqn.evaluation.results import RunResults, SeedAggregate, SeedsResults, save_results
 from compress_dqn.evaluation.verdicts import iqm, stratified_bootstrap_ci
-from compress_dqn.recipe.schema import Recipe, recipe_from_data
+from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run import resources
 from compress_dqn.run.baseline_stages import train_baseline
 from compress_dqn.run.context import open_run, reopen_run
 from compress_dqn.run.executors import map_units, threads_per_worker, worker_count
-from compress_dqn.run.manifest import write_manifest
 from compress_dqn.run.pipeline import finish_run, run
 from compress_dqn.run.rundir import RunOutcome, prepare_run_dir
+from compress_dqn.store.layout import RunLayout
+from compress_dqn.store.manifest import write_manifest
+from compress_dqn.store.records import EvaluateRecord
 
 
 def aggregate_seeds(runs: list[RunResults]) -> list[SeedAggregate]:
@@ -47,66 +50,83 @@ def aggregate_seeds(runs: list[RunResults]) -> list[SeedAggregate]:
     return out
 
 
-def run_seed_unit(recipe_data: dict[str, Any], seed_dir: str, quiet: bool) -> dict[str, Any]:
-    """One seed's whole pipeline, as an executor unit: plain data in, plain data out."""
-    outcome = run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
-    return outcome.results.to_dict()
+def run_seed_unit(recipe: Recipe, seed_dir: str, quiet: bool) -> RunResults:
+    """One seed's whole pipeline, as an executor unit (pydantic records travel pickled)."""
+    return run(recipe, Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print).results
 
 
-def baseline_unit(recipe_data: dict[str, Any], seed_dir: str, quiet: bool) -> float:
+def baseline_unit(recipe: Recipe, seed_dir: str, quiet: bool) -> float:
     """One seed's baseline stages, as an executor unit. Returns the baseline's mean return."""
-    ctx, _ = open_run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
+    ctx, _ = open_run(recipe, Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
     train_baseline(ctx)
-    return float(ctx.stages.done["evaluate"]["return"]["mean"])
+    return float(ctx.stages.get("evaluate", EvaluateRecord).returns.mean)
 
 
-def finish_unit(recipe_data: dict[str, Any], seed_dir: str, quiet: bool, search: dict[str, Any] | None) -> dict[str, Any]:
+def finish_unit(recipe: Recipe, seed_dir: str, quiet: bool, search: dict[str, Any] | None) -> RunResults:
     """One seed's remaining stages and its results.json, as an executor unit."""
-    ctx = reopen_run(recipe_from_data(recipe_data), Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
-    return finish_run(ctx, search).to_dict()
+    ctx = reopen_run(recipe, Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
+    return finish_run(ctx, search)
 
 
-def seed_plan(recipe: Recipe) -> tuple[list[int], int, int]:
-    """The training seeds, how many run at once, and TensorFlow threads per unit (the same on
-    either engine, so per-seed results do not depend on the engine)."""
+@dataclass(frozen=True)
+class SeedRun:
+    """One training seed of a run of several: its single-seed recipe and its directory RUN/seed-N."""
 
+    seed: int
+    recipe: Recipe
+    layout: RunLayout
+
+
+@dataclass(frozen=True)
+class SeedsPlan:
+    """A run of several seeds (or a search) after its prelude: the seeds' runs, how many run at once
+    and with how many TensorFlow threads each (the same on either engine, so per-seed results do
+    not depend on the engine), the probed environment, and whether the directory was resumed."""
+
+    recipe: Recipe
+    layout: RunLayout
+    seeds: list[SeedRun]
+    workers: int
+    threads: int
+    info: EnvInfo
+    resumed: bool
+    quiet: bool
+    """Whether the units print nothing: the caller asked for quiet, or several run at once."""
+
+
+def open_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False) -> SeedsPlan:
+    """The prelude of every run of several seeds: probe the environment (a bad id writes nothing),
+    check memory and disk for the seeds that run at once and in total, then create or reopen
+    run_dir (a single seed's run is opened by context.open_run)."""
+    layout = RunLayout(Path(run_dir))
     seeds = list(recipe.seeds or [recipe.seed])
     workers = worker_count(len(seeds), recipe.workers)
-    return seeds, workers, recipe.train.intra_op_threads or threads_per_worker(workers)
-
-
-def seed_recipes(recipe: Recipe, run_dir: Path, threads: int) -> list[tuple[int, dict[str, Any], str]]:
-    """(seed, that seed's single-seed recipe as data, its directory RUN_DIR/seed-N) per seed."""
-    out = []
-    for seed in recipe.seeds or [recipe.seed]:
-        train = recipe.train.model_copy(update={"intra_op_threads": threads})
-        single = recipe.model_copy(update={"seed": seed, "seeds": None, "train": train})
-        out.append((seed, single.to_dict(), str(Path(run_dir) / f"seed-{seed}")))
-    return out
+    threads = recipe.train.intra_op_threads or threads_per_worker(workers)
+    info = probe_env(recipe.env)
+    resources.check(resources.plan(recipe, info), layout.root, at_once=workers, in_total=len(seeds))
+    resumed = prepare_run_dir(recipe, layout.root)
+    train = recipe.train.model_copy(update={"intra_op_threads": threads})
+    runs = [SeedRun(seed, recipe.model_copy(update={"seed": seed, "seeds": None, "train": train}), layout.seed(seed))
+            for seed in seeds]
+    return SeedsPlan(recipe, layout, runs, workers, threads, info, resumed,
+                     quiet or workers > 1 or recipe.executor == "ray")
 
 
 def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunOutcome:
     """Run the whole pipeline once per seed in RUN_DIR/seed-N (each resumable), then aggregate.
 
-    Seeds run in parallel on recipe.executor (local process pool or Ray); each unit gets the same
-    TensorFlow thread count on either engine, so per-seed results do not depend on the engine.
+    Seeds run in parallel on recipe.executor (local process pool or Ray).
     """
-
-    run_dir = Path(run_dir)
-    seeds, workers, threads = seed_plan(recipe)
-    info = probe_env(recipe.env)
-    resources.check(resources.plan(recipe, info), run_dir, at_once=workers, in_total=len(seeds))
-    resumed = prepare_run_dir(recipe, run_dir)
-    parallel = workers > 1 or recipe.executor == "ray"
-    units = [(data, seed_dir, quiet or parallel) for _, data, seed_dir in seed_recipes(recipe, run_dir, threads)]
-    where = f"{recipe.executor}, {workers} at a time, {threads} TensorFlow thread(s) each"
-    log(f"[seeds] {', '.join(map(str, seeds))} on {where}")
-    runs = [RunResults.from_dict(data) for data in map_units(run_seed_unit, units, recipe.executor, workers, recipe.address)]
-    for seed, seed_results in zip(seeds, runs):
+    plan = open_seeds(recipe, run_dir, quiet)
+    units = [(one.recipe, str(one.layout.root), plan.quiet) for one in plan.seeds]
+    log(f"[seeds] {', '.join(str(one.seed) for one in plan.seeds)} on {recipe.executor}, {plan.workers} at a time, "
+        f"{plan.threads} TensorFlow thread(s) each")
+    runs = map_units(run_seed_unit, units, recipe.executor, plan.workers, recipe.address)
+    for one, seed_results in zip(plan.seeds, runs):
         baseline = seed_results.baseline.returns
-        log(f"[seed {seed}] baseline {baseline['mean']:.1f} +/- {baseline['std']:.1f}")
-    return RunOutcome(run_dir=run_dir, results=write_seeds_results(recipe, run_dir, runs, workers, threads),
-                      resumed=resumed)
+        log(f"[seed {one.seed}] baseline {baseline.mean:.1f} +/- {baseline.std:.1f}")
+    return RunOutcome(run_dir=plan.layout.root, resumed=plan.resumed,
+                      results=write_seeds_results(recipe, plan.layout.root, runs, plan.workers, plan.threads))
 
 
 def write_seeds_results(recipe: Recipe, run_dir: Path, runs: list[RunResults], workers: int, threads: int,
@@ -122,7 +142,7 @@ def write_seeds_results(recipe: Recipe, run_dir: Path, runs: list[RunResults], w
         aggregate=aggregate_seeds(runs),
         search=search,
     )
-    save_results(results, Path(run_dir) / "results.json")
+    save_results(results, RunLayout(Path(run_dir)).results)
     write_report(run_dir)
     write_manifest(run_dir)  # last: its presence means the run finished
     return results

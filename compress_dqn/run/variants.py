@@ -8,23 +8,23 @@ import shutil
 import time
 import zlib
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from compress_dqn._tf import configure_threads, set_seed, tf_keras
 from compress_dqn.compress.build import BuiltVariant, build_cost, build_variant
-from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.envs.environment import EnvInfo
+from compress_dqn.evaluation.figures import CandidatesPick, Compression, ReturnStats
 from compress_dqn.evaluation.measure import measure_size
 from compress_dqn.evaluation.play import evaluate
 from compress_dqn.export.writers import export_policy
 from compress_dqn.fileio import replace_dir
-from compress_dqn.recipe.schema import Recipe, VariantConfig, recipe_from_data
+from compress_dqn.recipe.schema import Recipe, VariantConfig
 from compress_dqn.replay.buffer import ReplayBuffer, load_replay
 from compress_dqn.run import resources
 from compress_dqn.run.context import RunContext, Stage, reopen_run, run_stages
@@ -32,6 +32,7 @@ from compress_dqn.run.executors import map_units, start_local_pool, worker_count
 from compress_dqn.run.measuring import PROBE_ERRORS, probe_policy_memory, probes_saved_model
 from compress_dqn.store import stage_keys as keys
 from compress_dqn.store.layout import BASELINE, PolicyFiles, RunLayout
+from compress_dqn.store.records import Artifacts, MemoryRecord, VariantRecord
 
 
 def variant_seed(seed: int, name: str) -> int:
@@ -44,39 +45,38 @@ def _load_replay(path: Path, info: EnvInfo) -> ReplayBuffer:
     return load_replay(path, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack)
 
 
-def _evaluate(tflite: Path, ctx: RunContext) -> dict[str, Any]:
-    """Return statistics on the shared episode seeds, and agreement with the baseline's actions."""
+def _evaluate(tflite: Path, ctx: RunContext) -> tuple[ReturnStats, float, float]:
+    """Return statistics on the shared episode seeds, and agreement with the baseline's actions
+    (on every held-out state, and on the decisive ones)."""
     policy, seeds = TFLitePolicy(tflite), ctx.ranges.first
     baseline_actions, decisive = ctx.reference
     stats = evaluate(policy.act, ctx.recipe.env, len(seeds), seeds.start)
     actions = policy.actions(ctx.heldout)
     same = actions == baseline_actions
-    return {"return": stats.to_dict(), "action_agreement": float(np.mean(same)),
-            "action_agreement_decisive": float(np.mean(same[decisive]))}
+    return stats, float(np.mean(same)), float(np.mean(same[decisive]))
 
 
-def variant_stage(variant: VariantConfig, ctx: RunContext) -> dict[str, Any]:
+def variant_stage(variant: VariantConfig, ctx: RunContext) -> VariantRecord:
     """Build one variant from the baseline (the best of its candidates where it has some), export
     it, evaluate it on the shared seeds."""
     started = time.perf_counter()
     out = ctx.layout.policy(variant.name)
     if variant.candidates is None:
         built, exported = _build_and_export(variant, ctx, out, ctx.layout.shared_pruning)
-        picked = {}
+        picked = None
     else:
         built, exported, picked = _pick_candidate(variant, ctx, out)
     size = measure_size(built.params, built.nonzero_params, out.tflite, out.saved_model)
-    evaluated = _evaluate(out.tflite, ctx)
-    ctx.log(f"[{variant.name}] return {evaluated['return']['mean']:.1f}, TFLite {size.tflite_bytes} bytes "
-            f"({size.tflite_gzip_bytes} gzipped), agreement {evaluated['action_agreement']:.3f}")
-    return {
-        "artifacts": ctx.layout.artifacts(variant.name),
-        "size": size.to_dict(),
-        **evaluated,
-        "compression": {**variant.model_dump(mode="json", exclude_none=True, exclude={"name"}), **picked,
-                        **built.details, "tflite_sparse_format": exported["sparse_format"],
-                        "build_seconds": round(time.perf_counter() - started, 1)},  # with its evaluation
-    }
+    stats, agreement, decisive = _evaluate(out.tflite, ctx)
+    ctx.log(f"[{variant.name}] return {stats.mean:.1f}, TFLite {size.tflite_bytes} bytes "
+            f"({size.tflite_gzip_bytes} gzipped), agreement {agreement:.3f}")
+    recipe_fields = variant.model_dump(mode="json", exclude_none=True, exclude={"name", "candidates"})
+    compression = Compression(**{**recipe_fields, **built.details}, tflite_sparse_format=exported["sparse_format"],
+                              build_seconds=round(time.perf_counter() - started, 1))  # with its evaluation
+    if picked is not None:
+        compression.candidates = picked
+    return VariantRecord(artifacts=Artifacts(**ctx.layout.artifacts(variant.name)), size=size, returns=stats,
+                         action_agreement=agreement, action_agreement_decisive=decisive, compression=compression)
 
 
 def _build_and_export(variant: VariantConfig, ctx: RunContext, out: PolicyFiles,
@@ -99,7 +99,7 @@ def candidate_name(name: str, k: int) -> str:
 
 
 def _pick_candidate(variant: VariantConfig, ctx: RunContext,
-                    out: PolicyFiles) -> tuple[BuiltVariant, dict[str, bool], dict[str, Any]]:
+                    out: PolicyFiles) -> tuple[BuiltVariant, dict[str, bool], CandidatesPick]:
     """Build each of variant.candidates.count candidates into out/candidates/, play each and the
     baseline on the same fresh episodes, and move the best one's files into `out` (the first of
     equals). Returns its (BuiltVariant, export info) and the pick's record for results.json."""
@@ -110,7 +110,7 @@ def _pick_candidate(variant: VariantConfig, ctx: RunContext,
 
     baseline = play(ctx.layout.policy(BASELINE).tflite)
     differences: list[float] = []
-    best: tuple[int, Any, dict[str, Any]] | None = None
+    best: tuple[int, BuiltVariant, dict[str, bool]] | None = None
     for k in range(cfg.count):
         name = candidate_name(variant.name, k)
         # No shared pruning: candidates that loaded one pruning would all be the same build.
@@ -126,8 +126,8 @@ def _pick_candidate(variant: VariantConfig, ctx: RunContext,
     replace_dir(chosen.saved_model, out.saved_model)
     os.replace(chosen.tflite, out.tflite)
     shutil.rmtree(out.candidates)
-    record = {**cfg.model_dump(mode="json"), "picked": k, "fresh_differences": [round(d, 3) for d in differences]}
-    return built, exported, {"candidates": record}
+    return built, exported, CandidatesPick(**cfg.model_dump(mode="json"), picked=k,
+                                           fresh_differences=[round(d, 3) for d in differences])
 
 
 def variant_stages(recipe: Recipe) -> list[Stage]:
@@ -135,36 +135,35 @@ def variant_stages(recipe: Recipe) -> list[Stage]:
     return [Stage(keys.variant(v.name), partial(variant_stage, v)) for v in recipe.variants]
 
 
-def variant_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[str, Any], quiet: bool) -> dict[str, Any]:
-    """One variant stage in a pool worker. Returns its outputs for the run's own process to record
+def variant_unit(recipe: Recipe, run_dir: str, variant: VariantConfig, quiet: bool) -> VariantRecord:
+    """One variant stage in a pool worker. Returns its record for the run's own process to write
     (stages.json keeps one writer). Same TensorFlow threads and seeds as in that process, so the
-    same bytes wherever it runs."""
-
-    recipe = recipe_from_data(recipe_data)
+    same bytes wherever it runs. Records and recipes are pydantic models: they travel to a worker
+    and back (a process pool or Ray) pickled as the data they hold."""
     configure_threads(recipe.train.intra_op_threads)  # before the first TensorFlow op of this process
     ctx = reopen_run(recipe, Path(run_dir), quiet=True, log=(lambda _: None) if quiet else print)
-    return variant_stage(VariantConfig(**variant_data), ctx)
+    return variant_stage(variant, ctx)
 
 
-def variant_and_memory_unit(recipe_data: dict[str, Any], run_dir: str, variant_data: dict[str, Any],
-                            quiet: bool, saved_model: bool) -> dict[str, Any]:
-    """variant_unit, then the new policy's memory probe (stage memory:NAME) from the same worker:
-    {"variant": outputs, "memory": probe}. The probe is a fresh process whose peak RSS does not
-    depend on what else runs, so it can overlap other builds rather than wait for all of them."""
-    outputs = variant_unit(recipe_data, run_dir, variant_data, quiet)
+def variant_and_memory_unit(recipe: Recipe, run_dir: str, variant: VariantConfig, quiet: bool,
+                            saved_model: bool) -> tuple[VariantRecord, MemoryRecord | None]:
+    """variant_unit, then the new policy's memory probe (stage memory:NAME) from the same worker. The
+    probe is a fresh process whose peak RSS does not depend on what else runs, so it can overlap
+    other builds rather than wait for all of them."""
+    record = variant_unit(recipe, run_dir, variant, quiet)
     try:
-        memory = probe_policy_memory(RunLayout(Path(run_dir)).policy(variant_data["name"]), saved_model)
+        memory = probe_policy_memory(RunLayout(Path(run_dir)).policy(variant.name), saved_model)
     except PROBE_ERRORS:  # the build is kept; probe_memory tries again
         memory = None
-    return {"variant": outputs, "memory": memory}
+    return record, memory
 
 
-def unbuilt_variants(ctx: RunContext) -> list[Any]:
+def unbuilt_variants(ctx: RunContext) -> list[VariantConfig]:
     """ctx.recipe's variants whose build stage has not finished."""
     return [v for v in ctx.recipe.variants if keys.variant(v.name) not in ctx.stages.done]
 
 
-def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
+def build_variants(ctx: RunContext, workers: int = 1, pool: ProcessPoolExecutor | None = None) -> None:
     """Every variant stage not finished yet, `workers` at once (each variant reads only the
     baseline's files). Each is recorded as soon as it finishes, so a killed run keeps it.
 
@@ -180,20 +179,19 @@ def build_variants(ctx: RunContext, workers: int = 1, pool: Any = None) -> None:
         run_stages(ctx, variant_stages(ctx.recipe))
         return
     todo.sort(key=lambda v: -build_cost(v, ctx.recipe))  # costliest first (the pool starts them in order)
-    data = ctx.recipe.to_dict()
-
-    units = [(data, str(ctx.run_dir), v.model_dump(mode="json", exclude_none=True), ctx.quiet) for v in todo]
+    units = [(ctx.recipe, str(ctx.run_dir), v, ctx.quiet) for v in todo]
     if ctx.recipe.executor != "local":
         map_units(variant_unit, units, ctx.recipe.executor, workers, ctx.recipe.address,
-                  on_result=lambda i, outputs: ctx.stages.finish(keys.variant(todo[i].name), outputs))
+                  on_result=lambda i, built: ctx.stages.finish(keys.variant(todo[i].name), built))
         return
 
     units = [(*unit, probes_saved_model(ctx.recipe, v.name)) for unit, v in zip(units, todo)]
 
-    def record(i: int, outputs: dict[str, Any]) -> None:
-        ctx.stages.finish(keys.variant(todo[i].name), outputs["variant"])
-        if outputs["memory"] is not None and keys.measure(todo[i].name) not in ctx.stages.done:
-            ctx.stages.finish(keys.memory(todo[i].name), outputs["memory"])
+    def record(i: int, outputs: tuple[VariantRecord, MemoryRecord | None]) -> None:
+        built, memory = outputs
+        ctx.stages.finish(keys.variant(todo[i].name), built)
+        if memory is not None and keys.measure(todo[i].name) not in ctx.stages:
+            ctx.stages.finish(keys.memory(todo[i].name), memory)
 
     with ThreadPoolExecutor(1) as side:  # a thread: it waits on the probe's own process
         probing = [] if {keys.memory(BASELINE), keys.measure(BASELINE)} & set(ctx.stages.done) else [
@@ -225,7 +223,7 @@ def warm_build_worker() -> None:
 
 
 @contextmanager
-def build_pool(ctx: RunContext, workers: int) -> Iterator[Any]:
+def build_pool(ctx: RunContext, workers: int) -> Iterator[ProcessPoolExecutor | None]:
     """The local pool that will build ctx's variants, started now so that its workers import
     TensorFlow while this process trains the baseline (one TensorFlow thread on the demo: a core
     stays free); None where builds do not run in a local pool. Started after training, each worker

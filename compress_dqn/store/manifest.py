@@ -15,13 +15,14 @@ from typing import Any
 
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import LOCK, write_text_atomic
+from compress_dqn.store.layout import RunLayout
 
-MANIFEST = "manifest.json"
+MANIFEST = RunLayout(Path(".")).manifest.name
 SCHEMA_VERSION = 1
 # Scratch that is not part of a finished run: the baseline's checkpoints are deleted once
 # training ends, and .tmp-/.old- names are the leftovers of a killed process. Only
 # baseline/checkpoints is skipped: a variant may be named "checkpoints".
-_SKIP_DIR = ("baseline", "checkpoints")
+_SKIP_DIR = RunLayout(Path(".")).checkpoints.parts
 
 
 def _scratch(rel: Path) -> bool:
@@ -62,12 +63,12 @@ def write_manifest(run_dir: Path) -> dict[str, Any]:
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "files": entries,
     }
-    write_text_atomic(run_dir / MANIFEST, json.dumps(manifest, indent=2))
+    write_text_atomic(RunLayout(run_dir).manifest, json.dumps(manifest, indent=2))
     return manifest
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / MANIFEST
+    path = RunLayout(run_dir).manifest
     if not path.is_file():
         raise UserError(f"{run_dir}: no {MANIFEST}; the run did not finish (rerun it to complete it) or this is not a run directory")
     try:
@@ -111,13 +112,13 @@ def run_fingerprint(run_dir: Path) -> dict[str, dict[str, Any]]:
     bytes (their metadata holds the writing process's temporary path): per variant, the
     per-episode returns, the action agreement and the SHA-256 of its TFLite file. Two runs that
     computed the same thing, whatever crashed or ran them, have equal fingerprints."""
-    run_dir = Path(run_dir)
-    results = json.loads((run_dir / "results.json").read_text())
+    layout = RunLayout(run_dir)
+    results = json.loads(layout.results.read_text())
     return {
         v["name"]: {
             "episodes": v["return"]["episodes"],
             "agreement": v["action_agreement"],
-            "tflite_sha256": sha256_of(run_dir / v["artifacts"]["tflite"]),
+            "tflite_sha256": sha256_of(layout.root / v["artifacts"]["tflite"]),
         }
         for v in results["variants"]
     }
@@ -129,7 +130,8 @@ def find_run_dir(path: Path, levels: int = 4) -> Path | None:
     path = Path(path).resolve()
     for candidate in [path, *path.parents][: levels + 1]:
         # A run's manifest sits beside its recipe.yaml: a web app's manifest.json above a copied policy is not one.
-        if (candidate / MANIFEST).is_file() and (candidate / "recipe.yaml").is_file():
+        layout = RunLayout(candidate)
+        if layout.manifest.is_file() and layout.recipe.is_file():
             return candidate
     return None
 
