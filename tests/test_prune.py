@@ -162,7 +162,7 @@ def test_selection_keeps_only_fully_pruned_weights(trained_tiny, monkeypatch):
     sparsity even where its earlier, denser weights play better: here every evaluation scores
     lower than the one before, so without the guard the unpruned start would be kept. And the
     kept snapshot, taken after a gradient step, is masked again before the wrappers go."""
-    import compress_dqn.envs.episodes as evaluate
+    import compress_dqn.rl.callbacks as evaluate
     from compress_dqn.compress.prune import pruned_from_step
 
     scores = iter(range(1000, 0, -1))

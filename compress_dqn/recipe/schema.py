@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from compress_dqn.recipe import layer_names
 from compress_dqn.errors import UserError
 from compress_dqn.recipe.safe_yaml import read_yaml, read_yaml_text
 
@@ -550,7 +551,7 @@ class SearchConfig(StrictModel):
     (as a variant's `candidates:`); null: one build per student."""
     sparsities: list[_real(0.0, 1.0, lo_open=True, hi_open=True)] = Field(default_factory=list)
     """Magnitude-pruning targets to try on the baseline (each then post-training int8); [] leaves pruning out."""
-    prune_exclude: list[str] = Field(default_factory=lambda: ["hidden_0", "q_values"])
+    prune_exclude: list[str] = Field(default_factory=lambda: [layer_names.hidden(0), layer_names.OUTPUT])
     """Layers the pruning family keeps dense."""
     prune_fine_tune: FineTuneConfig = _tuning(6_000, 3e-4)
     """Recovery fine-tune of each pruned candidate."""
@@ -665,12 +666,9 @@ class Recipe(StrictModel):
         if self.baseline is not None:
             return self
 
-        def layers(arch: Any) -> list[str]:
-            return ([f"conv_{i}" for i in range(len(arch.conv))] + [f"hidden_{i}" for i in range(len(arch.net_arch))]
-                    + ["q_values"])
-
         for i, variant in enumerate(self.variants):
-            known = layers(variant.student or self.train)
+            arch = variant.student or self.train
+            known = layer_names.weight_layers(len(arch.conv), len(arch.net_arch))
             for key in ("prune", "cluster"):
                 technique = getattr(variant, key)
                 unknown = [n for n in (technique.exclude if technique else []) if n not in known]

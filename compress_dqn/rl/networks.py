@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from compress_dqn._tf import tf, tf_keras
+from compress_dqn.recipe import layer_names
 
 
 def build_q_network(
@@ -55,14 +56,14 @@ def build_q_network(
 
     for i, spec in enumerate(conv):
         weighted(tf_keras.layers.Conv2D, int(spec.filters), int(spec.kernel), strides=int(spec.stride),
-                 activation=activation, name=f"conv_{i}")
+                 activation=activation, name=layer_names.conv(i))
     if len(obs_shape) > 1:
         model.add(tf_keras.layers.Flatten(name="flatten"))
     for i, width in enumerate(net_arch):
-        weighted(tf_keras.layers.Dense, int(width), activation=activation, name=f"hidden_{i}")
+        weighted(tf_keras.layers.Dense, int(width), activation=activation, name=layer_names.hidden(i))
     if dueling:
         return _dueling_model(model, int(n_actions), init, name)
-    weighted(tf_keras.layers.Dense, int(n_actions), name="q_values")
+    weighted(tf_keras.layers.Dense, int(n_actions), name=layer_names.OUTPUT)
     return model
 
 
@@ -85,7 +86,7 @@ def _dueling_model(body: tf_keras.Sequential, n_actions: int, init: str, name: s
     fan_in = int(x.shape[-1])
     value = tf_keras.layers.Dense(1, name="value", **_initializers(init, fan_in))(x)
     advantage = tf_keras.layers.Dense(n_actions, name="advantage", **_initializers(init, fan_in))(x)
-    return tf_keras.Model(inputs, DuelingCombine(name="q_values")([value, advantage]), name=name)
+    return tf_keras.Model(inputs, DuelingCombine(name=layer_names.OUTPUT)([value, advantage]), name=name)
 
 
 def dueling_heads(model: tf_keras.Model) -> tuple[tf_keras.layers.Dense, tf_keras.layers.Dense] | None:
@@ -118,7 +119,7 @@ def fold_dueling(model: tf_keras.Model) -> tf_keras.Model:
     plain = tf_keras.Sequential([tf_keras.layers.InputLayer(input_shape=model.input_shape[1:], name="obs")], name=model.name)
     for layer in body:
         plain.add(layer.__class__.from_config(layer.get_config()))
-    plain.add(tf_keras.layers.Dense(heads[1].units, name="q_values"))
+    plain.add(tf_keras.layers.Dense(heads[1].units, name=layer_names.OUTPUT))
     weights = [w for layer in body for w in layer.get_weights()]
     plain.set_weights(weights + _folded_head(*(layer.get_weights() for layer in heads)))
     return plain
