@@ -117,8 +117,8 @@ def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_step
     from compress_dqn.recipe.schema import EnvConfig
     from compress_dqn.rl.networks import weight_layers
 
-    env = run_env(model, env_id) or {"id": env_id, "frame_stack": frame_stack}  # a run's own settings, kwargs too
-    info = probe_env(EnvConfig(**env))
+    env = run_env(model, env_id) or EnvConfig(id=env_id, frame_stack=frame_stack)  # a run's own settings, kwargs too
+    info = probe_env(env)
     layers = [layer.name for layer in weight_layers(load_model(model, info))]
     keep_dense = [layers[-1]] + ([layers[0]] if len(layers) > 2 else [])
     baseline: dict = {"from": str(model.absolute())}
@@ -133,7 +133,7 @@ def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_step
     if model.is_dir():  # a run directory (or SavedModel): runs/NAME could be the source itself
         name = f"{name}-compressed"
     flat = len(info.obs_shape) == 1 and info.frame_stack == 1
-    return {"name": name, "seed": seed, "env": env, "baseline": baseline,
+    return {"name": name, "seed": seed, "env": env.model_dump(mode="json", exclude_none=True), "baseline": baseline,
             "eval": {"episodes": episodes, "seed": 0, "max_episodes": max(max_episodes, episodes)}}, keep_dense, flat
 
 

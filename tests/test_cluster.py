@@ -10,7 +10,7 @@ def test_clustered_layers_have_at_most_k_values_after_export(trained_tiny, tmp_p
     recipe, result = trained_tiny
     v = variant(recipe, cluster={"clusters": 6, "exclude": ["q_values"]}, fine_tune={"steps": 100})
     built = build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
-    uniques = built.details["unique_kernel_values"]
+    uniques = built.details.unique_kernel_values
     assert uniques["hidden_0"] <= 6 and uniques["hidden_1"] <= 6
     assert uniques["advantage"] > 6 and uniques["value"] > 6  # the excluded output layer, as exported (split)
     from compress_dqn._tf import tf

@@ -25,15 +25,15 @@ def test_student_is_smaller_and_learns_the_teacher(trained_tiny):
     assert error_long < 0.2 * error_short
     agreement = np.mean(q_of(long.export_model, obs).argmax(1) == teacher_q.argmax(1))
     assert agreement > 0.9
-    assert long.details["fine_tune"]["method"] == "distill"
-    assert long.details["fine_tune"]["gradient_steps"] == 600
+    assert long.details.fine_tune.method == "distill"
+    assert long.details.fine_tune.gradient_steps == 600
 
 
 def test_mse_loss_is_available(trained_tiny):
     recipe, result = trained_tiny
     built = build_variant(variant(recipe, student={"net_arch": [8]}, fine_tune={"steps": 50, "loss": "mse"}),
                           result.model, result.replay, recipe, result.info, quiet=True)
-    assert np.isfinite(built.details["fine_tune"]["final_loss"])
+    assert np.isfinite(built.details.fine_tune.final_loss)
 
 
 def test_keep_best_policy_restores_the_best_evaluated_weights(monkeypatch):
@@ -57,8 +57,8 @@ def test_keep_best_policy_restores_the_best_evaluated_weights(monkeypatch):
         w.assign(np.full(w.shape, 5.0, dtype=np.float32))
     keep.on_train_end({"gradient_step": 450})
     assert all(np.all(w.numpy() == 3.0) for w in model.weights)  # 200 at steps 200 and 300: the latest
-    assert keep.summary()["selected_step"] == 300
-    assert [s for s, _ in keep.summary()["evaluations"]] == [100, 200, 300, 400, 450]  # (no train_begin here)
+    assert keep.summary().selected_step == 300
+    assert [s for s, _ in keep.summary().evaluations] == [100, 200, 300, 400, 450]  # (no train_begin here)
 
 
 def test_selection_episodes_may_not_overlap_any_look_of_the_evaluation():

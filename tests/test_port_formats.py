@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from compress_dqn.errors import UserError
+from compress_dqn.evaluation.figures import PortCheckRecord
 from compress_dqn.port.baseline import load_model
 from compress_dqn.port.check import cross_check
 
@@ -46,12 +47,12 @@ def cartpole_states() -> np.ndarray:
     return np.asarray(states, dtype=np.float32)
 
 
-def assert_exact(path: Path, info: SimpleNamespace, states: np.ndarray) -> dict:
+def assert_exact(path: Path, info: SimpleNamespace, states: np.ndarray) -> PortCheckRecord:
     model = load_model(path, info)
     record = cross_check(path, model, states, info)
-    assert record["checked"], record
-    assert record["max_abs_q_diff"] <= 1e-4 and record["action_agreement"] == 1.0, record
-    assert record["states"] == len(states)
+    assert record.checked, record
+    assert record.max_abs_q_diff <= 1e-4 and record.action_agreement == 1.0, record
+    assert record.states == len(states)
     return record
 
 
@@ -60,13 +61,13 @@ def assert_exact(path: Path, info: SimpleNamespace, states: np.ndarray) -> dict:
 def test_each_format_ports_exactly(name, cartpole_states):
     record = assert_exact(PORT / name, CARTPOLE, cartpole_states)
     runtime = {"zip": "stable-baselines3", "cleanrl_model": "torch", "onnx": "onnxruntime"}[name.rsplit(".", 1)[1]]
-    assert runtime in record["runtime"]
+    assert runtime in record.runtime
 
 
 def test_vecnormalize_statistics_are_folded_in_not_ignored(cartpole_states, tmp_path):
     path = PORT / "vecnorm" / "sb3_cartpole_vecnorm.zip"
     record = assert_exact(path, CARTPOLE, cartpole_states)
-    assert any("VecNormalize" in note for note in record["notes"])
+    assert any("VecNormalize" in note for note in record.notes)
     # The same zip without its statistics is a different policy: the check would show it.
     alone = tmp_path / path.name
     alone.write_bytes(path.read_bytes())
@@ -80,7 +81,7 @@ def test_sb3_cnn_policy_takes_the_environments_channel_last_frames(tmp_path):
     info = SimpleNamespace(env_id="Frames", obs_shape=(44, 44, 2), obs_dtype=np.dtype(np.uint8), n_actions=3, frame_stack=1)
     frames = np.random.default_rng(0).integers(0, 256, (64, 44, 44, 2), dtype=np.uint8)
     record = assert_exact(path, info, frames)
-    assert any("1/255" in note for note in record["notes"]) and any("channel" in note for note in record["notes"])
+    assert any("1/255" in note for note in record.notes) and any("channel" in note for note in record.notes)
 
 
 def test_cleanrl_atari_network_and_its_onnx_export(tmp_path):
@@ -152,8 +153,8 @@ def test_a_missing_runtime_says_the_port_was_not_cross_checked(monkeypatch, cart
     for name, extra in (("sb3_cartpole.zip", "sb3"), ("cleanrl_cartpole.cleanrl_model", "torch"), ("sb3_cartpole.onnx", "onnx")):
         model = load_model(PORT / name, CARTPOLE)  # reading needs none of the runtimes
         record = cross_check(PORT / name, model, cartpole_states, CARTPOLE)
-        assert record["checked"] is False and "not cross-checked" in record["reason"]
-        assert f"compress-dqn[{extra}]" in record["reason"]
+        assert record.checked is False and "not cross-checked" in record.reason
+        assert f"compress-dqn[{extra}]" in record.reason
 
 
 def test_reading_onnx_without_the_onnx_package_names_the_extra(monkeypatch):
@@ -170,7 +171,7 @@ def test_the_check_catches_a_wrong_port(name, cartpole_states):
     kernel[0, 0] += 1.0
     model.layers[0].set_weights([kernel, bias])
     record = cross_check(PORT / name, model, cartpole_states, CARTPOLE)
-    assert record["checked"] and record["max_abs_q_diff"] > 1e-3
+    assert record.checked and record.max_abs_q_diff > 1e-3
 
 
 def test_damaged_or_foreign_files_are_refused_in_one_line(tmp_path):

@@ -17,7 +17,7 @@ def test_target_sparsity_reached_and_output_layer_kept_dense(trained_tiny, sched
     v = variant(recipe, prune={"sparsity": 0.8, "schedule": schedule, "frequency": 10, "exclude": ["q_values"]},
                 fine_tune={"steps": 200})
     built = build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
-    sparsity = built.details["sparsity"]
+    sparsity = built.details.sparsity
     assert abs(sparsity["hidden_0"] - 0.8) <= 0.01 and abs(sparsity["hidden_1"] - 0.8) <= 0.01
     # Measured on what is exported: the output layer is split into advantage and value heads.
     assert set(sparsity) == {"hidden_0", "hidden_1", "advantage", "value"}
@@ -45,8 +45,8 @@ def test_td_fine_tune_prunes_too(trained_tiny):
     recipe, result = trained_tiny
     v = variant(recipe, prune={"sparsity": 0.5, "frequency": 5}, fine_tune={"method": "td", "steps": 300})
     built = build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
-    assert built.details["fine_tune"]["method"] == "td"
-    assert all(abs(built.details["sparsity"][name] - 0.5) <= 0.01 for name in ("hidden_0", "hidden_1"))
+    assert built.details.fine_tune.method == "td"
+    assert all(abs(built.details.sparsity[name] - 0.5) <= 0.01 for name in ("hidden_0", "hidden_1"))
 
 
 def test_short_fine_tunes_still_reach_the_target():
@@ -69,8 +69,8 @@ def test_reported_sparsity_is_the_exported_kernels(trained_tiny):
     v = variant(recipe, prune={"sparsity": 0.8, "frequency": 10}, fine_tune={"steps": 200})
     built = build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
     exported = {name: float((k == 0).mean()) for name, k in dense_kernels(built.export_model).items()}
-    assert built.details["sparsity"] == pytest.approx(exported)
-    assert "q_values" not in built.details["sparsity"]  # the pruned layer is not what ships
+    assert built.details.sparsity == pytest.approx(exported)
+    assert "q_values" not in built.details.sparsity  # the pruned layer is not what ships
 
 
 @pytest.mark.parametrize("method", ["distill", "td"])
@@ -130,8 +130,8 @@ def test_variants_with_one_pruning_share_it_and_get_the_model_each_would_get_alo
     first = build("p50-dynamic", tmp_path / "run")
     second = build("p50-int8", tmp_path / "run", quantize="int8")
     assert len(calls) == 1
-    assert second.details["fine_tune"]["shared"] == first.details["fine_tune"]["shared"]
-    assert second.details["fine_tune"]["gradient_steps"] == 100
+    assert second.details.fine_tune.shared == first.details.fine_tune.shared
+    assert second.details.fine_tune.gradient_steps == 100
     alone = build("p50-int8", tmp_path / "alone", quantize="int8")
     assert len(calls) == 2
     for built in (first, alone):
@@ -153,7 +153,7 @@ def test_a_td_fine_tune_or_a_pruned_student_does_not_share_its_pruning(trained_t
         for name in ("a", "b"):
             built = build_variant(variant(recipe, name=name, prune={"sparsity": 0.5}, **fields), result.model,
                                   result.replay, recipe, result.info, quiet=True, shared=tmp_path)
-            assert "shared" not in built.details["fine_tune"]
+            assert built.details.fine_tune.shared is None
     assert not list(tmp_path.iterdir())
 
 
@@ -172,11 +172,11 @@ def test_selection_keeps_only_fully_pruned_weights(trained_tiny, monkeypatch):
     v = variant(recipe, prune={"sparsity": 0.8, "frequency": 10, "exclude": ["q_values"]},
                 fine_tune={"steps": 400, "select_interval": 50, "select_episodes": 2})
     built = build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
-    selection = built.details["fine_tune"]["selection"]
-    assert selection["evaluations"][0][0] >= pruned_from_step(v.prune, 400) > 200
-    assert selection["selected_step"] == selection["evaluations"][0][0] < 400  # the first eligible, not the last
-    assert built.details["sparsity"]["hidden_0"] == pytest.approx(0.8, abs=0.01)
-    assert built.details["sparsity"]["hidden_1"] == pytest.approx(0.8, abs=0.01)
+    selection = built.details.fine_tune.selection
+    assert selection.evaluations[0][0] >= pruned_from_step(v.prune, 400) > 200
+    assert selection.selected_step == selection.evaluations[0][0] < 400  # the first eligible, not the last
+    assert built.details.sparsity["hidden_0"] == pytest.approx(0.8, abs=0.01)
+    assert built.details.sparsity["hidden_1"] == pytest.approx(0.8, abs=0.01)
 
 
 def test_sparse_format_is_an_export_choice_that_keeps_the_shared_pruning(trained_tiny):

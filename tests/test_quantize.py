@@ -91,7 +91,7 @@ def test_float16_has_float16_weights(trained_tiny, tmp_path):
 
 def test_qat_model_converts_to_int8(trained_tiny, tmp_path):
     path, built = tflite_for(trained_tiny, tmp_path, quantize={"mode": "qat"}, fine_tune={"steps": 100})
-    assert built.details["qat"]["preserve"] is None
+    assert built.details.qat.preserve is None
     assert "int8" in weight_dtypes(path)
     assert agreement(path, trained_tiny) > 0.8
 
@@ -99,8 +99,8 @@ def test_qat_model_converts_to_int8(trained_tiny, tmp_path):
 def test_pqat_keeps_sparsity_through_qat(trained_tiny, tmp_path):
     path, built = tflite_for(trained_tiny, tmp_path, prune={"sparsity": 0.9, "frequency": 5},
                              quantize={"mode": "qat"}, fine_tune={"steps": 150})
-    assert built.details["qat"]["preserve"] == "sparsity"
-    before, after = built.details["sparsity"], built.details["sparsity_after_qat"]
+    assert built.details.qat.preserve == "sparsity"
+    before, after = built.details.sparsity, built.details.sparsity_after_qat
     # Every exported kernel (the output layer as its advantage and value heads) keeps its zeros.
     assert set(after) == set(before) == {"hidden_0", "hidden_1", "advantage", "value"}
     for layer in after:
@@ -113,10 +113,10 @@ def test_plain_qat_does_not_keep_sparsity(trained_tiny, tmp_path):
     """Control for the PQAT test: without the preserving scheme, QAT refills pruned weights."""
     _, built = tflite_for(trained_tiny, tmp_path, prune={"sparsity": 0.9, "frequency": 5},
                           quantize={"mode": "qat", "preserve": False}, fine_tune={"steps": 150})
-    assert built.details["qat"]["preserve"] is None
-    assert "sparsity_after_qat" not in built.details
+    assert built.details.qat.preserve is None
+    assert built.details.sparsity_after_qat is None
     kernel = dense_kernels(built.export_model)["hidden_1"]
-    assert abs(built.details["sparsity"]["hidden_1"] - 0.9) <= 0.01  # pruned before QAT ...
+    assert abs(built.details.sparsity["hidden_1"] - 0.9) <= 0.01  # pruned before QAT ...
     assert 1.0 - np.count_nonzero(kernel) / kernel.size < 0.5  # ... and refilled by plain QAT
 
 

@@ -18,12 +18,13 @@ import json
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from compress_dqn._tf import set_seed, tf, tf_keras, use_xla
 from compress_dqn.compress import cluster, prune, quantize
+from compress_dqn.compress.details import BuildDetails, FineTune, InputNormalization
 from compress_dqn.compress.distill import Distiller, build_student
 from compress_dqn.compress.rewrites import (
     fold_input_normalization,
@@ -51,7 +52,7 @@ class BuiltVariant:
     quantize: QuantizeConfig | None
     calibration: np.ndarray | None
     try_sparse_format: bool
-    details: dict[str, Any] = field(default_factory=dict)
+    details: BuildDetails = field(default_factory=BuildDetails)
     input_normalization: tuple[np.ndarray, np.ndarray] | None = None
     """(mean, std): tflite_model() takes (obs - mean) / std (rewrites.fold_input_normalization); the
     exported file computes it itself in front of its input (deploy.graph_input)."""
@@ -142,7 +143,7 @@ def fine_tune(
     quiet: bool = False,
     seed_label: str | None = None,
     select_from: int = 0,
-) -> dict[str, Any]:
+) -> FineTune:
     """Recover return after compression: distillation to the baseline, or more TD learning.
     label names the progress; seed_label (default: label) seeds the fine-tune's environment;
     select_from: the first gradient step whose weights a selection may keep."""
@@ -154,21 +155,21 @@ def fine_tune(
         seeds = range(recipe.train.eval_seed, recipe.train.eval_seed + ft.select_episodes)
         selection = KeepBestPolicy(recipe.env, seeds, ft.select_interval, first_step=select_from)
         callbacks = (*callbacks, selection)
-    details = _fine_tune(model, ft, recipe, baseline, replay, callbacks, jit, label, quiet, seed_label or label)
+    done = _fine_tune(model, ft, recipe, baseline, replay, callbacks, jit, label, quiet, seed_label or label)
     if selection is not None:
-        details["selection"] = selection.summary()
-    return details
+        done.selection = selection.summary()
+    return done
 
 
 def _fine_tune(model: tf_keras.Model, ft: FineTuneConfig, recipe: Recipe, baseline: tf_keras.Model,
                replay: ReplayBuffer, callbacks: tuple, jit: bool, label: str, quiet: bool, seed_label: str
-               ) -> dict[str, Any]:
+               ) -> FineTune:
     if ft.method == "distill":
         loss = Distiller(
             model, baseline, replay, ft, callbacks=callbacks, max_grad_norm=recipe.train.max_grad_norm,
             jit_compile=jit, label=label, quiet=quiet, env=recipe.env, seed=fine_tune_seed(recipe.seed, seed_label),
         ).run()
-        return {"method": "distill", "gradient_steps": ft.steps, "final_loss": loss}
+        return FineTune(method="distill", gradient_steps=ft.steps, final_loss=loss)
 
     cfg = recipe.train.model_copy(update={
         "total_timesteps": ft.steps,
@@ -185,7 +186,7 @@ def _fine_tune(model: tf_keras.Model, ft: FineTuneConfig, recipe: Recipe, baseli
         initial_model=model, initial_replay=replay, frozen_target=baseline.get_weights(), device=recipe.device,
         target_template=baseline,
     ).train()
-    return {"method": "td", "env_steps": result.env_steps, "gradient_steps": result.gradient_steps}
+    return FineTune(method="td", env_steps=result.env_steps, gradient_steps=result.gradient_steps)
 
 
 def fine_tune_seed(seed: int, label: str) -> int:
@@ -213,7 +214,7 @@ def pruning_key(variant: VariantConfig, recipe: Recipe, baseline: tf_keras.Model
 
 
 def _pruned_and_recovered(variant: VariantConfig, model: tf_keras.Model, recipe: Recipe, baseline: tf_keras.Model,
-                          replay: ReplayBuffer, details: dict[str, Any], quiet: bool, shared: Path | None
+                          replay: ReplayBuffer, details: BuildDetails, quiet: bool, shared: Path | None
                           ) -> tf_keras.Model:
     """Prune, recover with the fine-tune and strip; or, where `shared` holds an equal pruning of
     the baseline (pruning_key), load it.
@@ -232,9 +233,9 @@ def _pruned_and_recovered(variant: VariantConfig, model: tf_keras.Model, recipe:
     def prune_and_recover(seed_label: str | None = None) -> tf_keras.Model:
         steps = _fine_tune_gradient_steps(ft, recipe)
         wrapped = prune.prune_model(model, variant.prune, steps)
-        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
-                                         wrapped=True, label=variant.name, quiet=quiet, seed_label=seed_label,
-                                         select_from=prune.pruned_from_step(variant.prune, steps))
+        details.fine_tune = fine_tune(wrapped, ft, recipe, baseline, replay, (prune.update_pruning_step(),),
+                                      wrapped=True, label=variant.name, quiet=quiet, seed_label=seed_label,
+                                      select_from=prune.pruned_from_step(variant.prune, steps))
         return prune.strip(wrapped)
 
     if shared is None or variant.student or ft.method != "distill":
@@ -245,10 +246,10 @@ def _pruned_and_recovered(variant: VariantConfig, model: tf_keras.Model, recipe:
         set_seed(fine_tune_seed(recipe.seed, name))
         with sampling_undone(replay):
             weights = prune_and_recover(seed_label=name).get_weights()
-        save_arrays(path, {"fine_tune": np.array(json.dumps(details["fine_tune"])),
+        save_arrays(path, {"fine_tune": np.array(json.dumps(details.fine_tune.to_dict())),
                            **{f"w{i:04d}": w for i, w in enumerate(weights)}})
     stored = load_dict(path)
-    details["fine_tune"] = {**json.loads(str(stored.pop("fine_tune")[()])), "shared": name}
+    details.fine_tune = FineTune(**json.loads(str(stored.pop("fine_tune")[()])), shared=name)
     fresh = independent_copy(baseline)
     fresh.set_weights([stored[k] for k in sorted(stored)])
     # The stages after it start from the same random state whether the pruning ran here or was loaded.
@@ -257,7 +258,7 @@ def _pruned_and_recovered(variant: VariantConfig, model: tf_keras.Model, recipe:
 
 
 def _compress_and_recover(variant: VariantConfig, model: tf_keras.Model, recipe: Recipe, baseline: tf_keras.Model,
-                          replay: ReplayBuffer, details: dict[str, Any], quiet: bool, shared: Path | None = None
+                          replay: ReplayBuffer, details: BuildDetails, quiet: bool, shared: Path | None = None
                           ) -> tf_keras.Model:
     """Wrap (prune/cluster), recover with the fine-tune, strip; or distill a student."""
     ft, label = variant.fine_tune, variant.name
@@ -265,15 +266,15 @@ def _compress_and_recover(variant: VariantConfig, model: tf_keras.Model, recipe:
         return _pruned_and_recovered(variant, model, recipe, baseline, replay, details, quiet, shared)
     if variant.cluster:
         wrapped = cluster.cluster_model(model, variant.cluster)
-        details["fine_tune"] = fine_tune(wrapped, ft, recipe, baseline, replay, wrapped=True, label=label, quiet=quiet)
+        details.fine_tune = fine_tune(wrapped, ft, recipe, baseline, replay, wrapped=True, label=label, quiet=quiet)
         return cluster.strip(wrapped)
     if variant.student:
-        details["fine_tune"] = fine_tune(model, ft, recipe, baseline, replay, label=label, quiet=quiet)
+        details.fine_tune = fine_tune(model, ft, recipe, baseline, replay, label=label, quiet=quiet)
     return model
 
 
 def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: Recipe, baseline: tf_keras.Model,
-                        replay: ReplayBuffer, info: EnvInfo, details: dict[str, Any], quiet: bool
+                        replay: ReplayBuffer, info: EnvInfo, details: BuildDetails, quiet: bool
                         ) -> tuple[tf_keras.Model, tf_keras.Model, tuple[np.ndarray, np.ndarray] | None]:
     """QAT (PQAT/CQAT where the model is pruned/clustered): (the fake-quantized model on raw
     observations, the same on normalized ones or None, the normalization or None).
@@ -299,18 +300,19 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
     qat = quantize.qat_model(plain, preserve)
     quantize.calibrate_ranges(qat, plain, seen)
     trained = qat if normalization is None else quantize.behind_normalization(qat, *normalization)
-    details["qat"] = fine_tune(trained, qat_fine_tune(variant), recipe, baseline, replay, wrapped=True, label=f"{variant.name}/qat", quiet=quiet)
-    details["qat"]["preserve"] = preserve
+    details.qat = fine_tune(trained, qat_fine_tune(variant), recipe, baseline, replay, wrapped=True,
+                            label=f"{variant.name}/qat", quiet=quiet)
+    details.qat.preserve = preserve
     if preserve == "sparsity":
-        details["sparsity_after_qat"] = {
+        details.sparsity_after_qat = {
             name: float(1.0 - np.count_nonzero(k) / k.size)
             for name, k in dense_kernels(qat).items()
-            if name in details["sparsity"]
+            if name in details.sparsity
         }
     return trained, (qat if normalization is not None else None), normalization
 
 
-def _input_normalization(q: QuantizeConfig, info: EnvInfo, observations: np.ndarray, details: dict[str, Any]
+def _input_normalization(q: QuantizeConfig, info: EnvInfo, observations: np.ndarray, details: BuildDetails
                          ) -> tuple[np.ndarray, np.ndarray] | None:
     """Per-feature (mean, std) of replay observations where the recipe asks to normalize the input
     of an integer model (flat float observations only), else None."""
@@ -318,12 +320,12 @@ def _input_normalization(q: QuantizeConfig, info: EnvInfo, observations: np.ndar
         return None
     normalization = input_range(observations) if q.input_scaling == "range" else input_statistics(observations)
     # (obs - mean) / std; with input_scaling: range, mean is the midrange and std the half-range.
-    details["input_normalization"] = {"mean": normalization[0].tolist(), "std": normalization[1].tolist(),
-                                      "scaling": q.input_scaling}
+    details.input_normalization = InputNormalization(mean=normalization[0].tolist(), std=normalization[1].tolist(),
+                                                     scaling=q.input_scaling)
     return normalization
 
 
-def _calibration(q: QuantizeConfig | None, replay: ReplayBuffer, info: EnvInfo, details: dict[str, Any]
+def _calibration(q: QuantizeConfig | None, replay: ReplayBuffer, info: EnvInfo, details: BuildDetails
                  ) -> tuple[np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
     """Post-training integer quantization's representative observations, normalized per feature
     where the recipe asks for it (flat float observations only)."""
@@ -347,7 +349,7 @@ def build_variant(
 ) -> BuiltVariant:
     """Apply the variant's techniques to (a copy of) the baseline. shared: a folder where pruned
     models are kept for the run's other variants (see _pruned_and_recovered); None: keep none."""
-    details: dict[str, Any] = {}
+    details = BuildDetails()
     model = build_student(info, variant.student) if variant.student else independent_copy(baseline)
     model = _compress_and_recover(variant, model, recipe, baseline, replay, details, quiet, shared)
     # Exact reparameterisation of the output layer into advantage + value heads: quantized
@@ -355,9 +357,9 @@ def build_variant(
     # is what is exported: the split heads, not the layer they replace.
     model = split_value_advantage(model)
     if variant.prune:
-        details["sparsity"] = prune.kernel_sparsity(model)
+        details.sparsity = prune.kernel_sparsity(model)
     elif variant.cluster:
-        details["unique_kernel_values"] = cluster.unique_kernel_values(model)
+        details.unique_kernel_values = cluster.unique_kernel_values(model)
     params, _ = count_params(model)
     q = variant.quantize
     export_model, normalized_model = model, None

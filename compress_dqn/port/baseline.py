@@ -15,11 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.envs.environment import make_env_from, seed_env
+from compress_dqn._tf import tf_keras
+from compress_dqn.envs.environment import EnvInfo, make_env_from, seed_env
 from compress_dqn.errors import UserError
+from compress_dqn.evaluation.figures import BroughtData
 from compress_dqn.port.keras_file import load_keras
 from compress_dqn.port.load import file_kind, port_model
 from compress_dqn.port.run_dir import load_run_network
+from compress_dqn.recipe.schema import EnvConfig
 from compress_dqn.replay.buffer import ReplayBuffer
 from compress_dqn.rl.networks import make_actor
 from compress_dqn.store.layout import RunLayout
@@ -53,9 +56,9 @@ def file_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def rollout(model: Any, env_cfg: Any, info: Any, steps: int, epsilon: float, capacity: int, seed: int) -> tuple[ReplayBuffer, dict[str, Any]]:
+def rollout(model: tf_keras.Model, env_cfg: EnvConfig, info: EnvInfo, steps: int, epsilon: float, capacity: int,
+            seed: int) -> tuple[ReplayBuffer, BroughtData]:
     """Play the model epsilon-greedily for `steps` env steps into a fresh replay buffer."""
-
     replay = ReplayBuffer(max(2, min(capacity, steps + steps // 2 + 2)), info.obs_shape, info.obs_dtype,
                           info.n_actions, seed, frame_stack=info.frame_stack)
     actor = make_actor(model)
@@ -76,12 +79,11 @@ def rollout(model: Any, env_cfg: Any, info: Any, steps: int, epsilon: float, cap
                 obs, _ = env.reset()
     finally:
         env.close()
-    summary = {"kind": "rollout", "steps": steps, "epsilon": epsilon, "episodes": len(returns),
-               "mean_episode_return": float(np.mean(returns)) if returns else None}
-    return replay, summary
+    return replay, BroughtData(kind="rollout", steps=steps, epsilon=epsilon, episodes=len(returns),
+                               mean_episode_return=float(np.mean(returns)) if returns else None)
 
 
-def load_transitions(path: str | Path, info: Any, capacity: int, seed: int) -> tuple[ReplayBuffer, dict[str, Any]]:
+def load_transitions(path: str | Path, info: EnvInfo, capacity: int, seed: int) -> tuple[ReplayBuffer, BroughtData]:
     """Transitions from an .npz (no pickle), each array checked, into a fresh replay buffer."""
     path = Path(path)
     try:
@@ -132,4 +134,4 @@ def load_transitions(path: str | Path, info: Any, capacity: int, seed: int) -> t
                        arrays["next_observations"][i], bool(arrays["terminated"][i]), bool(arrays["truncated"][i]))
         except ValueError as exc:
             raise UserError(f"baseline.transitions: {path}: transition {i}: {exc}") from None
-    return replay, {"kind": "transitions", "path": str(path), "transitions": n}
+    return replay, BroughtData(kind="transitions", path=str(path), transitions=n)

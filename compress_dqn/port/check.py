@@ -10,10 +10,12 @@ cross-checked and why, instead of passing silently.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from compress_dqn._tf import tf_keras
+from compress_dqn.envs.environment import EnvInfo
+from compress_dqn.evaluation.figures import PortCheckRecord
 from compress_dqn.port.load import KINDS, file_kind, read_port
 from compress_dqn.replay.buffer import ReplayBuffer, sampling_undone
 
@@ -27,24 +29,25 @@ def compare(ported: np.ndarray, source: np.ndarray) -> dict[str, float]:
             "action_agreement": float(np.mean(ported.argmax(axis=1) == source.argmax(axis=1)))}
 
 
-def cross_check(path: str | Path, model: Any, observations: np.ndarray, info: Any) -> dict[str, Any] | None:
+def cross_check(path: str | Path, model: tf_keras.Model, observations: np.ndarray,
+                info: EnvInfo) -> PortCheckRecord | None:
     """The port check on `observations` (None for a Keras file or a run's baseline: nothing was ported)."""
     path = Path(path)
     kind = file_kind(path)
     if kind == "keras":
         return None
     port = read_port(path, info, kind)
-    record: dict[str, Any] = {"format": KINDS[kind], "states": len(observations), "notes": list(port.net.notes)}
+    record = PortCheckRecord(format=KINDS[kind], checked=False, states=len(observations), notes=list(port.net.notes))
     try:
         reference = port.reference()
     except ImportError as exc:
-        return {**record, "checked": False, "reason": f"not cross-checked: {exc}"}
+        return record.model_copy(update={"reason": f"not cross-checked: {exc}"})
     source_q = reference(observations)
     ported_q = model.predict(np.asarray(observations), batch_size=256, verbose=0)
-    return {**record, "checked": True, "runtime": port.runtime(), **compare(ported_q, source_q)}
+    return record.model_copy(update={"checked": True, "runtime": port.runtime(), **compare(ported_q, source_q)})
 
 
-def check_port(path: str | Path, model: Any, replay: ReplayBuffer, info: Any) -> dict[str, Any] | None:
+def check_port(path: str | Path, model: tf_keras.Model, replay: ReplayBuffer, info: EnvInfo) -> PortCheckRecord | None:
     """The port check on states of the baseline's data, leaving the replay's sampling where it was."""
     with sampling_undone(replay):
         observations = replay.sample_observations(min(CHECK_STATES, replay.num_transitions))

@@ -10,15 +10,15 @@ is the replay buffer the baseline trained on. The run itself loads its baseline 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from compress_dqn._tf import tf_keras
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.errors import UserError
+from compress_dqn.evaluation.figures import BroughtData
 from compress_dqn.fileio import load_arrays
 from compress_dqn.port.keras_file import load_keras
 from compress_dqn.recipe.safe_yaml import read_yaml
-from compress_dqn.recipe.schema import Recipe, recipe_from_data
+from compress_dqn.recipe.schema import EnvConfig, Recipe, recipe_from_data
 from compress_dqn.replay.buffer import ReplayBuffer, load_replay
 from compress_dqn.rl.networks import network_for
 from compress_dqn.store.layout import RunLayout
@@ -48,15 +48,15 @@ def _finished_run(path: str | Path) -> tuple[RunLayout, Recipe]:
     return layout, recipe
 
 
-def run_env(path: str | Path, env_id: str) -> dict[str, Any] | None:
-    """The environment settings (kwargs, preprocessing) of the run `path` names, as recipe data; None
-    where `path` is no run. A run of another environment than `env_id` is refused."""
+def run_env(path: str | Path, env_id: str) -> EnvConfig | None:
+    """The environment settings (kwargs, preprocessing) of the run `path` names; None where `path`
+    is no run. A run of another environment than `env_id` is refused."""
     if RunLayout.find(path) is None:
         return None
     layout, recipe = _finished_run(path)
     if recipe.env.id != env_id:
         raise UserError(f"{layout.root}: its baseline plays {recipe.env.id}, not {env_id}; pass --env {recipe.env.id}")
-    return recipe.env.model_dump(mode="json", exclude_none=True)
+    return recipe.env
 
 
 def load_run_network(path: str | Path, info: EnvInfo) -> tf_keras.Model:
@@ -68,8 +68,8 @@ def load_run_network(path: str | Path, info: EnvInfo) -> tf_keras.Model:
     return baseline_network(layout, recipe, info)
 
 
-def run_replay(path: str | Path, info: EnvInfo) -> tuple[ReplayBuffer, dict[str, Any]]:
+def run_replay(path: str | Path, info: EnvInfo) -> tuple[ReplayBuffer, BroughtData]:
     """The replay buffer the run's baseline trained on (or was compressed with), and its record."""
     layout, _ = _finished_run(path)
     replay = load_replay(layout.replay, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack)
-    return replay, {"kind": "run replay", "path": str(layout.replay), "transitions": replay.num_transitions}
+    return replay, BroughtData(kind="run replay", path=str(layout.replay), transitions=replay.num_transitions)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from pydantic import BaseModel
+
 from compress_dqn._tf import tf_keras
 from compress_dqn.envs.episodes import run_episodes, run_episodes_side_by_side
 from compress_dqn.rl.networks import KerasActor, make_actor
@@ -65,6 +67,15 @@ class LoopCallbacks:
             callback.on_train_end(logs)
 
 
+class Selection(BaseModel):
+    """A fine-tune's snapshot selection: each evaluated gradient step's score and the step kept."""
+
+    selected_step: int
+    selected_return: float
+    episodes: int
+    evaluations: list[tuple[int, float]]
+
+
 class KeepBestPolicy(PhaseCallback):
     """Every `every` gradient steps and at the end, play the model greedily on selection episodes
     and keep the weights with the highest mean return (the latest among ties).
@@ -109,7 +120,7 @@ class KeepBestPolicy(PhaseCallback):
             self._consider(int(logs["gradient_step"]))
         self.model.set_weights(self.best[2])
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Selection:
         """What the selection saw and kept, for the variant's details."""
-        return {"selected_step": self.best[1], "selected_return": self.best[0], "episodes": len(self.seeds),
-                "evaluations": [[step, score] for step, score in self.history]}
+        return Selection(selected_step=self.best[1], selected_return=self.best[0], episodes=len(self.seeds),
+                         evaluations=[(step, score) for step, score in self.history])

@@ -12,7 +12,7 @@ import numpy as np
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.envs.episodes import random_returns, run_episodes
-from compress_dqn.evaluation.figures import BroughtData, BroughtSource, PortCheckRecord, TrainRecord
+from compress_dqn.evaluation.figures import BroughtSource, TrainRecord
 from compress_dqn.evaluation.measure import measure_size
 from compress_dqn.evaluation.play import evaluate
 from compress_dqn.evaluation.verdicts import summarize
@@ -117,12 +117,11 @@ def _load_baseline(recipe: Recipe, info: EnvInfo, layout: RunLayout, log: Callab
     else:
         replay, data = rollout(model, recipe.env, info, source.rollout.steps, source.rollout.epsilon, capacity, recipe.seed)
     save_arrays(layout.replay, replay.state_dict())
-    log(f"[baseline] loaded {source.from_}; data: {data['kind']} ({replay.num_transitions} transitions)")
-    checked = check_port(source.from_, model, replay, info)
+    log(f"[baseline] loaded {source.from_}; data: {data.kind} ({replay.num_transitions} transitions)")
     return TrainRecord(
-        source=BroughtSource(source_from=str(source.from_), data=BroughtData(**data),
+        source=BroughtSource(source_from=str(source.from_), data=data,
                              sha256=file_digest(other.weights if other else source.from_)),
-        port_check=PortCheckRecord(**checked) if checked is not None else None,
+        port_check=check_port(source.from_, model, replay, info),
         replay_capacity=replay.capacity, replay_nbytes=replay.nbytes,
     )
 

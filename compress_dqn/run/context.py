@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
+from pydantic import BaseModel
 
 from compress_dqn._tf import configure_device, tf_keras
 from compress_dqn.deploy.policy import TFLitePolicy
@@ -78,7 +79,7 @@ class Stage:
     """A named step of a run: a function of the run's context returning what stages.json keeps."""
 
     name: str
-    run: Callable[[RunContext], dict[str, Any]]
+    run: Callable[[RunContext], BaseModel]
 
 
 def run_stages(ctx: RunContext, stages: list[Stage]) -> None:

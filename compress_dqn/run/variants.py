@@ -71,7 +71,7 @@ def variant_stage(variant: VariantConfig, ctx: RunContext) -> VariantRecord:
     ctx.log(f"[{variant.name}] return {stats.mean:.1f}, TFLite {size.tflite_bytes} bytes "
             f"({size.tflite_gzip_bytes} gzipped), agreement {agreement:.3f}")
     recipe_fields = variant.model_dump(mode="json", exclude_none=True, exclude={"name", "candidates"})
-    compression = Compression(**{**recipe_fields, **built.details}, tflite_sparse_format=exported["sparse_format"],
+    compression = Compression(**{**recipe_fields, **built.details.to_dict()}, tflite_sparse_format=exported["sparse_format"],
                               build_seconds=round(time.perf_counter() - started, 1))  # with its evaluation
     if picked is not None:
         compression.candidates = picked
