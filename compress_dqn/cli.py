@@ -198,10 +198,11 @@ def _students(text: str) -> list[Any]:
         if not part:
             continue
         try:
-            out.append(parse_student(part))
+            student = parse_student(part)
         except ValueError:
             raise UserError(f"--students: {part!r} is not a student like 64x64 or c8k3-32 "
                             "(conv layers cFILTERSkKERNEL[sSTRIDE], then hidden widths)") from None
+        out.append(student if isinstance(student, list) else student.model_dump(mode="json", include={"conv", "net_arch"}))
     return out
 
 
@@ -334,7 +335,7 @@ def verify(run_dir: Path) -> None:
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such directory; pass a run directory written by compress-dqn run")
     problems = verify_run(run_dir)
-    count = len(read_manifest(run_dir)["files"])
+    count = len(read_manifest(run_dir).files)
     if problems:
         raise UserError(f"{run_dir}: {len(problems)} problem(s) in {count} artifacts: " + "; ".join(problems))
     click.echo(f"ok: {run_dir}: {count} artifacts match manifest.json")

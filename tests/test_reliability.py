@@ -163,7 +163,7 @@ def test_only_the_baselines_checkpoints_are_left_out_of_the_manifest(tmp_path):
                 "variants/x/.tmp-export-1/saved_model.pb", "results.json"]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"x")
-    assert sorted(write_manifest(tmp_path)["files"]) == ["results.json", "variants/checkpoints/policy.tflite"]
+    assert sorted(write_manifest(tmp_path).files) == ["results.json", "variants/checkpoints/policy.tflite"]
     (tmp_path / "variants" / "checkpoints" / "policy.tflite").write_bytes(b"y")
     assert verify(tmp_path) == ["variants/checkpoints/policy.tflite does not match its SHA-256 (modified or corrupted)"]
 

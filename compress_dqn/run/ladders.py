@@ -73,7 +73,7 @@ def student_name(student: StudentConfig) -> str:
 _CONV = re.compile(r"c(\d+)k(\d+)(?:s(\d+))?")
 
 
-def parse_student(text: str) -> list[int] | dict[str, Any]:
+def parse_student(text: str) -> list[int] | StudentConfig:
     """The inverse of student_name without its prefix: 64x64 (an MLP's widths) or c8k3-32 (conv
     layers, then widths) as a search.students entry. ValueError if it is neither."""
     *convs, widths = text.split("-")
@@ -82,7 +82,7 @@ def parse_student(text: str) -> list[int] | dict[str, Any]:
     if not all(matches):
         raise ValueError(text)
     conv = [{"filters": int(m[1]), "kernel": int(m[2]), "stride": int(m[3] or 1)} for m in matches]
-    return {"conv": conv, "net_arch": net_arch} if conv else net_arch
+    return StudentConfig(conv=conv, net_arch=net_arch) if conv else net_arch
 
 
 def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantConfig:

@@ -11,7 +11,9 @@ import hashlib
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import LOCK, write_text_atomic
@@ -51,47 +53,51 @@ def _artifacts(run_dir: Path) -> list[Path]:
     return files
 
 
-def write_manifest(run_dir: Path) -> dict[str, Any]:
+class FileEntry(BaseModel):
+    """One artifact as the manifest keeps it."""
+
+    model_config = ConfigDict(strict=True)
+    sha256: str
+    bytes: int
+
+
+class Manifest(BaseModel):
+    """manifest.json: every artifact of a finished run (path relative to the run -> SHA-256 and size)."""
+
+    schema_version: int = SCHEMA_VERSION
+    created: str
+    files: dict[str, FileEntry]
+
+
+def write_manifest(run_dir: Path) -> Manifest:
     """Hash every artifact under run_dir into run_dir/manifest.json (atomically)."""
     run_dir = Path(run_dir)
-    entries = {
-        path.relative_to(run_dir).as_posix(): {"sha256": sha256_of(path), "bytes": path.stat().st_size}
-        for path in _artifacts(run_dir)
-    }
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "files": entries,
-    }
-    write_text_atomic(RunLayout(run_dir).manifest, json.dumps(manifest, indent=2))
+    manifest = Manifest(created=datetime.now(timezone.utc).isoformat(timespec="seconds"), files={
+        path.relative_to(run_dir).as_posix(): FileEntry(sha256=sha256_of(path), bytes=path.stat().st_size)
+        for path in _artifacts(run_dir)})
+    write_text_atomic(RunLayout(run_dir).manifest, manifest.model_dump_json(indent=2))
     return manifest
 
 
-def read_manifest(run_dir: Path) -> dict[str, Any]:
+def read_manifest(run_dir: Path) -> Manifest:
     path = RunLayout(run_dir).manifest
     if not path.is_file():
         raise UserError(f"{run_dir}: no {MANIFEST}; the run did not finish (rerun it to complete it) or this is not a run directory")
     try:
-        manifest = json.loads(path.read_text())
-        files = manifest["files"]
-        if not isinstance(files, dict) or not all(
-            isinstance(v, dict) and isinstance(v.get("sha256"), str) and isinstance(v.get("bytes"), int) for v in files.values()
-        ):
-            raise ValueError
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return Manifest.model_validate_json(path.read_bytes())
+    except ValidationError:
         raise UserError(f"{path}: unreadable or malformed manifest; restore it, or delete it and rerun compress-dqn run "
                         "on the directory to check and finish the run again") from None
-    return manifest
 
 
-def _problem(run_dir: Path, rel: str, expected: dict[str, Any]) -> str | None:
+def _problem(run_dir: Path, rel: str, expected: FileEntry) -> str | None:
     path = run_dir / rel
     if not path.is_file():
         return f"{rel} is missing"
     size = path.stat().st_size
-    if size != expected["bytes"]:
-        return f"{rel} has {size} bytes, expected {expected['bytes']} (truncated or replaced)"
-    if sha256_of(path) != expected["sha256"]:
+    if size != expected.bytes:
+        return f"{rel} has {size} bytes, expected {expected.bytes} (truncated or replaced)"
+    if sha256_of(path) != expected.sha256:
         return f"{rel} does not match its SHA-256 (modified or corrupted)"
     return None
 
@@ -99,7 +105,7 @@ def _problem(run_dir: Path, rel: str, expected: dict[str, Any]) -> str | None:
 def verify(run_dir: Path) -> list[str]:
     """Problems found (empty: every artifact is as written); unlisted new files are reported too."""
     run_dir = Path(run_dir)
-    files = read_manifest(run_dir)["files"]
+    files = read_manifest(run_dir).files
     problems = [p for rel, expected in sorted(files.items()) if (p := _problem(run_dir, rel, expected))]
     listed = set(files)
     problems += [f"{p.relative_to(run_dir).as_posix()} is not in the manifest"
@@ -107,21 +113,23 @@ def verify(run_dir: Path) -> list[str]:
     return problems
 
 
-def run_fingerprint(run_dir: Path) -> dict[str, dict[str, Any]]:
+class PolicyFingerprint(NamedTuple):
+    """What a run computed for one policy: its per-episode returns, its action agreement and its TFLite bytes."""
+
+    episodes: tuple[float, ...]
+    agreement: float | None
+    tflite_sha256: str
+
+
+def run_fingerprint(run_dir: Path) -> dict[str, PolicyFingerprint]:
     """What a single-seed run computed, leaving out timings (they vary run to run) and SavedModel
-    bytes (their metadata holds the writing process's temporary path): per variant, the
-    per-episode returns, the action agreement and the SHA-256 of its TFLite file. Two runs that
+    bytes (their metadata holds the writing process's temporary path), per policy. Two runs that
     computed the same thing, whatever crashed or ran them, have equal fingerprints."""
     layout = RunLayout(run_dir)
     results = json.loads(layout.results.read_text())
-    return {
-        v["name"]: {
-            "episodes": v["return"]["episodes"],
-            "agreement": v["action_agreement"],
-            "tflite_sha256": sha256_of(layout.root / v["artifacts"]["tflite"]),
-        }
-        for v in results["variants"]
-    }
+    return {v["name"]: PolicyFingerprint(tuple(v["return"]["episodes"]), v["action_agreement"],
+                                         sha256_of(layout.root / v["artifacts"]["tflite"]))
+            for v in results["variants"]}
 
 
 def find_run_dir(path: Path, levels: int = 4) -> Path | None:
@@ -146,7 +154,7 @@ def check_artifact(path: Path) -> None:
     run_dir = find_run_dir(path)
     if run_dir is None:
         return
-    files = read_manifest(run_dir)["files"]
+    files = read_manifest(run_dir).files
     targets = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     rels = [t.relative_to(run_dir).as_posix() for t in targets]
     if path.is_dir():  # a SavedModel directory: its listed files must all be there too
