@@ -111,6 +111,10 @@ def test_tensorflow_writers_word_their_refusals_the_same(tmp_path, monkeypatch):
     monkeypatch.setattr(tf.summary, "scalar", _fail_with(full))
     with pytest.raises(WriteRefused, match=f"cannot write {tmp_path / 'tb'}: no space left on device; free some space"):
         log.scalar("train/loss", 1.0, 1)
+    monkeypatch.setattr(log.writer, "flush", _fail_with(full))
+    log.close(1, failing=True)  # the loop's own failure is the one reported
+    with pytest.raises(WriteRefused):
+        log.close(1)
 
     model = build_q_network((4,), 2, [8])
     writers.export_saved_model(model, (4,), np.float32, tmp_path / "saved_model")

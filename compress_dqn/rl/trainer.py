@@ -199,8 +199,7 @@ class DQNTrainer:
             if state.next_eval is not None and (state.best_step is None or state.best_step < state.step):
                 self._periodic_eval()  # the final weights are a candidate too
         except BaseException:
-            with contextlib.suppress(WriteRefused):  # the same full disk again: the first failure is the one to report
-                self.log.close(state.step)
+            self.log.close(state.step, failing=True)
             raise
         self.log.close(state.step)
         return self._finish(start_step, resumed_from)
@@ -382,13 +381,20 @@ class RunLog:
     def recent_return(self) -> float | None:
         return float(np.mean(self.recent_returns)) if self.recent_returns else None
 
-    def close(self, step: int) -> None:
-        self._write_phase_means(step)
-        self.progress.update(step, self.recent_return())
-        self.progress.close()
-        if self.writer is not None:
-            with self._refused():
-                self.writer.flush()
+    def close(self, step: int, failing: bool = False) -> None:
+        """failing: the loop is ending on an error, the one to report even if the same full disk
+        refuses the last TensorBoard points too."""
+        try:
+            self._write_phase_means(step)
+            if self.writer is not None:
+                with self._refused():
+                    self.writer.flush()
+        except WriteRefused:
+            if not failing:
+                raise
+        finally:
+            self.progress.update(step, self.recent_return())
+            self.progress.close()
 
 
 # -- checkpoints: the trainer's files in one directory (see train_state.write_checkpoint_dir) ---
