@@ -182,6 +182,16 @@ def test_the_up_front_disk_check_itemizes_what_it_counts(tmp_path, monkeypatch):
         assert f"{format_bytes(size, decimals=1)} for {what}" in message
     assert "exports, reports and TensorBoard" in message and "replay buffer" in message
 
+    memory = resources.psutil.virtual_memory()
+    monkeypatch.setattr(resources.psutil, "virtual_memory", lambda: memory._replace(available=1 << 20))
+    with pytest.raises(UserError) as raised:
+        resources.check(needed, tmp_path / "run", at_once=2)
+    message = str(raised.value)
+    assert f"needs about {format_bytes(2 * needed.memory_bytes, decimals=1)} of memory (2 runs at once x (" in message
+    assert (needed.replay_bytes + needed.network_bytes + resources._PROCESS_OVERHEAD) == needed.memory_bytes
+    for size in (needed.replay_bytes, needed.network_bytes, resources._PROCESS_OVERHEAD):
+        assert format_bytes(size, decimals=1) in message
+
 
 # -- a real full disk, mid-run -----------------------------------------------------------------
 

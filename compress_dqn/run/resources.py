@@ -125,7 +125,7 @@ def check(needed: ResourcePlan, run_dir: Path, at_once: int = 1, in_total: int =
         parts = (f"replay {_fmt(needed.replay_bytes)} for {needed.replay_capacity} transitions + networks "
                  f"{_fmt(needed.network_bytes)} + process ~{_fmt(_PROCESS_OVERHEAD)}")
         raise UserError(
-            f"this run needs about {_fmt(memory)} of memory ({_times(at_once, parts)}) but {_fmt(available)} "
+            f"this run needs about {_fmt(memory)} of memory ({_times(at_once, 'runs at once', parts)}) but {_fmt(available)} "
             "is available; lower train.buffer_size, set replay.memory" + (", or lower workers" if at_once > 1 else "")
         )
     disk = needed.disk_bytes * in_total
@@ -134,11 +134,11 @@ def check(needed: ResourcePlan, run_dir: Path, at_once: int = 1, in_total: int =
         parts = " + ".join(f"{_fmt(size)} for {what}" for what, size in
                            sorted(needed.disk_parts(), key=lambda part: -part[1]))
         raise UserError(
-            f"this run needs about {_fmt(disk)} of disk under {run_dir} ({_times(in_total, parts)}) but "
+            f"this run needs about {_fmt(disk)} of disk under {run_dir} ({_times(in_total, 'seeds', parts)}) but "
             f"{_fmt(free)} is free; free space, lower train.buffer_size or replay.memory, or pass --out on a larger disk"
         )
 
 
-def _times(n: int, parts: str) -> str:
-    """parts, as n seeds' worth where n > 1: "2 seeds x (a + b)"."""
-    return f"{n} seeds x ({parts})" if n > 1 else parts
+def _times(n: int, what: str, parts: str) -> str:
+    """parts, as n runs' worth where n > 1 ("2 seeds x (a + b)"), so the figures add up to the total."""
+    return f"{n} {what} x ({parts})" if n > 1 else parts
