@@ -14,29 +14,28 @@ from typing import Any, Callable
 import click
 
 from compress_dqn import __version__
-from compress_dqn.errors import UserError
+from compress_dqn.errors import UserError, WriteRefused, refusal_errno
 from compress_dqn.recipe.presets import VARIANT_PRESETS, preset_for, search_defaults
 
 EXIT_USAGE = 2
 _MAX_MESSAGE = 1000
-# OS errors that say a path the user gave cannot be used as asked: one line, not a traceback.
-_PATH_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG)
+# OS errors that say a path the user gave cannot be used as asked: one line, not a traceback. A
+# refusal to read reads the same as one to write here (the writers word their own as WriteRefused).
+_PATH_ERRNOS = (errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG)
 
 
 def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn UserError into `error: ...` on stderr and exit code 2; Ctrl-C into a resume hint."""
+    """Turn UserError into `error: ...` on stderr and exit code 2; Ctrl-C into a resume hint.
+
+    Last resort for writers that do not say so themselves: an OSError on a full or read-only disk,
+    or a TensorFlow error carrying one, reads as the writers' own WriteRefused line."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
-            # One line, always: a key or value from the user may itself hold a line break.
-            message = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(exc))
-            if len(message) > _MAX_MESSAGE:  # a pasted value must not turn one line into a screenful
-                message = message[: _MAX_MESSAGE - 3] + "..."
-            click.echo(f"error: {message}", err=True)
-            sys.exit(EXIT_USAGE)
+            _exit_with(exc)
         except KeyboardInterrupt:
             click.echo("interrupted; rerun the same command to resume", err=True)
             sys.exit(130)
@@ -45,14 +44,27 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 click.echo(f"error: {exc.filename}: {exc.strerror}; check the path and its permissions, "
                            "or pass another one (e.g. --out)", err=True)
                 sys.exit(EXIT_USAGE)
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            code = refusal_errno(exc)  # a full or read-only disk
+            if code is None:
                 raise
-            where = f" writing {exc.filename}" if exc.filename else ""
-            click.echo(f"error: no space left on the device{where}; finished stages and the last checkpoint "
-                       "are kept: free space and rerun the same command to resume", err=True)
-            sys.exit(EXIT_USAGE)
+            _exit_with(WriteRefused(code, exc.filename))
+        except Exception as exc:
+            code = refusal_errno(exc) if type(exc).__module__.startswith("tensorflow.") else None
+            if code is None:
+                raise
+            _exit_with(WriteRefused(code))
 
     return wrapper
+
+
+def _exit_with(exc: UserError) -> None:
+    """`error: ...` on stderr, one line always (a key or value from the user may itself hold a line
+    break, a pasted value must not turn it into a screenful), and exit code 2."""
+    message = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(exc))
+    if len(message) > _MAX_MESSAGE:
+        message = message[: _MAX_MESSAGE - 3] + "..."
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_USAGE)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

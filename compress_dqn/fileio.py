@@ -1,20 +1,23 @@
 """Artifacts are written under a temporary name, synced and renamed into place, so an
-interrupted run never leaves a half-written file; arrays go to npz, never pickle."""
+interrupted run never leaves a half-written file; arrays go to npz, never pickle. A write the disk
+refuses (full, read-only, no permission) is one WriteRefused line here, for every writer."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import shutil
 import stat
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 
-from compress_dqn.errors import UserError
+from compress_dqn.errors import UserError, WriteRefused, refusal_errno
 
 
 LOCK = ".lock"
@@ -29,7 +32,8 @@ def lock_run_dir(run_dir: Path) -> None:
     key = Path(run_dir).resolve()
     if key in _held:
         return
-    handle = open(key / LOCK, "ab")
+    with refused_writes(run_dir):
+        handle = open(key / LOCK, "ab")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -41,6 +45,34 @@ def lock_run_dir(run_dir: Path) -> None:
     _held[key] = handle
 
 
+@contextlib.contextmanager
+def refused_writes(path: Path, also: tuple[type[BaseException], ...] = (), note: str = "") -> Iterator[None]:
+    """Turn a write the disk refuses in the block (full, read-only, no permission) into one
+    WriteRefused line naming path and the fix; other failures pass unchanged.
+
+    also: a library's error types that carry the OS's text instead of being OSErrors (TensorFlow's
+    tf.errors.OpError: its writers pass it, so this module stays free of TensorFlow).
+    """
+    try:
+        yield
+    except WriteRefused:
+        raise
+    except (OSError, *also) as exc:
+        code = refusal_errno(exc)
+        if code is None:
+            raise
+        raise WriteRefused(code, path, note) from exc
+
+
+def _discard(tmp: Path) -> None:
+    """Remove a half-written temporary; never raises (a read-only disk refuses even that)."""
+    with contextlib.suppress(OSError):
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+
+
 def _tmp_name(path: Path) -> Path:
     """Unique per writing process, also across the hosts of a Ray cluster that share a run folder."""
     return path.with_name(f".tmp-{path.name}-{socket.gethostname()}-{os.getpid()}")
@@ -49,16 +81,17 @@ def _tmp_name(path: Path) -> Path:
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write a file under a temporary name, fsync, then rename into place."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        with refused_writes(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk must not also leave a half-written file behind
+        _discard(tmp)  # a full disk must not also leave a half-written file behind
         raise
 
 
@@ -72,16 +105,17 @@ def save_arrays(path: Path, arrays: list[np.ndarray] | dict[str, np.ndarray]) ->
     if isinstance(arrays, list):
         arrays = {f"a{i:04d}": a for i, a in enumerate(arrays)}
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
     try:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        with refused_writes(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **arrays)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
         raise
 
 
@@ -100,9 +134,16 @@ def load_dict(path: Path) -> dict[str, np.ndarray]:
 def replace_dir(tmp: Path, final: Path) -> None:
     """Swap a finished directory into place; the old one is removed only after the rename."""
     old = final.with_name(f".old-{final.name}-{os.getpid()}")
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
+    with refused_writes(final):
+        moved = final.exists()
+        if moved:
+            os.replace(final, old)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if moved:
+                os.replace(old, final)  # the previous complete one stays in place
+            raise
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -111,7 +152,8 @@ def remove_dir(path: Path) -> None:
     (a killed process leaves an .old- name that remove_stale_temporaries clears)."""
     if path.exists():
         old = path.with_name(f".old-{path.name}-{os.getpid()}")
-        os.replace(path, old)
+        with refused_writes(path):
+            os.replace(path, old)
         shutil.rmtree(old, ignore_errors=True)
 
 

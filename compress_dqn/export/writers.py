@@ -3,7 +3,8 @@
 The signature maps an observation batch `[None, *obs_shape]` (the environment's dtype) to
 `{"q_values": float32 [None, n_actions], "action": int32 [None]}`. The SavedModel tracks only
 the network's variables, not the Keras objects, optimizer or training graph, so it holds the
-weights and one inference function. Both are written under a temporary name and renamed.
+weights and one inference function. Both are written under a temporary name and renamed; a
+full or read-only disk is one WriteRefused line (fileio.refused_writes), the temporary removed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from compress_dqn.deploy.policy import SIGNATURE, TFLitePolicy
 from compress_dqn.deploy.tflite_metadata import slim_tensor_names
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.errors import UserError
-from compress_dqn.fileio import replace_dir, write_bytes_atomic
+from compress_dqn.fileio import refused_writes, replace_dir, write_bytes_atomic
 
 INPUT_NAME = "observations"
 
@@ -49,13 +50,19 @@ def serving_module(model: tf_keras.Model, obs_shape: Sequence[int], obs_dtype: n
 def export_saved_model(model: tf_keras.Model, obs_shape: Sequence[int], obs_dtype: np.dtype, path: Path) -> Path:
     """Write a slim SavedModel directory at path (atomically)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     module = serving_module(model, obs_shape, obs_dtype)
-    with quiet_stderr():
-        tf.saved_model.save(module, str(tmp), signatures={SIGNATURE: module.serve})
-    replace_dir(tmp, path)
+    try:
+        # The SavedModel writer raises OSError for some files and tf.errors.OpError for others.
+        with refused_writes(path, also=(tf.errors.OpError,)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            with quiet_stderr():
+                tf.saved_model.save(module, str(tmp), signatures={SIGNATURE: module.serve})
+        replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # the previous complete export, if any, stays
+        raise
     return path
 
 
@@ -123,7 +130,9 @@ def export_policy(model: tf_keras.Model, info: EnvInfo, out: Path, built: Conver
     """
     export_saved_model(model, info.obs_shape, info.obs_dtype, out / "saved_model")
     source = out / "saved_model"
-    with tempfile.TemporaryDirectory(dir=out, prefix=".tmp-export-") as scratch:
+    with refused_writes(out):
+        scratch_dir = tempfile.TemporaryDirectory(dir=out, prefix=".tmp-export-")
+    with scratch_dir as scratch:
         if built is not None and built.converts_own_model:
             dtype = np.float32 if built.input_normalization is not None else info.obs_dtype
             source = export_saved_model(built.tflite_model(), info.obs_shape, dtype, Path(scratch) / "converted")

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from compress_dqn.errors import UserError
-from compress_dqn.fileio import write_text_atomic
+from compress_dqn.errors import UserError, WriteRefused
+from compress_dqn.fileio import refused_writes, write_text_atomic
 
 
 @dataclass
@@ -57,25 +57,28 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 def write_checkpoint_dir(ckpt_dir: Path, name: str, write: Callable[[Path], None]) -> Path:
     """Have `write` fill a new directory, then make it the latest checkpoint `name` and drop the previous one.
 
-    A full disk is a UserError that says the previous checkpoint is intact (it is, until the rename).
+    A full or read-only disk is one WriteRefused line that names the checkpoint (not its temporary)
+    and says the previous one is intact (it is: it goes only after the new one is complete).
     """
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
     tmp = ckpt_dir / f".tmp-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tmp.mkdir()
-        write(tmp)
-    except OSError as exc:
+        with refused_writes(ckpt_dir / name):
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            write(tmp)
+    except (WriteRefused, OSError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # the previous checkpoint stays as it was
-        previous = latest_checkpoint(ckpt_dir)
-        kept = f"the last good checkpoint ({previous.name}) is intact" if previous else "no checkpoint was complete"
-        raise UserError(
-            f"cannot write checkpoint {name} in {ckpt_dir} ({exc.strerror or exc}); {kept}; "
-            "free disk space and rerun the same command to resume"
-        ) from None
+        previous = latest_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
+        kept = f"the last good checkpoint {previous.name} is intact" if previous else "no checkpoint was complete"
+        if isinstance(exc, WriteRefused):
+            raise WriteRefused(exc.code, ckpt_dir / name, f" ({kept})") from exc
+        raise UserError(f"cannot write checkpoint {name} in {ckpt_dir} ({exc.strerror or exc}); {kept}; "
+                        "rerun the same command to resume") from None
     final = ckpt_dir / name
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    with refused_writes(final):
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
     previous = latest_checkpoint(ckpt_dir)
     write_text_atomic(ckpt_dir / "latest", name)
     if previous is not None and previous != final:

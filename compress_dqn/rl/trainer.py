@@ -12,6 +12,7 @@ same stream as an uninterrupted one on CPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import deque
@@ -34,7 +35,8 @@ from compress_dqn._tf import (
 )
 from compress_dqn.envs.environment import EnvInfo, env_info, make_env_from, rng_state, seed_env, set_rng_state
 from compress_dqn.envs.episodes import run_episodes
-from compress_dqn.fileio import load_arrays, load_dict, save_arrays, write_text_atomic
+from compress_dqn.errors import WriteRefused
+from compress_dqn.fileio import load_arrays, load_dict, refused_writes, save_arrays, write_text_atomic
 from compress_dqn.progress import Progress
 from compress_dqn.recipe.schema import EnvConfig, ReplayConfig, TrainConfig
 from compress_dqn.replay.buffer import ReplayBuffer, replay_capacity
@@ -196,8 +198,10 @@ class DQNTrainer:
                     obs, _ = self.env.reset()
             if state.next_eval is not None and (state.best_step is None or state.best_step < state.step):
                 self._periodic_eval()  # the final weights are a candidate too
-        finally:
-            self.log.close(state.step)
+        except BaseException:
+            self.log.close(state.step, failing=True)
+            raise
+        self.log.close(state.step)
         return self._finish(start_step, resumed_from)
 
     def _begin(self) -> tuple[np.ndarray, int | None]:
@@ -330,14 +334,22 @@ class RunLog:
     def __init__(self, run: RunOptions, total_steps: int, state: TrainState) -> None:
         self.label = run.label
         self.progress = Progress(run.label, total_steps, state.step, run.quiet)
-        self.writer = tf.summary.create_file_writer(str(run.tb_dir)) if run.tb_dir else None
+        self.tb_dir, self.writer = run.tb_dir, None
+        if run.tb_dir:
+            with self._refused():
+                self.writer = tf.summary.create_file_writer(str(run.tb_dir))
         self.recent_returns: deque[float] = deque(state.episode_returns[-20:], maxlen=20)
         self._phase_sums, self._phases, self._epsilon = [0.0, 0.0], 0, 0.0
         self._next_point = state.step + self.phase_log_interval
 
+    def _refused(self) -> contextlib.AbstractContextManager[None]:
+        """A full or read-only disk as one line: the events file flushes as its queue fills, and
+        TensorFlow reports the OS's refusal as a tf.errors.OpError, not an OSError."""
+        return refused_writes(self.tb_dir, also=(tf.errors.OpError,))
+
     def scalar(self, name: str, value: float, step: int) -> None:
         if self.writer is not None:
-            with self.writer.as_default():
+            with self._refused(), self.writer.as_default():
                 tf.summary.scalar(name, value, step=step)
 
     def message(self, text: str) -> None:
@@ -369,12 +381,20 @@ class RunLog:
     def recent_return(self) -> float | None:
         return float(np.mean(self.recent_returns)) if self.recent_returns else None
 
-    def close(self, step: int) -> None:
-        self._write_phase_means(step)
-        self.progress.update(step, self.recent_return())
-        self.progress.close()
-        if self.writer is not None:
-            self.writer.flush()
+    def close(self, step: int, failing: bool = False) -> None:
+        """failing: the loop is ending on an error, the one to report even if the same full disk
+        refuses the last TensorBoard points too."""
+        try:
+            self._write_phase_means(step)
+            if self.writer is not None:
+                with self._refused():
+                    self.writer.flush()
+        except WriteRefused:
+            if not failing:
+                raise
+        finally:
+            self.progress.update(step, self.recent_return())
+            self.progress.close()
 
 
 # -- checkpoints: the trainer's files in one directory (see train_state.write_checkpoint_dir) ---

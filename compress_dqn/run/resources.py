@@ -3,7 +3,8 @@
 A run that dies hours in, because the replay buffer outgrew the machine or a checkpoint filled the
 disk, costs more than one refused at the start. The replay buffer dominates both: it lives in
 memory for the whole run, and each checkpoint writes a copy of it next to the previous one (the
-old checkpoint is removed only once the new one is complete), plus the final copy in baseline/.
+old checkpoint is removed only once the new one is complete), plus the final copy in baseline/;
+a fixed margin covers the exports, reports and TensorBoard events (ResourcePlan.disk_parts).
 """
 
 from __future__ import annotations
@@ -40,7 +41,19 @@ class ResourcePlan:
     network_bytes: int
     """Weights of the online and target networks, Adam's two moments and the gradients."""
     memory_bytes: int
-    disk_bytes: int
+
+    def disk_parts(self) -> list[tuple[str, int]]:
+        """What the run writes, as (what, bytes), so a message can say where disk_bytes comes from."""
+        return [
+            (f"the replay buffer in two checkpoints and baseline/ (3 x {_fmt(self.replay_bytes)})", 3 * self.replay_bytes),
+            (f"networks and optimizer state (4 x {_fmt(self.network_bytes)})", 4 * self.network_bytes),
+            ("exports, reports and TensorBoard", _DISK_MARGIN),
+        ]
+
+    @property
+    def disk_bytes(self) -> int:
+        """Disk the run needs: the sum of disk_parts."""
+        return sum(size for _, size in self.disk_parts())
 
 
 def _network_params(recipe: Any, info: Any) -> int:
@@ -77,7 +90,6 @@ def plan(recipe: Any, info: Any) -> ResourcePlan:
         replay_bytes=replay_bytes,
         network_bytes=network_bytes,
         memory_bytes=replay_bytes + network_bytes + _PROCESS_OVERHEAD,
-        disk_bytes=3 * replay_bytes + 4 * network_bytes + _DISK_MARGIN,
     )
 
 
@@ -109,20 +121,24 @@ def check(needed: ResourcePlan, run_dir: Path, at_once: int = 1, in_total: int =
     """
     memory = needed.memory_bytes * at_once
     available = psutil.virtual_memory().available
-    times = f"{at_once} x " if at_once > 1 else ""
     if memory > _MEMORY_SHARE * available:
+        parts = (f"replay {_fmt(needed.replay_bytes)} for {needed.replay_capacity} transitions + networks "
+                 f"{_fmt(needed.network_bytes)} + process ~{_fmt(_PROCESS_OVERHEAD)}")
         raise UserError(
-            f"this run needs about {_fmt(memory)} of memory ({times}replay {_fmt(needed.replay_bytes)} for "
-            f"{needed.replay_capacity} transitions + networks {_fmt(needed.network_bytes)} + process "
-            f"~{_fmt(_PROCESS_OVERHEAD)}) but {_fmt(available)} is available; lower train.buffer_size, set "
-            "replay.memory" + (", or lower workers" if at_once > 1 else "")
+            f"this run needs about {_fmt(memory)} of memory ({_times(at_once, 'runs at once', parts)}) but {_fmt(available)} "
+            "is available; lower train.buffer_size, set replay.memory" + (", or lower workers" if at_once > 1 else "")
         )
     disk = needed.disk_bytes * in_total
     free = shutil.disk_usage(_existing_parent(run_dir)).free + bytes_under(run_dir)
     if disk > free:
-        times = f"{in_total} x " if in_total > 1 else ""
+        parts = " + ".join(f"{_fmt(size)} for {what}" for what, size in
+                           sorted(needed.disk_parts(), key=lambda part: -part[1]))
         raise UserError(
-            f"this run needs about {_fmt(disk)} of disk under {run_dir} ({times}checkpoints and the final "
-            f"replay buffer, 3 x {_fmt(needed.replay_bytes)}) but {_fmt(free)} is free; free space, lower "
-            "train.buffer_size or replay.memory, or pass --out on a larger disk"
+            f"this run needs about {_fmt(disk)} of disk under {run_dir} ({_times(in_total, 'seeds', parts)}) but "
+            f"{_fmt(free)} is free; free space, lower train.buffer_size or replay.memory, or pass --out on a larger disk"
         )
+
+
+def _times(n: int, what: str, parts: str) -> str:
+    """parts, as n runs' worth where n > 1 ("2 seeds x (a + b)"), so the figures add up to the total."""
+    return f"{n} {what} x ({parts})" if n > 1 else parts
