@@ -9,6 +9,7 @@ from typing import Callable
 
 import numpy as np
 
+from compress_dqn._tf import tf
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.envs.episodes import random_returns, run_episodes
@@ -17,7 +18,7 @@ from compress_dqn.evaluation.measure import measure_size
 from compress_dqn.evaluation.play import evaluate
 from compress_dqn.evaluation.verdicts import summarize
 from compress_dqn.export.writers import export_policy
-from compress_dqn.fileio import save_arrays
+from compress_dqn.fileio import refused_writes, save_arrays
 from compress_dqn.port.baseline import file_digest, load_model, load_transitions, rollout
 from compress_dqn.port.check import check_port
 from compress_dqn.port.run_dir import run_replay
@@ -105,8 +106,12 @@ def _load_baseline(recipe: Recipe, info: EnvInfo, layout: RunLayout, log: Callab
     model = load_model(source.from_, info)
     layout.baseline.mkdir(parents=True, exist_ok=True)
     tmp = layout.baseline / f".tmp-model-{os.getpid()}.keras"  # tf_keras wants the suffix
-    model.save(str(tmp))
-    os.replace(tmp, layout.keras_model)
+    try:
+        with refused_writes(layout.keras_model, also=(tf.errors.OpError,)):
+            model.save(str(tmp))
+            os.replace(tmp, layout.keras_model)
+    finally:
+        tmp.unlink(missing_ok=True)
     save_arrays(layout.weights, model.get_weights())
     capacity = replay_capacity(recipe.train, recipe.replay, info)
     other = RunLayout.find(source.from_)
