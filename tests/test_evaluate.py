@@ -59,26 +59,26 @@ def test_bootstrap_ci_covers_the_mean_and_narrows_with_more_data():
 
 
 def test_paired_difference_verdicts_are_a_non_inferiority_test():
-    from compress_dqn.evaluation.verdicts import keeps_return, paired_difference
+    from compress_dqn.evaluation.verdicts import Verdict, keeps_return, paired_difference
 
     rng = np.random.default_rng(0)
     base = rng.normal(100, 30, 1000)  # enough identical episodes to rule out a rare whole-lead loss
     random = np.full(1000, 20.0)  # the margin is 1% of (100 - 20) = 0.8
-    assert paired_difference(base + 0.0, base, random=random)["verdict"] == "within 1%"
-    assert paired_difference(base - 0.3, base, random=random)["verdict"] == "within 1%"
-    assert paired_difference(base - 0.5, base, random=np.full(1000, 99.9))["verdict"] == "worse"  # margin 0.001
-    assert paired_difference(base + 5.0, base, random=random)["verdict"] == "better"
-    assert paired_difference(base - 20.0, base, random=random)["verdict"] == "worse"
-    assert paired_difference(base - 20.0, base, tolerance=0.3, random=random)["verdict"] == "within 30%"
+    assert paired_difference(base + 0.0, base, random=random).label == "within 1%"
+    assert paired_difference(base - 0.3, base, random=random).label == "within 1%"
+    assert paired_difference(base - 0.5, base, random=np.full(1000, 99.9)).label == "worse"  # margin 0.001
+    assert paired_difference(base + 5.0, base, random=random).label == "better"
+    assert paired_difference(base - 20.0, base, random=random).label == "worse"
+    assert paired_difference(base - 20.0, base, tolerance=0.3, random=random).label == "within 30%"
     noisy = base + rng.normal(0, 60, 1000) - 2.0  # per-episode noise that 1,000 episodes cannot place
     result = paired_difference(noisy, base, random=random)
-    assert result["verdict"] == "inconclusive"
-    assert result["ci"][0] < -result["margin"] < result["ci"][1]
+    assert result.label == "inconclusive" and result.verdict is Verdict.INCONCLUSIVE
+    assert result.ci[0] < -result.margin < result.ci[1]
     assert [keeps_return(v) for v in ("better", "within 1%", "worse", "inconclusive", None)] == [True, True, False, False, False]
     # Pairing removes the shared episode noise: a constant shift is pinned down exactly.
     shifted = paired_difference(base - 3.0, base, random=random)
-    assert np.allclose(shifted["ci"], [-3.0, -3.0])
-    assert shifted["normalized_score"] == pytest.approx((base.mean() - 3.0 - 20.0) / (base.mean() - 20.0))
+    assert np.allclose(shifted.ci, [-3.0, -3.0])
+    assert shifted.normalized_score == pytest.approx((base.mean() - 3.0 - 20.0) / (base.mean() - 20.0))
 
 
 def test_identical_episodes_decide_within_only_once_a_rare_whole_lead_loss_is_ruled_out():
@@ -92,19 +92,19 @@ def test_identical_episodes_decide_within_only_once_a_rare_whole_lead_loss_is_ru
         return paired_difference(variant, [500.0] * n, 0.01, [22.0] * n, confidence)  # margin 4.78
 
     for n in (1, 5, 100, 200):
-        assert verdict([500.0] * n, n)["verdict"] == "inconclusive", n
-    assert verdict([500.0] * 1, 1)["ci"][0] == -478.0  # one episode decides nothing
-    assert verdict([500.0] * 400, 400)["verdict"] == "within 1%"  # the rule of three's order: ~3-5 / tolerance
+        assert verdict([500.0] * n, n).label == "inconclusive", n
+    assert verdict([500.0] * 1, 1).ci[0] == -478.0  # one episode decides nothing
+    assert verdict([500.0] * 400, 400).label == "within 1%"  # the rule of three's order: ~3-5 / tolerance
     one_loss = verdict([500.0] * 399 + [22.0], 400)
-    assert one_loss["verdict"] == "inconclusive" and one_loss["episodes_differing"] == 1
+    assert one_loss.label == "inconclusive" and one_loss.episodes_differing == 1
     # The unseen loss is weighted by the share of identical episodes: where every episode differs
     # (LunarLander) the observed spread carries the tails and the CI is the plain bootstrap's.
     rng = np.random.default_rng(0)
     base, spread = rng.normal(250, 30, 3200), rng.normal(0, 80, 3200)
     out = paired_difference(base + spread, base, 0.01, rng.normal(-180, 100, 3200), 1 - 0.05 / 6)
-    assert out["ci"] == pytest.approx(bootstrap_ci(spread, 1 - 0.05 / 6)) and out["unseen_loss"] == 0.0
+    assert out.ci == pytest.approx(bootstrap_ci(spread, 1 - 0.05 / 6)) and out.unseen_loss == 0.0
     half = paired_difference(np.where(np.arange(3200) % 2, base + spread, base), base, 0.01, np.full(3200, -180.0))
-    assert half["episodes_differing"] == 1600 and half["unseen_loss"] == pytest.approx(0.5 * (base.mean() + 180))
+    assert half.episodes_differing == 1600 and half.unseen_loss == pytest.approx(0.5 * (base.mean() + 180))
 
 
 def test_a_nan_return_is_refused_in_one_line():
@@ -122,9 +122,9 @@ def test_negative_returns_get_a_margin_from_the_lead_over_random():
     base = np.random.default_rng(1).normal(-50, 5, 2000)
     random = np.full(2000, -250.0)
     out = paired_difference(base - 1.0, base, random=random)
-    assert out["margin"] == pytest.approx(0.01 * (base.mean() + 250.0))
-    assert out["verdict"] == "within 1%"  # 1.0 < 2.0, the margin
-    assert paired_difference(base - 1.0, base)["verdict"] == "worse"  # 1% of |-50| = 0.5 < 1.0
+    assert out.margin == pytest.approx(0.01 * (base.mean() + 250.0))
+    assert out.label == "within 1%"  # 1.0 < 2.0, the margin
+    assert paired_difference(base - 1.0, base).label == "worse"  # 1% of |-50| = 0.5 < 1.0
 
 
 def test_sequential_looks_and_partial_pairs():
@@ -135,7 +135,7 @@ def test_sequential_looks_and_partial_pairs():
     assert looks(100, 300) == [100, 200, 300]
     base = list(np.arange(400.0))
     out = paired_difference(base[:100], base, random=[0.0] * 400, confidence=0.99)
-    assert out["episodes"] == 100 and out["confidence"] == 0.99 and out["ci"][1] == 0.0
+    assert out.episodes == 100 and out.confidence == 0.99 and out.ci[1] == 0.0
     with pytest.raises(ValueError):
         paired_difference(base, base[:100])
 
@@ -184,11 +184,11 @@ def test_inconclusive_says_how_many_episodes_would_decide():
     baseline, random = [100.0] * 20000, [0.0] * 20000  # margin: 5% of the lead = 5 points
     variant = list(100.0 + rng.normal(0.0, 40.0, 20000))
     first = paired_difference(variant[:100], baseline, 0.05, random)
-    assert first["verdict"] == "inconclusive"
-    needed = first["episodes_to_decide"]
+    assert first.label == "inconclusive"
+    needed = first.episodes_to_decide
     assert 200 < needed < 5000
     later = paired_difference(variant[:2 * needed], baseline, 0.05, random)
-    assert later["verdict"] in ("within 5%", "better") and "episodes_to_decide" not in later
+    assert later.label in ("within 5%", "better") and "episodes_to_decide" not in later.to_dict()
 
 
 def test_episodes_to_decide_reads_the_arm_that_must_clear_the_margin():

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import gc
 import gzip
-import json
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from compress_dqn._quiet import quiet_stderr
+from compress_dqn.evaluation.figures import LatencyStats, MemoryProbe, SizeStats
+
+__all__ = ["LatencyStats", "SizeStats", "measure_size", "measure_latency", "measure_memory", "compare_with_litert"]
 
 
 def dir_bytes(path: Path) -> int:
@@ -37,20 +38,6 @@ def gzip_bytes(path: Path) -> int:
     return len(gzip.compress(Path(path).read_bytes(), compresslevel=9, mtime=0))
 
 
-@dataclass(frozen=True)
-class SizeStats:
-    """The `size` block of results.json."""
-
-    params: int
-    nonzero_params: int
-    tflite_bytes: int
-    tflite_gzip_bytes: int
-    saved_model_bytes: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 def measure_size(params: int, nonzero_params: int, tflite: Path, saved_model: Path) -> SizeStats:
     """Sizes of one variant's artifacts."""
     return SizeStats(
@@ -60,20 +47,6 @@ def measure_size(params: int, nonzero_params: int, tflite: Path, saved_model: Pa
         tflite_gzip_bytes=gzip_bytes(tflite),
         saved_model_bytes=dir_bytes(saved_model),
     )
-
-
-@dataclass(frozen=True)
-class LatencyStats:
-    """Batch-1 action latency in microseconds, and batch-256 throughput."""
-
-    p50: float
-    p99: float
-    mean: float
-    calls: int
-    batch256_obs_per_s: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def measure_latency(policy: Any, observations: np.ndarray, calls: int = 2000, warmup: int = 1000,
@@ -202,7 +175,7 @@ PROBES = {"tflite": "compress_dqn.evaluation.memory_probe", "saved_model": "comp
 """The module each runtime's memory probe runs as (a process of its own: see measure_memory)."""
 
 
-def measure_memory(artifact: Path, runtime: str, steps: int = 1000, timeout: float = 300) -> dict[str, Any]:
+def measure_memory(artifact: Path, runtime: str, steps: int = 1000, timeout: float = 300) -> dict[str, int | str | bool]:
     """Peak RSS of a fresh process that loads one artifact with its runtime and acts `steps` times.
 
     runtime is "tflite" (ai_edge_litert only, no TensorFlow) or "saved_model" (TensorFlow).
@@ -216,4 +189,4 @@ def measure_memory(artifact: Path, runtime: str, steps: int = 1000, timeout: flo
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"memory probe for {artifact} failed: {tail}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return MemoryProbe.model_validate_json(done.stdout.strip().splitlines()[-1]).to_dict()

@@ -8,57 +8,14 @@ paired comparisons, not noise between episode draws. This module never imports T
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from enum import Enum
 
 import numpy as np
 
 from compress_dqn.errors import UserError
+from compress_dqn.evaluation.figures import Comparison, ReturnStats, Verdict, keeps_return
 
-
-class Verdict(str, Enum):
-    """A variant's return against the baseline's, from the paired difference's CI.
-
-    results.json keeps the label (`label`): "within 1%" names its tolerance, so the kind is
-    read back with `Verdict.of`, never by comparing text.
-    """
-
-    BETTER = "better"
-    WITHIN = "within"
-    WORSE = "worse"
-    INCONCLUSIVE = "inconclusive"
-    REFERENCE = "reference"
-
-    @classmethod
-    def of(cls, label: str | None) -> Verdict | None:
-        """The kind of a stored label ("within 1%" -> WITHIN); None for None or a label it does not know."""
-        if label is None:
-            return None
-        head = label.split(" ", 1)[0]
-        return cls(head) if head in cls._value2member_map_ else None
-
-    def label(self, tolerance: float) -> str:
-        return f"within {100 * tolerance:g}%" if self is Verdict.WITHIN else self.value
-
-    @property
-    def keeps_return(self) -> bool:
-        """Within tolerance or better: the variant keeps the baseline's return."""
-        return self in (Verdict.BETTER, Verdict.WITHIN)
-
-
-@dataclass(frozen=True)
-class ReturnStats:
-    """Per-episode returns and their summary, as stored in results.json."""
-
-    mean: float
-    std: float
-    ci95: tuple[float, float]
-    episodes: list[float]
-
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["ci95"] = list(self.ci95)
-        return data
+__all__ = ["Comparison", "ReturnStats", "Verdict", "keeps_return", "bootstrap_ci", "summarize", "looks", "sequential_plan",
+           "paired_difference", "episodes_to_decide", "iqm", "stratified_bootstrap_ci"]
 
 
 def bootstrap_ci(values: np.ndarray, confidence: float = 0.95, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
@@ -103,19 +60,13 @@ def sequential_plan(episodes: int, max_episodes: int | None) -> tuple[list[int],
     return plan, 1.0 - 0.05 / len(plan)
 
 
-def keeps_return(verdict: str | None) -> bool:
-    """Whether a stored verdict label says the variant keeps the baseline's return (within tolerance or better)."""
-    kind = Verdict.of(verdict)
-    return kind is not None and kind.keeps_return
-
-
 def paired_difference(
     variant: list[float],
     baseline: list[float],
     tolerance: float = 0.01,
     random: list[float] | None = None,
     confidence: float = 0.95,
-) -> dict:
+) -> Comparison:
     """A non-inferiority test of a variant against the baseline, episode by episode.
 
     The episodes share seeds, so the episode draw's noise cancels in the per-episode differences.
@@ -159,15 +110,14 @@ def paired_difference(
         verdict = Verdict.WORSE
     else:
         verdict = Verdict.INCONCLUSIVE
-    out = {"mean": float(diff.mean()), "ci": [lo, hi], "confidence": confidence, "verdict": verdict.label(tolerance),
-           "tolerance": tolerance, "margin": margin, "episodes": n, "unseen_loss": unseen_loss,
-           "episodes_differing": n - identical}
+    extra: dict[str, float | int | None] = {}
     if verdict is Verdict.INCONCLUSIVE:
-        out["episodes_to_decide"] = episodes_to_decide(n, lo, hi, float(diff.mean()), margin)
+        extra["episodes_to_decide"] = episodes_to_decide(n, lo, hi, float(diff.mean()), margin)
     if random_mean is not None:
-        out["random_mean"] = random_mean
-        out["normalized_score"] = float((a.mean() - random_mean) / scale) if scale > 0 else None
-    return out
+        extra["random_mean"] = random_mean
+        extra["normalized_score"] = float((a.mean() - random_mean) / scale) if scale > 0 else None
+    return Comparison(mean=float(diff.mean()), ci=(lo, hi), confidence=confidence, verdict=verdict, tolerance=tolerance,
+                      margin=margin, episodes=n, unseen_loss=unseen_loss, episodes_differing=n - identical, **extra)
 
 
 def episodes_to_decide(n: int, lo: float, hi: float, mean: float, margin: float) -> int | None:

@@ -87,8 +87,8 @@ def decide(ctx: RunContext, names: list[str] | None = None, workers: int = 1) ->
     for before, after in zip(plan, plan[1:]):
         reference = reference_episodes(ctx, before)
         verdicts = {name: paired_difference(played[name], reference["baseline"], cfg.tolerance, reference["random"],
-                                            confidence)["verdict"] for name in still_open}
-        still_open = [name for name in still_open if Verdict.of(verdicts[name]) is Verdict.INCONCLUSIVE]
+                                            confidence).verdict for name in still_open}
+        still_open = [name for name in still_open if verdicts[name] is Verdict.INCONCLUSIVE]
         if not still_open:
             break
         for name in still_open:

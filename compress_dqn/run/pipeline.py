@@ -80,7 +80,7 @@ def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunRes
         entry.returns = summarize(episodes[entry.name]).to_dict()
     for entry in variants[1:]:  # each variant against the baseline, episode by episode (non-inferiority)
         entry.return_vs_baseline = paired_difference(entry.returns["episodes"], variants[0].returns["episodes"],
-                                                     cfg.tolerance, episodes["random"], confidence)
+                                                     cfg.tolerance, episodes["random"], confidence).to_dict()
     return RunResults(
         env_id=ctx.recipe.env.id,
         eval={"episodes": cfg.episodes, "seed": cfg.seed, "max_episodes": plan[-1], "looks": plan,

@@ -85,9 +85,9 @@ def candidate_unit(recipe_data: dict[str, Any], seed_dir: str, variant_data: dic
     done = ctx.stages.done
     # The CI, margin and (for an open verdict) the episodes that would decide it: what a search
     # that ended undecided at its cap would need, in the report's words.
-    return {"verdict": versus["verdict"], "episodes": len(episodes), "difference": versus["mean"],
-            "ci": versus["ci"], "margin": versus["margin"], "episodes_to_decide": versus.get("episodes_to_decide"),
-            "normalized_score": versus["normalized_score"],
+    return {"verdict": versus.label, "episodes": len(episodes), "difference": versus.mean,
+            "ci": list(versus.ci), "margin": versus.margin, "episodes_to_decide": versus.episodes_to_decide,
+            "normalized_score": versus.normalized_score,
             "objective": objective_value(done[keys.variant(variant.name)], done.get(keys.measure(variant.name)),
                                          ctx.recipe.search.objective)}
 

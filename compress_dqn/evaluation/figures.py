@@ -1,0 +1,256 @@
+"""Typed measurement blocks of results.json: returns, sizes, latency, memory, microcontroller figures, comparisons.
+
+Each block is a pydantic record whose JSON is what a run wrote before the records existed (field
+aliases where a key is no Python name, such as `return`), so a results.json of an earlier release
+loads into them and saves back unchanged. A reader ignores keys a later release adds. This module
+never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import ClassVar
+
+from pydantic import (BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler, field_validator,
+                      model_serializer)
+
+
+class Record(BaseModel):
+    """A block of results.json. `omit_unset` fields are left out of the JSON when a writer never set
+    them (a key today's writer adds only sometimes); `omit_none` fields when they are None."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    omit_unset: ClassVar[frozenset[str]] = frozenset()
+    omit_none: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _leave_out(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> object:
+        data = handler(self)
+        if not isinstance(data, dict):
+            return data
+        for name, spec in type(self).model_fields.items():
+            key = spec.alias if info.by_alias and spec.alias else name
+            if (name in self.omit_unset and name not in self.model_fields_set) or (
+                    name in self.omit_none and getattr(self, name) is None):
+                data.pop(key, None)
+        return data
+
+    def to_dict(self) -> dict:
+        """The block as results.json holds it."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class OpenRecord(Record):
+    """A block that keeps keys it does not name (a recipe's own fields, which grow with it), written
+    before the named ones as the writers order them."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+
+    @model_serializer(mode="wrap")
+    def _leave_out(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> object:
+        data = Record._leave_out(self, handler, info)
+        extra = self.model_extra or {}
+        return {**{k: data[k] for k in extra if k in data}, **{k: v for k, v in data.items() if k not in extra}}
+
+
+class Verdict(str, Enum):
+    """A variant's return against the baseline's, from the paired difference's CI.
+
+    results.json keeps the label (`label`): "within 1%" names its tolerance, so the kind is
+    read back with `Verdict.of`, never by comparing text.
+    """
+
+    BETTER = "better"
+    WITHIN = "within"
+    WORSE = "worse"
+    INCONCLUSIVE = "inconclusive"
+    REFERENCE = "reference"
+
+    @classmethod
+    def of(cls, label: str | None) -> Verdict | None:
+        """The kind of a stored label ("within 1%" -> WITHIN); None for None or a label it does not know."""
+        if label is None:
+            return None
+        head = label.split(" ", 1)[0]
+        return cls(head) if head in cls._value2member_map_ else None
+
+    def label(self, tolerance: float) -> str:
+        return f"within {100 * tolerance:g}%" if self is Verdict.WITHIN else self.value
+
+    @property
+    def keeps_return(self) -> bool:
+        """Within tolerance or better: the variant keeps the baseline's return."""
+        return self in (Verdict.BETTER, Verdict.WITHIN)
+
+
+def keeps_return(verdict: str | Verdict | None) -> bool:
+    """Whether a verdict (or its stored label) says the variant keeps the baseline's return."""
+    kind = verdict if isinstance(verdict, Verdict) else Verdict.of(verdict)
+    return kind is not None and kind.keeps_return
+
+
+class ReturnStats(Record):
+    """Per-episode returns and their summary (the `return` block)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+    mean: float
+    std: float
+    ci95: tuple[float, float]
+    episodes: list[float]
+
+
+class SizeStats(Record):
+    """The `size` block: parameters and the bytes of each artifact."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+    params: int
+    nonzero_params: int
+    tflite_bytes: int
+    tflite_gzip_bytes: int
+    saved_model_bytes: int
+
+
+class LatencyStats(Record):
+    """Batch-1 action latency in microseconds, and batch-256 throughput."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+    p50: float
+    p99: float
+    mean: float
+    calls: int
+    batch256_obs_per_s: float
+
+
+class MemoryProbe(Record):
+    """What one memory probe process printed: its runtime's peak RSS acting with one policy."""
+
+    runtime: str
+    steps: int
+    process_baseline_rss: int
+    peak_rss: int
+    policy_rss: int
+    imports_tensorflow: bool
+
+
+class CpuLatency(Record):
+    """Batch-1 latency per CPU runtime."""
+
+    tflite: LatencyStats | None = None
+    saved_model: LatencyStats | None = None
+
+
+class GpuLatency(Record):
+    """The SavedModel's latency on the first GPU."""
+
+    saved_model: LatencyStats
+
+
+class LatencyBlock(Record):
+    """A policy's `latency_us` block; gpu is None where no GPU is visible (results.json's `gpu` says why)."""
+
+    cpu: CpuLatency = Field(default_factory=CpuLatency)
+    gpu: GpuLatency | None = None
+
+
+class CpuMemory(Record):
+    """Peak RSS per runtime; the SavedModel's is None where it was not probed (measure.saved_model_memory)."""
+
+    tflite: MemoryProbe | None = None
+    saved_model: MemoryProbe | None = None
+
+
+class MemoryBlock(Record):
+    """A policy's `memory_bytes` block."""
+
+    cpu_rss: CpuMemory = Field(default_factory=CpuMemory)
+    gpu_peak: int | None = None
+
+
+class FlashEstimate(Record):
+    """TFLite Micro's own code in flash, as its docs state it."""
+
+    low_bytes: int
+    high_bytes: int
+    source: str
+
+
+class MicroFigures(Record):
+    """What a policy costs on a microcontroller (deploy.micro.micro_summary), or why it was not
+    measured: without TFLite Micro installed only runs (None), reason and flash_bytes are written."""
+
+    omit_unset: ClassVar[frozenset[str]] = frozenset(
+        {"arena_bytes", "arena_bytes_with_margin", "ops", "runtime_flash_estimate", "fits", "fits_flash", "fits_counts"})
+    runs: bool | None
+    arena_bytes: int | None = None
+    arena_bytes_with_margin: int | None = None
+    flash_bytes: int
+    ops: list[str] = Field(default_factory=list)
+    reason: str | None = None
+    runtime_flash_estimate: FlashEstimate | None = None
+    fits: dict[str, bool] = Field(default_factory=dict)
+    fits_flash: dict[str, bool] = Field(default_factory=dict)
+    fits_counts: str | None = None
+
+
+class CandidatesPick(OpenRecord):
+    """A variant built as the best of several builds: the recipe's candidates block, which build was
+    kept and each build's paired difference on fresh episodes."""
+
+    count: int
+    episodes: int
+    seed: int
+    picked: int
+    fresh_differences: list[float]
+
+
+class Compression(OpenRecord):
+    """A variant's `compression` block: its recipe fields (kept as written: quantize, student,
+    prune, fine_tune, ...) and build details, with the pick of its candidates where it had them."""
+
+    omit_unset: ClassVar[frozenset[str]] = frozenset({"candidates", "tflite_sparse_format", "build_seconds"})
+    candidates: CandidatesPick | None = None
+    tflite_sparse_format: bool | None = None
+    build_seconds: float | None = None
+
+
+class Comparison(Record):
+    """A variant's paired comparison with the baseline (verdicts.paired_difference). The JSON keeps
+    the verdict's label ("within 1%") under `verdict`; the record holds the kind."""
+
+    omit_unset: ClassVar[frozenset[str]] = frozenset(
+        {"unseen_loss", "episodes_differing", "episodes_to_decide", "random_mean", "normalized_score"})
+    mean: float
+    ci: tuple[float, float]
+    confidence: float
+    verdict: Verdict
+    tolerance: float
+    margin: float
+    episodes: int
+    unseen_loss: float | None = None
+    episodes_differing: int | None = None
+    episodes_to_decide: int | None = None
+    """Set for an inconclusive verdict: about how many paired episodes would decide it (None where none can say)."""
+    random_mean: float | None = None
+    normalized_score: float | None = None
+
+    @field_validator("verdict", mode="before")
+    @classmethod
+    def _kind(cls, value: object) -> object:
+        if isinstance(value, str) and not isinstance(value, Verdict):
+            kind = Verdict.of(value)
+            if kind is None:
+                raise ValueError(f"unknown verdict {value!r}")
+            return kind
+        return value
+
+    @model_serializer(mode="wrap")
+    def _leave_out(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> object:
+        data = Record._leave_out(self, handler, info)
+        if isinstance(data, dict):
+            data["verdict"] = self.label
+        return data
+
+    @property
+    def label(self) -> str:
+        """The verdict as results.json and the report write it ("within 1%")."""
+        return self.verdict.label(self.tolerance)
