@@ -111,7 +111,7 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
         baseline_return = outcome.results.aggregate[0].iqm_return
     else:
         outcome = run_pipeline(loaded, run_dir, quiet=quiet, log=log)
-        baseline_return = outcome.results.baseline.returns["mean"]
+        baseline_return = outcome.results.baseline.returns.mean
     _echo_outcome(outcome, baseline_return)
 
 
@@ -197,7 +197,7 @@ def compress(model: Path, env_id: str, variants: str, out: Path | None, transiti
 
     recipe = recipe_from_data(data, "compress", overrides)
     outcome = run_pipeline(recipe, out or Path("runs") / data["name"], quiet=quiet, log=lambda m: click.echo(m, err=True))
-    _echo_outcome(outcome, outcome.results.baseline.returns["mean"])
+    _echo_outcome(outcome, outcome.results.baseline.returns.mean)
 
 
 def _students(text: str) -> list[Any]:

@@ -69,8 +69,8 @@ def test_headline_says_how_many_episodes_would_decide_an_open_verdict():
 
     results = RunResults.from_dict(json.loads(FIXED.read_text()))
     versus = results.variant("prune-80").return_vs_baseline
-    versus["episodes_to_decide"] = 1234  # as stored by an older rule: the report recomputes it from the CI
-    expected = episodes_to_decide(versus["episodes"], *versus["ci"], versus["mean"], versus["margin"])
+    versus.episodes_to_decide = 1234  # as stored by an older rule: the report recomputes it from the CI
+    expected = episodes_to_decide(versus.episodes, *versus.ci, versus.mean, versus.margin)
     assert expected != 1234
     lines = headline(results)
     assert any(f"Not decided within 100 episodes: prune-80 (~{expected:,} would decide it)" in line
@@ -79,15 +79,16 @@ def test_headline_says_how_many_episodes_would_decide_an_open_verdict():
 
 def test_headline_does_not_call_slower_faster_or_larger_smaller_or_a_random_level_baseline_a_reference():
     results = RunResults.from_dict(json.loads(FIXED.read_text()))
-    ptq = results.variant("ptq-int8")
-    ptq.latency_us["cpu"]["tflite"]["p50"] = 2 * results.baseline.latency_us["cpu"]["tflite"]["p50"]
-    ptq.size["tflite_gzip_bytes"] = 2 * results.baseline.size["tflite_gzip_bytes"]
+    ptq, base = results.variant("ptq-int8"), results.baseline
+    cpu = ptq.latency_us.cpu
+    cpu.tflite = cpu.tflite.model_copy(update={"p50": 2 * base.latency_us.cpu.tflite.p50})
+    ptq.size = ptq.size.model_copy(update={"tflite_gzip_bytes": 2 * base.size.tflite_gzip_bytes})
     lines = headline(results)
     assert not any(line.startswith("Fastest:") for line in lines)
     assert any(line.startswith("None of the policies that keep the return is faster than the fp32 TFLite baseline")
                for line in lines)
     assert any("2.0x larger than the fp32 baseline's" in line for line in lines)
-    results.random["return"]["mean"] = results.baseline.returns["mean"] + 1.0
+    results.random.returns = results.random.returns.model_copy(update={"mean": base.returns.mean + 1.0})
     lines = headline(results)
     assert lines[0].startswith("Warning: the baseline") and "does not beat a uniform-random policy" in lines[0]
     assert rows(results)[0]["normalized_score"] is None

@@ -41,15 +41,18 @@ class Record(BaseModel):
 
 
 class OpenRecord(Record):
-    """A block that keeps keys it does not name (a recipe's own fields, which grow with it), written
-    before the named ones as the writers order them."""
+    """A block that keeps keys it does not name (a recipe's own fields, which grow with it); with
+    `extras_first` they are written before the named ones, as the writer orders them."""
 
     model_config = ConfigDict(populate_by_name=True, extra="allow")
+    extras_first: ClassVar[bool] = False
 
     @model_serializer(mode="wrap")
     def _leave_out(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> object:
         data = Record._leave_out(self, handler, info)
         extra = self.model_extra or {}
+        if not self.extras_first or not isinstance(data, dict):
+            return data
         return {**{k: data[k] for k in extra if k in data}, **{k: v for k, v in data.items() if k not in extra}}
 
 
@@ -208,6 +211,7 @@ class Compression(OpenRecord):
     prune, fine_tune, ...) and build details, with the pick of its candidates where it had them."""
 
     omit_unset: ClassVar[frozenset[str]] = frozenset({"candidates", "tflite_sparse_format", "build_seconds"})
+    extras_first: ClassVar[bool] = True
     candidates: CandidatesPick | None = None
     tflite_sparse_format: bool | None = None
     build_seconds: float | None = None

@@ -20,11 +20,12 @@ a half-written artifact behind, and rerunning the same command picks up where it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
 from compress_dqn.evaluation.report import write_report
-from compress_dqn.evaluation.results import RunResults, VariantResult, save_results
+from compress_dqn.evaluation.results import EvalPlan, RandomFigures, RunResults, TrainFigures, VariantResult, save_results
 from compress_dqn.evaluation.verdicts import paired_difference, sequential_plan, summarize
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run.baseline_stages import train_baseline
@@ -77,33 +78,33 @@ def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunRes
         for v in ctx.recipe.variants
     ]
     for entry in variants:
-        entry.returns = summarize(episodes[entry.name]).to_dict()
+        entry.returns = summarize(episodes[entry.name])
     for entry in variants[1:]:  # each variant against the baseline, episode by episode (non-inferiority)
-        entry.return_vs_baseline = paired_difference(entry.returns["episodes"], variants[0].returns["episodes"],
-                                                     cfg.tolerance, episodes["random"], confidence).to_dict()
+        entry.return_vs_baseline = paired_difference(entry.returns.episodes, variants[0].returns.episodes,
+                                                     cfg.tolerance, episodes["random"], confidence)
     return RunResults(
         env_id=ctx.recipe.env.id,
-        eval={"episodes": cfg.episodes, "seed": cfg.seed, "max_episodes": plan[-1], "looks": plan,
-              "confidence": confidence, "tolerance": cfg.tolerance, "heldout_seed": cfg.heldout_seed,
-              "heldout_episodes": cfg.heldout_episodes},
-        random={"return": summarize(episodes["random"]).to_dict()},
-        train=done["train"],
+        eval=EvalPlan(episodes=cfg.episodes, seed=cfg.seed, max_episodes=plan[-1], looks=plan, confidence=confidence,
+                      tolerance=cfg.tolerance, heldout_seed=cfg.heldout_seed, heldout_episodes=cfg.heldout_episodes),
+        random=RandomFigures(returns=summarize(episodes["random"])),
+        train=TrainFigures.model_validate(done["train"]),
         gpu=done[keys.measure("baseline")]["gpu_note"] or "visible",
         variants=variants,
     )
 
 
-def _variant_result(name: str, exported: dict[str, Any], evaluated: dict[str, Any],
-                    measured: dict[str, Any]) -> VariantResult:
-    return VariantResult(
-        name=name,
-        artifacts=exported["artifacts"],
-        returns=evaluated["return"],
-        size=exported["size"],
-        action_agreement=evaluated["action_agreement"],
-        action_agreement_decisive=1.0 if name == "baseline" else evaluated.get("action_agreement_decisive"),
-        latency_us=measured["latency_us"],
-        memory_bytes=measured["memory_bytes"],
-        micro=measured.get("micro"),
-        compression=exported.get("compression"),
-    )
+def _variant_result(name: str, exported: Mapping[str, object], evaluated: Mapping[str, object],
+                    measured: Mapping[str, object]) -> VariantResult:
+    """A policy's entry from its stage outputs (stages.json's records, validated here)."""
+    return VariantResult.model_validate({
+        "name": name,
+        "artifacts": exported["artifacts"],
+        "return": evaluated["return"],
+        "size": exported["size"],
+        "action_agreement": evaluated["action_agreement"],
+        "action_agreement_decisive": 1.0 if name == "baseline" else evaluated.get("action_agreement_decisive"),
+        "latency_us": measured["latency_us"],
+        "memory_bytes": measured["memory_bytes"],
+        "micro": measured.get("micro"),
+        "compression": exported.get("compression"),
+    })
