@@ -157,7 +157,8 @@ class RunResults(Record):
     random: RandomFigures
     train: TrainFigures = Field(default_factory=TrainFigures)
     gpu: str
-    variants: list[VariantResult]
+    variants: list[VariantResult] = Field(min_length=1)
+    """The baseline first, then its variants."""
     search: SearchMark | None = None
 
     @property

@@ -20,9 +20,10 @@ a half-written artifact behind, and rerunning the same command picks up where it
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
+
+from pydantic import JsonValue
 
 from compress_dqn.evaluation.report import write_report
 from compress_dqn.evaluation.results import EvalPlan, RandomFigures, RunResults, TrainFigures, VariantResult, save_results
@@ -93,8 +94,8 @@ def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunRes
     )
 
 
-def _variant_result(name: str, exported: Mapping[str, object], evaluated: Mapping[str, object],
-                    measured: Mapping[str, object]) -> VariantResult:
+def _variant_result(name: str, exported: dict[str, JsonValue], evaluated: dict[str, JsonValue],
+                    measured: dict[str, JsonValue]) -> VariantResult:
     """A policy's entry from its stage outputs (stages.json's records, validated here)."""
     return VariantResult.model_validate({
         "name": name,
