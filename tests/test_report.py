@@ -153,3 +153,32 @@ def test_a_baseline_only_run_says_it_has_no_variants_not_that_none_kept_the_retu
     data["variants"] = [v for v in data["variants"] if v["name"] == "baseline"]
     lines = headline(RunResults.from_dict(data))
     assert NO_VARIANTS in lines and not any("No variant kept" in line for line in lines)
+
+
+def test_findings_are_computed_apart_from_their_wording():
+    from compress_dqn.evaluation.findings import findings
+    from compress_dqn.evaluation.results import load_results
+
+    legacy = findings(load_results(Path(__file__).parent / "data" / "legacy-a0e684b" / "run" / "results.json"))
+    assert legacy.weak_baseline and legacy.smallest.name == "student" and [v.name for v in legacy.keepers] == [
+        "ptq-int8", "student", "prune-50"]
+    assert legacy.micro_fit.budget == 32 * 1024 and legacy.micro_fit.count == 3 and legacy.micro_fit.best.name == "student"
+    assert legacy.speed.fastest.name == "student" and not legacy.speed.faster
+    assert legacy.serving_memory.baseline_only and legacy.undecided == [] and legacy.search_winner is None
+    lunar = findings(RunResults.from_dict(json.loads(FIXED.read_text())))
+    assert [u.name for u in lunar.undecided] == ["prune-80", "student-32x32-qat-int8"]
+    assert lunar.smallest.name == "ptq-int8" and not lunar.weak_baseline
+
+
+def test_the_table_and_the_csv_read_one_list_of_columns(tmp_path):
+    from compress_dqn.evaluation.report import COLUMNS
+
+    shutil.copy(FIXED, tmp_path / "results.json")
+    write_report(tmp_path)
+    header = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
+    assert header == [c.key for c in COLUMNS if c.key is not None]
+    table = [c for c in COLUMNS if c.header is not None]
+    assert sorted(c.table for c in table) == list(range(len(table)))  # each table column has its own place
+    md_header = next(line for line in (tmp_path / "report.md").read_text().splitlines() if line.startswith("| variant"))
+    assert md_header == "| " + " | ".join(c.header for c in sorted(table, key=lambda c: c.table)) + " |"
+    assert [c.header for c in table if c.colored] == ["verdict"]

@@ -283,7 +283,7 @@ class SeedsResults(Record):
         return _validated(cls, data, source)
 
 
-def _validated(cls: type[RunResults] | type[SeedsResults], data: object, source: str) -> RunResults | SeedsResults:
+def _validated(cls: type[RunResults | SeedsResults], data: object, source: str) -> RunResults | SeedsResults:
     """data as cls, or the one-line UserError naming what is wrong with it."""
     if not isinstance(data, dict):
         raise UserError(f"{source}: not a compress-dqn results file (a JSON object was expected)")
