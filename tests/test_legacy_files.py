@@ -117,3 +117,11 @@ def test_a_later_release_s_extra_keys_are_ignored(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(data))
     results = load_results(tmp_path / "results.json")
     assert results.baseline.size.tflite_bytes == 3464 and "carbon" not in results.to_dict()
+
+
+def test_a_broken_search_log_is_refused_in_one_line(tmp_path):
+    for text in ("{", '{"tried": {"x": {"name": "x"}}}', "[]"):
+        (tmp_path / "search.json").write_text(text)
+        with pytest.raises(UserError, match="not a search log .*; delete it to search afresh") as caught:
+            SearchLog(tmp_path / "search.json")
+        assert "\n" not in str(caught.value)

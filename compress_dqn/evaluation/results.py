@@ -306,7 +306,7 @@ def load_results(path: Path) -> RunResults | SeedsResults:
     """results.json of a single-seed run or of a multi-seed run (told apart by its "seeds" entry)."""
     try:
         data = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # not JSON, or not text
         raise UserError(f"{path}: not a compress-dqn results file (not JSON: {exc})") from None
     cls = SeedsResults if isinstance(data, dict) and "seeds" in data else RunResults
     return _validated(cls, data, str(path))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import JsonValue, ValidationError
+from pydantic import BaseModel, JsonValue, ValidationError
 
 from compress_dqn.envs.environment import probe_env
 from compress_dqn.errors import UserError
@@ -101,13 +101,20 @@ class SearchLog:
         return tried
 
 
+class _LogFile(BaseModel):
+    """search.json as written: each finished candidate by name."""
+
+    tried: dict[str, Tried]
+
+
 def _read_log(path: Path) -> dict[str, Tried]:
     """search.json's candidates, or the one-line error that says how to start the search afresh."""
     try:
-        return {name: Tried.model_validate(t) for name, t in json.loads(path.read_text())["tried"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as exc:
-        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserError(f"{path}: not a search log ({why}); delete it to search afresh") from None
+        return _LogFile.model_validate_json(path.read_bytes()).tried
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "its top level"
+        raise UserError(f"{path}: not a search log ({where}: {first['msg']}); delete it to search afresh") from None
 
 
 @dataclass
