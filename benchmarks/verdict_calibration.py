@@ -24,7 +24,7 @@ import numpy as np
 
 def simulate(draw, looks: list[int], confidence: float, base: float, random: float, reps: int, seed: int) -> dict:
     """Run the sequential rule `reps` times on differences from draw(rng, n); returns the verdict shares."""
-    from compress_dqn.evaluation.verdicts import paired_difference
+    from compress_dqn.evaluation.verdicts import Verdict, paired_difference
 
     rng = np.random.default_rng(seed)
     outcomes: dict[str, int] = {}
@@ -33,10 +33,10 @@ def simulate(draw, looks: list[int], confidence: float, base: float, random: flo
         diffs = draw(rng, looks[-1])
         for n in looks:
             out = paired_difference(list(base + diffs[:n]), [base] * n, 0.01, [random] * n, confidence)
-            if out["verdict"] != "inconclusive":
+            if out.verdict is not Verdict.INCONCLUSIVE:
                 break
-        outcomes[out["verdict"]] = outcomes.get(out["verdict"], 0) + 1
-        episodes.append(out["episodes"])
+        outcomes[out.label] = outcomes.get(out.label, 0) + 1
+        episodes.append(out.episodes)
     return {"shares": {k: v / reps for k, v in sorted(outcomes.items())}, "median_episodes": float(np.median(episodes))}
 
 

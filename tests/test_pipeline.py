@@ -28,6 +28,7 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
     finished by two pool workers: the set-up of both checks is the same trained baseline."""
     import shutil
 
+    from compress_dqn.evaluation.verdicts import Verdict
     from compress_dqn.store.manifest import run_fingerprint
     from compress_dqn.run.baseline_stages import train_baseline
     from compress_dqn.run.context import open_run, reopen_run
@@ -47,7 +48,7 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
 
     def undecided_until_20(variant, baseline, tolerance=0.01, random=None, confidence=0.95):
         out = real_paired(variant, baseline, tolerance, random, confidence)
-        return {**out, "verdict": "inconclusive"} if len(variant) < 20 else out
+        return out.model_copy(update={"verdict": Verdict.INCONCLUSIVE}) if len(variant) < 20 else out
 
     for module in (baseline_stages, variants_module):
         monkeypatch.setattr(module, "evaluate", spy)
@@ -82,7 +83,7 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
         assert len(v["return"]["episodes"]) == 20
         compared = v["return_vs_baseline"]
         assert compared == real_paired(v["return"]["episodes"], base["return"]["episodes"], 0.01,
-                                       results["random"]["return"]["episodes"], 1 - 0.05 / 3)
+                                       results["random"]["return"]["episodes"], 1 - 0.05 / 3).to_dict()
     assert base["action_agreement"] == base["action_agreement_decisive"] == 1.0
     assert 0.0 <= student["action_agreement"] <= 1.0 and 0.0 <= student["action_agreement_decisive"] <= 1.0
     assert student["size"]["params"] < base["size"]["params"]

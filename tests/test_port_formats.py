@@ -8,6 +8,7 @@ to commit, are made here by the same functions. Every port is compared with the 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -194,12 +195,13 @@ def test_damaged_or_foreign_files_are_refused_in_one_line(tmp_path):
 def test_results_read_the_port_check_and_old_results_have_none():
     from compress_dqn.evaluation.results import RunResults
 
-    base = {"schema_version": 2, "env_id": "CartPole-v1", "eval": {}, "random": {}, "gpu": "", "variants": []}
+    base = json.loads((Path(__file__).parent / "data" / "legacy-a0e684b" / "run" / "results.json").read_text())
     assert RunResults.from_dict({**base, "train": {"env_steps": 10}}).port_check is None  # a trained baseline
     record = {"format": "an ONNX model", "checked": False, "states": 512, "notes": [],
               "reason": "not cross-checked: onnxruntime is not installed (pip install 'compress-dqn[onnx]' to ...)"}
-    check = RunResults.from_dict({**base, "train": {"port_check": record}}).port_check
-    assert check.summary() == f"Port from an ONNX model: {record['reason']}."
+    loaded = RunResults.from_dict({**base, "train": {"port_check": record}})
+    assert loaded.port_check.summary() == f"Port from an ONNX model: {record['reason']}."
+    assert loaded.to_dict()["train"] == {"port_check": record}  # written back as it was read
 
 
 def test_an_onnx_bias_after_an_activation_is_refused_and_a_row_bias_is_read(tmp_path):

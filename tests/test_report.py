@@ -69,8 +69,8 @@ def test_headline_says_how_many_episodes_would_decide_an_open_verdict():
 
     results = RunResults.from_dict(json.loads(FIXED.read_text()))
     versus = results.variant("prune-80").return_vs_baseline
-    versus["episodes_to_decide"] = 1234  # as stored by an older rule: the report recomputes it from the CI
-    expected = episodes_to_decide(versus["episodes"], *versus["ci"], versus["mean"], versus["margin"])
+    versus.episodes_to_decide = 1234  # as stored by an older rule: the report recomputes it from the CI
+    expected = episodes_to_decide(versus.episodes, *versus.ci, versus.mean, versus.margin)
     assert expected != 1234
     lines = headline(results)
     assert any(f"Not decided within 100 episodes: prune-80 (~{expected:,} would decide it)" in line
@@ -79,15 +79,16 @@ def test_headline_says_how_many_episodes_would_decide_an_open_verdict():
 
 def test_headline_does_not_call_slower_faster_or_larger_smaller_or_a_random_level_baseline_a_reference():
     results = RunResults.from_dict(json.loads(FIXED.read_text()))
-    ptq = results.variant("ptq-int8")
-    ptq.latency_us["cpu"]["tflite"]["p50"] = 2 * results.baseline.latency_us["cpu"]["tflite"]["p50"]
-    ptq.size["tflite_gzip_bytes"] = 2 * results.baseline.size["tflite_gzip_bytes"]
+    ptq, base = results.variant("ptq-int8"), results.baseline
+    cpu = ptq.latency_us.cpu
+    cpu.tflite = cpu.tflite.model_copy(update={"p50": 2 * base.latency_us.cpu.tflite.p50})
+    ptq.size = ptq.size.model_copy(update={"tflite_gzip_bytes": 2 * base.size.tflite_gzip_bytes})
     lines = headline(results)
     assert not any(line.startswith("Fastest:") for line in lines)
     assert any(line.startswith("None of the policies that keep the return is faster than the fp32 TFLite baseline")
                for line in lines)
     assert any("2.0x larger than the fp32 baseline's" in line for line in lines)
-    results.random["return"]["mean"] = results.baseline.returns["mean"] + 1.0
+    results.random.returns = results.random.returns.model_copy(update={"mean": base.returns.mean + 1.0})
     lines = headline(results)
     assert lines[0].startswith("Warning: the baseline") and "does not beat a uniform-random policy" in lines[0]
     assert rows(results)[0]["normalized_score"] is None
@@ -152,3 +153,32 @@ def test_a_baseline_only_run_says_it_has_no_variants_not_that_none_kept_the_retu
     data["variants"] = [v for v in data["variants"] if v["name"] == "baseline"]
     lines = headline(RunResults.from_dict(data))
     assert NO_VARIANTS in lines and not any("No variant kept" in line for line in lines)
+
+
+def test_findings_are_computed_apart_from_their_wording():
+    from compress_dqn.evaluation.findings import findings
+    from compress_dqn.evaluation.results import load_results
+
+    legacy = findings(load_results(Path(__file__).parent / "data" / "legacy-a0e684b" / "run" / "results.json"))
+    assert legacy.weak_baseline and legacy.smallest.name == "student" and [v.name for v in legacy.keepers] == [
+        "ptq-int8", "student", "prune-50"]
+    assert legacy.micro_fit.budget == 32 * 1024 and legacy.micro_fit.count == 3 and legacy.micro_fit.best.name == "student"
+    assert legacy.speed.fastest.name == "student" and not legacy.speed.faster
+    assert legacy.serving_memory.baseline_only and legacy.undecided == [] and legacy.search_winner is None
+    lunar = findings(RunResults.from_dict(json.loads(FIXED.read_text())))
+    assert [u.name for u in lunar.undecided] == ["prune-80", "student-32x32-qat-int8"]
+    assert lunar.smallest.name == "ptq-int8" and not lunar.weak_baseline
+
+
+def test_the_table_and_the_csv_read_one_list_of_columns(tmp_path):
+    from compress_dqn.evaluation.report import COLUMNS
+
+    shutil.copy(FIXED, tmp_path / "results.json")
+    write_report(tmp_path)
+    header = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
+    assert header == [c.key for c in COLUMNS if c.key is not None]
+    table = [c for c in COLUMNS if c.header is not None]
+    assert sorted(c.table for c in table) == list(range(len(table)))  # each table column has its own place
+    md_header = next(line for line in (tmp_path / "report.md").read_text().splitlines() if line.startswith("| variant"))
+    assert md_header == "| " + " | ".join(c.header for c in sorted(table, key=lambda c: c.table)) + " |"
+    assert [c.header for c in table if c.colored] == ["verdict"]

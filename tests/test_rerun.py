@@ -86,7 +86,7 @@ def test_a_finished_run_is_a_baseline_for_compress(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["train"]["source"]["data"]["kind"] == "run replay"
     assert results["train"].get("port_check") is None  # nothing was ported
-    assert results["variants"][0]["return"]["episodes"] == original.baseline.returns["episodes"]
+    assert results["variants"][0]["return"]["episodes"] == original.baseline.returns.episodes
 
     wrong = CliRunner().invoke(main, ["compress", str(source), "--env", "Acrobot-v1", "--out", str(tmp_path / "x")])
     assert wrong.exit_code == 2 and "plays CartPole-v1" in wrong.output and "--env CartPole-v1" in wrong.output

@@ -9,7 +9,7 @@ import pytest
 from compress_dqn.run import search as search_module
 from compress_dqn.recipe.schema import load_recipe
 from compress_dqn.run.ladders import ladders
-from compress_dqn.run.search import SearchLog, Tried, bisect_family
+from compress_dqn.run.search import SearchLog, SeedOutcome, Tried, bisect_family
 
 from conftest import MINATAR, NO_TF_MEMORY, TINY
 
@@ -22,11 +22,16 @@ def _fake_player(smallest_kept: int, played: list[str], sizes: dict[str, float])
         played.append(candidate.variant.name)
         width = candidate.variant.student.net_arch[0]
         kept = width >= smallest_kept
-        return Tried(candidate.variant.name, candidate.family, candidate.estimated_bytes, "kept" if kept else "lost",
-                     {"0": {"verdict": "within 1%" if kept else "worse", "episodes": 5, "normalized_score": 1.0,
-                            "objective": sizes[candidate.variant.name], "difference": 0.0}},
-                     sizes[candidate.variant.name])
+        return Tried(name=candidate.variant.name, family=candidate.family, estimated_bytes=candidate.estimated_bytes,
+                     outcome="kept" if kept else "lost",
+                     per_seed={"0": _outcome("within 1%" if kept else "worse", sizes[candidate.variant.name])},
+                     objective=sizes[candidate.variant.name])
     return play
+
+
+def _outcome(verdict: str, objective: float, normalized_score: float | None = 1.0) -> SeedOutcome:
+    return SeedOutcome(verdict=verdict, episodes=5, difference=0.0, ci=(0.0, 0.0), margin=0.1,
+                       normalized_score=normalized_score, objective=objective)
 
 
 class _Plan:
@@ -49,7 +54,7 @@ def test_bisection_finds_the_smallest_kept_rung_in_log_steps(tmp_path, monkeypat
     log = SearchLog(tmp_path / "search.json")
     bisect_family(rungs, _Plan(recipe), log, lambda: None)
     assert played == expected_played
-    assert search_module._best(log.tried)["name"] == f"student-{smallest_kept}x{smallest_kept}-qat-int8"
+    assert search_module._best(log.tried).name == f"student-{smallest_kept}x{smallest_kept}-qat-int8"
     # Resume: a second search over the same log plays nothing again.
     again: list[str] = []
     monkeypatch.setattr(search_module, "play_candidate", _fake_player(smallest_kept, again, sizes))
@@ -66,13 +71,14 @@ def test_a_rung_that_cannot_beat_the_best_is_skipped_unplayed_and_the_budget_sto
     log = SearchLog(tmp_path / "search.json")
     bisect_family(families["student"], _Plan(recipe), log, lambda: None)
     best = search_module._best(log.tried)
-    assert best["name"] == "student-8x8-qat-int8"
+    assert best.name == "student-8x8-qat-int8"
     # The baseline is [16, 16]: pruned 10% or 50%, its int8 weights gzipped at GZIP_FLOOR still
     # outweigh an 8x8 int8 student (112 B); pruned 90% (122 B) they might not, so that rung plays.
     monkeypatch.setattr(search_module, "play_candidate", lambda c, plan: (played.append(c.variant.name), Tried(
-        c.variant.name, c.family, c.estimated_bytes, "lost", {"0": {"verdict": "worse"}}, 1e9))[1])
+        name=c.variant.name, family=c.family, estimated_bytes=c.estimated_bytes, outcome="lost",
+        per_seed={"0": _outcome("worse", 1e9)}, objective=1e9))[1])
     bisect_family(families["prune"], _Plan(recipe), log, lambda: None)
-    outcomes = {t["name"]: t["outcome"] for t in log.tried.values() if t["family"] == "prune"}
+    outcomes = {t.name: t.outcome for t in log.tried.values() if t.family == "prune"}
     assert outcomes["prune-50-int8"].startswith("skipped: its weights alone (224 B, at least ~112 B gzipped)")
     assert outcomes["prune-90-int8"] == "lost" and [n for n in played if n.startswith("prune")] == ["prune-90-int8"]
 
@@ -120,8 +126,7 @@ def test_a_chunk_with_fewer_seeds_than_workers_plays_its_looks_on_the_spare_ones
 
     def fake_map_units(fn, args, executor, workers, address):
         calls.append([a[-1] for a in args])
-        return [{"verdict": "within 1%", "episodes": 5, "normalized_score": 1.0, "objective": 100.0, "difference": 0.0}
-                for _ in args]
+        return [_outcome("within 1%", 100.0) for _ in args]
 
     monkeypatch.setattr(search_module, "map_units", fake_map_units)
     (rungs,) = ladders(load_recipe(TINY, [STUDENTS]), (4,), 2).values()
@@ -140,6 +145,7 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
     forced undecided until 20) in chunks on both; the search equals the one-worker search. The
     one-worker search is also the tiny end-to-end search: winner, report, resume."""
     from compress_dqn.run import looks
+    from compress_dqn.evaluation.verdicts import Verdict
     from compress_dqn.run.search import run_search, search_fingerprint
 
     real_paired, real_decide, look_workers = search_module.paired_difference, looks.decide, []
@@ -153,7 +159,7 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
 
     def undecided_until_20(variant, baseline, tolerance=0.01, random=None, confidence=0.95):
         out = real_paired(variant, baseline, tolerance, random, confidence)
-        return {**out, "verdict": "inconclusive"} if len(variant) < 20 else out
+        return out.model_copy(update={"verdict": Verdict.INCONCLUSIVE}) if len(variant) < 20 else out
 
     for module in (looks, search_module):
         monkeypatch.setattr(module, "paired_difference", undecided_until_20)
@@ -168,14 +174,14 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
 
     # The one-worker search end to end: it names a winner among the run's variants, and resumes.
     run_dir, found = tmp_path / "w1", outcomes[1].results.search
-    played = [t["name"] for t in found["tried"] if t["per_seed"]]
-    assert played and found["cost"]["units"] == len(played)
+    played = [t.name for t in found.tried if t.per_seed]
+    assert played and found.cost.units == len(played)
     seed_results = json.loads((run_dir / "seed-0" / "results.json").read_text())
     names = [v["name"] for v in seed_results["variants"]]
     assert names == ["baseline", *played]
-    if found["winner"] is not None:
-        assert found["winner"] in names and seed_results["search"]["winner"] == found["winner"]
-        assert all(o["verdict"] != "worse" for o in next(t for t in found["tried"] if t["name"] == found["winner"])["per_seed"].values())
+    if found.winner is not None:
+        assert found.winner in names and seed_results["search"]["winner"] == found.winner
+        assert all(o.kind is not Verdict.WORSE for o in next(t for t in found.tried if t.name == found.winner).per_seed.values())
     report = (run_dir / "report.md").read_text()
     assert "## Search: the smallest policy within tolerance on every seed" in report
 
@@ -185,7 +191,7 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
 
     monkeypatch.setattr(search_module, "variant_stage", refuse)
     again = run_search(load_recipe(TINY, [*overrides, "workers=1"]), run_dir, quiet=True, log=lambda m: None)
-    assert again.results.search["winner"] == found["winner"] and again.resumed
+    assert again.results.search.winner == found.winner and again.resumed
 
 
 def test_the_front_offers_only_kept_candidates():
@@ -193,12 +199,13 @@ def test_the_front_offers_only_kept_candidates():
     from compress_dqn.run.search import pareto_names
 
     def tried(name, outcome, objective, score):
-        return {"name": name, "outcome": outcome, "objective": objective,
-                "per_seed": {"0": {"normalized_score": score}, "1": {"normalized_score": score}}}
+        verdict = "within 1%" if outcome == "kept" else "worse"
+        return Tried(name=name, family="student", estimated_bytes=objective, outcome=outcome, objective=objective,
+                     per_seed={"0": _outcome(verdict, objective, score), "1": _outcome(verdict, objective, score)})
 
-    log = {t["name"]: t for t in [tried("big", "kept", 100.0, 1.00), tried("small", "kept", 50.0, 0.99),
-                                  tried("tiny-lost", "lost", 10.0, 1.02), tried("partial", "lost", 5.0, 1.0)]}
-    log["partial"]["per_seed"].pop("1")
+    log = {t.name: t for t in [tried("big", "kept", 100.0, 1.00), tried("small", "kept", 50.0, 0.99),
+                               tried("tiny-lost", "lost", 10.0, 1.02), tried("partial", "lost", 5.0, 1.0)]}
+    log["partial"].per_seed.pop("1")
     assert pareto_names(log, seeds=2) == ["small", "big"]
 
 
@@ -230,13 +237,16 @@ def test_the_report_says_what_an_open_verdict_would_need():
     episodes that would decide it: on MinAtar a 1% margin is a fraction of a point."""
     from compress_dqn.evaluation.report import render_search_markdown
 
+    from compress_dqn.evaluation.results import SearchSummary
+
     open_seed = {"verdict": "inconclusive", "episodes": 25600, "episodes_to_decide": 61234, "normalized_score": 1.0,
-                 "objective": 9000.0, "difference": -0.05}
+                 "objective": 9000.0, "difference": -0.05, "ci": [-0.3, 0.2], "margin": 0.1}
     decided = {**open_seed, "verdict": "within 1%", "episodes": 400, "episodes_to_decide": None}
-    search = {"objective": "gzip_bytes", "winner": None, "winner_objective": None, "front": [],
-              "cost": {"wall_seconds": 10.0, "candidates_played": 1, "units": 2},
-              "tried": [{"name": "student-c8k3-32-qat-int8", "family": "student", "estimated_bytes": 16768.0,
-                         "outcome": "lost", "objective": 9000.0, "per_seed": {"0": decided, "1": open_seed}}]}
+    search = SearchSummary.model_validate({
+        "objective": "gzip_bytes", "tolerance": 0.01, "winner": None, "winner_objective": None, "front": [],
+        "cost": {"wall_seconds": 10.0, "candidates_played": 1, "units": 2},
+        "tried": [{"name": "student-c8k3-32-qat-int8", "family": "student", "estimated_bytes": 16768.0,
+                   "outcome": "lost", "objective": 9000.0, "per_seed": {"0": decided, "1": open_seed}}]})
     row = next(line for line in render_search_markdown(search) if line.startswith("| student-c8k3-32"))
     assert "0: within 1% (400)" in row and "1: inconclusive (25,600; ~61,234 to decide)" in row
 

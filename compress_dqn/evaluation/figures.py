@@ -41,15 +41,18 @@ class Record(BaseModel):
 
 
 class OpenRecord(Record):
-    """A block that keeps keys it does not name (a recipe's own fields, which grow with it), written
-    before the named ones as the writers order them."""
+    """A block that keeps keys it does not name (a recipe's own fields, which grow with it); with
+    `extras_first` they are written before the named ones, as the writer orders them."""
 
     model_config = ConfigDict(populate_by_name=True, extra="allow")
+    extras_first: ClassVar[bool] = False
 
     @model_serializer(mode="wrap")
     def _leave_out(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> object:
         data = Record._leave_out(self, handler, info)
         extra = self.model_extra or {}
+        if not self.extras_first or not isinstance(data, dict):
+            return data
         return {**{k: data[k] for k in extra if k in data}, **{k: v for k, v in data.items() if k not in extra}}
 
 
@@ -208,6 +211,7 @@ class Compression(OpenRecord):
     prune, fine_tune, ...) and build details, with the pick of its candidates where it had them."""
 
     omit_unset: ClassVar[frozenset[str]] = frozenset({"candidates", "tflite_sparse_format", "build_seconds"})
+    extras_first: ClassVar[bool] = True
     candidates: CandidatesPick | None = None
     tflite_sparse_format: bool | None = None
     build_seconds: float | None = None
@@ -254,62 +258,3 @@ class Comparison(Record):
     def label(self) -> str:
         """The verdict as results.json and the report write it ("within 1%")."""
         return self.verdict.label(self.tolerance)
-
-
-class PortCheckRecord(Record):
-    """A policy brought from another framework: its ported Q-values against the source's own runtime
-    (results.json train.port_check; absent for a Keras file or a trained baseline)."""
-
-    format: str
-    checked: bool
-    states: int
-    notes: list[str] = Field(default_factory=list)
-    runtime: str | None = None
-    max_abs_q_diff: float | None = None
-    action_agreement: float | None = None
-    reason: str | None = None
-
-    def summary(self) -> str:
-        """One line for the report."""
-        if not self.checked:
-            return f"Port from {self.format}: {self.reason}."
-        return (f"Port from {self.format} checked against {self.runtime} on {self.states} states: largest "
-                f"|dQ| {self.max_abs_q_diff:.2g}, greedy-action agreement {self.action_agreement:.3f}.")
-
-
-class BroughtData(OpenRecord):
-    """What a brought baseline was compressed with: a rollout of it, an .npz of transitions, or the
-    replay buffer of the run it came from (`kind` says which; each kind adds its own figures)."""
-
-    kind: str
-
-
-class BroughtSource(Record):
-    """Where a brought baseline came from: the file or run, its SHA-256, and the data."""
-
-    source_from: str = Field(alias="from")
-    data: BroughtData
-    sha256: str
-
-
-class TrainRecord(Record):
-    """The baseline's train stage (results.json `train`): a trained baseline's training figures, or a
-    brought one's source and port check. Both record the replay buffer that variants build from."""
-
-    omit_unset: ClassVar[frozenset[str]] = frozenset(
-        {"env_steps", "gradient_steps", "episodes", "wall_seconds", "env_steps_per_second", "resumed_from_step",
-         "selected_step", "selected_eval_return", "device", "dtype_policy", "source", "port_check"})
-    env_steps: int | None = None
-    gradient_steps: int | None = None
-    episodes: int | None = None
-    wall_seconds: float | None = None
-    env_steps_per_second: float | None = None
-    resumed_from_step: int | None = None
-    selected_step: int | None = None
-    selected_eval_return: float | None = None
-    source: BroughtSource | None = None
-    port_check: PortCheckRecord | None = None
-    replay_capacity: int
-    replay_nbytes: int
-    device: str | None = None
-    dtype_policy: str | None = None

@@ -128,13 +128,13 @@ def compare_with_litert(policy: Any, content: bytes, observations: np.ndarray, r
     rows = [np.asarray(obs) for obs in observations]
     set_tensor, invoke, get_tensor, act, index = interp.set_tensor, interp.invoke, interp.get_tensor, policy.act, inp["index"]
 
-    def set_invoke_get(x: np.ndarray) -> None:
+    def set_invoke_read(x: np.ndarray) -> None:
         set_tensor(index, x)
         invoke()
         get_tensor(action)
 
     timed: dict[str, list[float]] = {"act": [], "set_invoke_get": [], "invoke": []}
-    calls = {"act": (act, rows), "set_invoke_get": (set_invoke_get, ready), "invoke": (lambda _: invoke(), ready)}
+    calls = {"act": (act, rows), "set_invoke_get": (set_invoke_read, ready), "invoke": (lambda _: invoke(), ready)}
     for warm in (True, *([False] * rounds)):
         for name, (call, inputs) in calls.items():
             times = _time_calls(call, inputs, per_round)

@@ -1,95 +1,80 @@
-"""Typed results of a run: what results.json holds, shared by the pipeline, the report and the seed aggregate.
+"""Typed results of a run: what results.json holds, shared by the pipeline, the report, the seed aggregate and the search.
 
-Measurements keep their own shapes (ReturnStats, SizeStats, LatencyStats write plain dicts);
-these classes fix which entries a result has, so that a reader asks `variant.size` instead of
-digging `results["variants"][i]["size"]` by hand, and a renamed field fails at load time.
+Pydantic records whose aliases keep results.json's keys (`return`, `from`), so a file written by an
+earlier release (schema_version 2) loads and saves back unchanged; a key a later release adds is
+ignored by this reader. A file that is not a results file is refused in one line.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
+
+from pydantic import ConfigDict, Field, ValidationError
 
 from compress_dqn.errors import UserError
+from compress_dqn.evaluation.figures import (Comparison, Compression, LatencyBlock, MemoryBlock, MicroFigures, OpenRecord,
+                                             Record, ReturnStats, SizeStats, Verdict)
 from compress_dqn.fileio import write_text_atomic
 
 SCHEMA_VERSION = 2
 
 
-def _check_schema(data: dict[str, Any], source: str) -> None:
-    version = data.get("schema_version")
-    if version is None:
-        raise UserError(f"{source}: not a compress-dqn results file (no schema_version)")
-    if version != SCHEMA_VERSION:
-        raise UserError(f"{source}: results schema_version {version!r}, this compress-dqn reads {SCHEMA_VERSION}; "
-                        "rerun the recipe with this version to regenerate it")
+class EvalPlan(Record):
+    """How the policies were evaluated: the episodes and their seeds, the looks, the CI level and tolerance."""
+
+    episodes: int
+    seed: int
+    max_episodes: int
+    looks: list[int]
+    confidence: float
+    tolerance: float
+    heldout_seed: int
+    heldout_episodes: int
 
 
-def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
+class RandomFigures(Record):
+    """The uniform-random policy on the evaluation's episodes: the 0% of normalized scores."""
+
+    returns: ReturnStats = Field(alias="return")
 
 
-@dataclass
-class VariantResult:
-    """One policy's figures: the baseline (the reference) or a compressed variant."""
+class SourceData(OpenRecord):
+    """Where a brought baseline's calibration and distillation data came from."""
 
-    name: str
-    artifacts: dict[str, str]
-    returns: dict[str, Any]
-    """ReturnStats.to_dict(): mean, std, ci95, episodes (stored under "return")."""
-    size: dict[str, Any]
-    action_agreement: float | None = None
-    action_agreement_decisive: float | None = None
-    latency_us: dict[str, Any] = field(default_factory=dict)
-    memory_bytes: dict[str, Any] = field(default_factory=dict)
-    micro: dict[str, Any] | None = None
-    compression: dict[str, Any] | None = None
-    return_vs_baseline: dict[str, Any] | None = None
-    """evaluate.paired_difference(): the non-inferiority verdict against the baseline (None for it)."""
-
-    @property
-    def verdict(self) -> str:
-        return "reference" if self.return_vs_baseline is None else self.return_vs_baseline["verdict"]
-
-    @property
-    def episodes(self) -> int:
-        return len(self.returns["episodes"])
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["return"] = data.pop("returns")
-        for optional in ("compression", "return_vs_baseline"):
-            if data[optional] is None:
-                del data[optional]
-        return {"name": data.pop("name"), "artifacts": data.pop("artifacts"), "return": data.pop("return"), **data}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> VariantResult:
-        return cls(**_known(cls, {**data, "returns": data["return"]}))
+    omit_unset: ClassVar[frozenset[str]] = frozenset({"path", "transitions", "steps", "epsilon"})
+    kind: str
+    path: str | None = None
+    transitions: int | None = None
+    steps: int | None = None
+    epsilon: float | None = None
 
 
-@dataclass
-class PortCheck:
+class BaselineSource(OpenRecord):
+    """A baseline not trained here: the file it was loaded from, its digest and its data."""
+
+    omit_unset: ClassVar[frozenset[str]] = frozenset({"sha256"})
+    from_: str = Field(alias="from")
+    data: SourceData
+    sha256: str | None = None
+
+
+class PortCheck(OpenRecord):
     """A policy brought from another framework: its ported Q-values against the source's own runtime.
 
-    Stored in results.json under train.port_check (absent for a Keras file or a trained baseline).
+    Stored in results.json under train.port_check (None for a Keras file or a run's baseline).
     """
 
+    omit_unset: ClassVar[frozenset[str]] = frozenset({"reason", "runtime", "max_abs_q_diff", "action_agreement"})
     format: str
-    checked: bool
     states: int
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    checked: bool
+    reason: str | None = None
     runtime: str | None = None
     max_abs_q_diff: float | None = None
     action_agreement: float | None = None
-    reason: str | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PortCheck:
-        return cls(**_known(cls, data))
 
     def summary(self) -> str:
         """One line for the report."""
@@ -99,18 +84,82 @@ class PortCheck:
                 f"|dQ| {self.max_abs_q_diff:.2g}, greedy-action agreement {self.action_agreement:.3f}.")
 
 
-@dataclass
-class RunResults:
+class TrainFigures(OpenRecord):
+    """The baseline's train stage: what training cost, or (for a brought baseline) where it came from."""
+
+    omit_unset: ClassVar[frozenset[str]] = frozenset(
+        {"env_steps", "gradient_steps", "episodes", "wall_seconds", "env_steps_per_second", "resumed_from_step",
+         "selected_step", "selected_eval_return", "source", "port_check", "replay_capacity", "replay_nbytes", "device",
+         "dtype_policy"})
+    env_steps: int | None = None
+    gradient_steps: int | None = None
+    episodes: int | None = None
+    wall_seconds: float | None = None
+    env_steps_per_second: float | None = None
+    resumed_from_step: int | None = None
+    selected_step: int | None = None
+    selected_eval_return: float | None = None
+    source: BaselineSource | None = None
+    port_check: PortCheck | None = None
+    replay_capacity: int | None = None
+    replay_nbytes: int | None = None
+    device: str | None = None
+    dtype_policy: str | None = None
+
+
+class VariantResult(Record):
+    """One policy's figures: the baseline (the reference) or a compressed variant."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
+    omit_none: ClassVar[frozenset[str]] = frozenset({"compression", "return_vs_baseline"})
+    name: str
+    artifacts: dict[str, str]
+    returns: ReturnStats = Field(alias="return")
+    size: SizeStats
+    action_agreement: float | None = None
+    action_agreement_decisive: float | None = None
+    latency_us: LatencyBlock = Field(default_factory=LatencyBlock)
+    memory_bytes: MemoryBlock = Field(default_factory=MemoryBlock)
+    micro: MicroFigures | None = None
+    compression: Compression | None = None
+    return_vs_baseline: Comparison | None = None
+    """verdicts.paired_difference(): the non-inferiority verdict against the baseline (None for it)."""
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.REFERENCE if self.return_vs_baseline is None else self.return_vs_baseline.verdict
+
+    @property
+    def label(self) -> str:
+        """The verdict as written: "reference", "within 1%", ..."""
+        return "reference" if self.return_vs_baseline is None else self.return_vs_baseline.label
+
+    @property
+    def episodes(self) -> int:
+        return len(self.returns.episodes)
+
+
+class SearchMark(Record):
+    """A seed's run of a search: the search's winner and the objective it was chosen by."""
+
+    winner: str | None
+    objective: str
+
+
+class RunResults(Record):
     """One training seed's run: the baseline, its variants, and how they were evaluated."""
 
-    env_id: str
-    eval: dict[str, Any]
-    random: dict[str, Any]
-    train: dict[str, Any]
-    gpu: str
-    variants: list[VariantResult]
-    search: dict[str, Any] | None = None
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
+    omit_none: ClassVar[frozenset[str]] = frozenset({"search"})
     schema_version: int = SCHEMA_VERSION
+    env_id: str
+    eval: EvalPlan
+    random: RandomFigures
+    train: TrainFigures = Field(default_factory=TrainFigures)
+    gpu: str
+    variants: list[VariantResult] = Field(min_length=1)
+    """The baseline first, then its variants."""
+    search: SearchMark | None = None
 
     @property
     def baseline(self) -> VariantResult:
@@ -122,72 +171,145 @@ class RunResults:
     @property
     def port_check(self) -> PortCheck | None:
         """The port check of a baseline brought from another framework (None when nothing was ported)."""
-        record = (self.train or {}).get("port_check")
-        return PortCheck.from_dict(record) if record else None
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {"schema_version": self.schema_version, "env_id": self.env_id, "eval": self.eval,
-                "random": self.random, "train": self.train, "gpu": self.gpu,
-                "variants": [v.to_dict() for v in self.variants]}
-        if self.search is not None:
-            data["search"] = self.search
-        return data
+        return self.train.port_check
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "results.json") -> RunResults:
-        _check_schema(data, source)
-        return cls(**_known(cls, {**data, "variants": [VariantResult.from_dict(v) for v in data["variants"]]}))
+    def from_dict(cls, data: object, source: str = "results.json") -> RunResults:
+        return _validated(cls, data, source)
 
 
-@dataclass
-class SeedAggregate:
+class SeedAggregate(Record):
     """One variant over the training seeds: IQM of per-seed returns and the per-seed verdicts."""
 
     name: str
     per_seed_mean_return: list[float]
     iqm_return: float
-    iqm_return_ci95: list[float]
+    iqm_return_ci95: tuple[float, float]
     iqm_difference_vs_baseline: float
-    difference_ci95: list[float]
+    difference_ci95: tuple[float, float]
     per_seed_verdict: list[str]
+    """Each seed's verdict label ("reference", "within 1%", ...)."""
     per_seed_episodes: list[int]
     tflite_gzip_bytes: int
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SeedAggregate:
-        return cls(**_known(cls, data))
+
+class SeedOutcome(Record):
+    """One (seed, candidate) unit of a search: the candidate's paired verdict on that seed and its objective."""
+
+    verdict: str
+    """The verdict's label ("within 1%"); `kind` is the Verdict."""
+    episodes: int
+    difference: float
+    ci: tuple[float, float]
+    margin: float
+    episodes_to_decide: int | None = None
+    normalized_score: float | None = None
+    objective: float
+
+    @property
+    def kind(self) -> Verdict | None:
+        return Verdict.of(self.verdict)
+
+    @property
+    def keeps_return(self) -> bool:
+        return self.kind is not None and self.kind.keeps_return
 
 
-@dataclass
-class SeedsResults:
+class Tried(Record):
+    """What the search learned about one candidate."""
+
+    name: str
+    family: str
+    estimated_bytes: float
+    outcome: str
+    """kept (within tolerance on every seed), lost (a seed ruled it out), or skipped: why."""
+    per_seed: dict[str, SeedOutcome] = Field(default_factory=dict)
+    """By training seed (as text, the JSON's key)."""
+    objective: float | None = None
+    """Median over the seeds played of the measured objective."""
+
+
+class SearchCost(Record):
+    """What a search took."""
+
+    wall_seconds: float
+    candidates_played: int
+    units: int
+
+
+class SearchSummary(Record):
+    """A search's results: the winner, the front, every candidate and why it was dropped, the cost."""
+
+    objective: str
+    tolerance: float
+    winner: str | None
+    winner_objective: float | None
+    front: list[str]
+    tried: list[Tried]
+    cost: SearchCost
+
+
+class ExecutorInfo(Record):
+    """Where a multi-seed run's units ran."""
+
+    kind: str
+    workers: int
+    intra_op_threads: int
+
+
+class SeedsEval(Record):
+    """A multi-seed run's evaluation: each seed's file holds the rest."""
+
+    episodes: int
+    seed: int
+
+
+class SeedsResults(Record):
     """A multi-seed run: where each seed's RunResults lives, and the aggregate over seeds."""
 
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
+    omit_none: ClassVar[frozenset[str]] = frozenset({"search"})
+    schema_version: int = SCHEMA_VERSION
     env_id: str
-    eval: dict[str, Any]
+    eval: SeedsEval
     seeds: list[int]
-    executor: dict[str, Any]
+    executor: ExecutorInfo
     runs: list[str]
     aggregate: list[SeedAggregate]
-    search: dict[str, Any] | None = None
-    schema_version: int = SCHEMA_VERSION
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {"schema_version": self.schema_version, "env_id": self.env_id, "eval": self.eval, "seeds": self.seeds,
-                "executor": self.executor, "runs": self.runs, "aggregate": [asdict(a) for a in self.aggregate]}
-        if self.search is not None:
-            data["search"] = self.search
-        return data
+    search: SearchSummary | None = None
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "results.json") -> SeedsResults:
-        _check_schema(data, source)
-        return cls(**_known(cls, {**data, "aggregate": [SeedAggregate.from_dict(a) for a in data["aggregate"]]}))
+    def from_dict(cls, data: object, source: str = "results.json") -> SeedsResults:
+        return _validated(cls, data, source)
+
+
+def _validated(cls: type[RunResults | SeedsResults], data: object, source: str) -> RunResults | SeedsResults:
+    """data as cls, or the one-line UserError naming what is wrong with it."""
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: not a compress-dqn results file (a JSON object was expected)")
+    version = data.get("schema_version")
+    if version is None:
+        raise UserError(f"{source}: not a compress-dqn results file (no schema_version)")
+    if version != SCHEMA_VERSION:
+        raise UserError(f"{source}: results schema_version {version!r}, this compress-dqn reads {SCHEMA_VERSION}; "
+                        "rerun the recipe with this version to regenerate it")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "its top level"
+        more = f" and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
+        raise UserError(f"{source}: not a compress-dqn results file ({where}: {first['msg']}{more})") from None
 
 
 def load_results(path: Path) -> RunResults | SeedsResults:
     """results.json of a single-seed run or of a multi-seed run (told apart by its "seeds" entry)."""
-    data = json.loads(Path(path).read_text())
-    return SeedsResults.from_dict(data, str(path)) if "seeds" in data else RunResults.from_dict(data, str(path))
+    try:
+        data = json.loads(Path(path).read_text())
+    except ValueError as exc:  # not JSON, or not text
+        raise UserError(f"{path}: not a compress-dqn results file (not JSON: {exc})") from None
+    cls = SeedsResults if isinstance(data, dict) and "seeds" in data else RunResults
+    return _validated(cls, data, str(path))
 
 
 def save_results(results: RunResults | SeedsResults, path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from compress_dqn.evaluation.figures import Compression
 from compress_dqn.evaluation.report import write_report
-from compress_dqn.evaluation.results import RunResults, VariantResult, save_results
+from compress_dqn.evaluation.results import EvalPlan, RandomFigures, RunResults, VariantResult, save_results
 from compress_dqn.evaluation.verdicts import paired_difference, summarize
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run.baseline_stages import train_baseline
@@ -69,15 +69,15 @@ def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunRes
         for v in ctx.recipe.variants if (built := stages.get(keys.variant(v.name), VariantRecord))
     ]
     for entry in variants[1:]:  # each variant against the baseline, episode by episode (non-inferiority)
-        entry.return_vs_baseline = paired_difference(entry.returns["episodes"], variants[0].returns["episodes"],
-                                                     cfg.tolerance, episodes[RANDOM], ranges.confidence).to_dict()
+        entry.return_vs_baseline = paired_difference(entry.returns.episodes, variants[0].returns.episodes,
+                                                     cfg.tolerance, episodes[RANDOM], ranges.confidence)
     return RunResults(
         env_id=ctx.recipe.env.id,
-        eval={"episodes": ranges.episodes, "seed": ranges.seed, "max_episodes": ranges.looks[-1],
-              "looks": ranges.looks, "confidence": ranges.confidence, "tolerance": cfg.tolerance,
-              "heldout_seed": ranges.heldout_seed, "heldout_episodes": ranges.heldout_episodes},
-        random={"return": summarize(episodes[RANDOM]).to_dict()},
-        train=stages.get("train", TrainRecord).to_dict(),
+        eval=EvalPlan(episodes=ranges.episodes, seed=ranges.seed, max_episodes=ranges.looks[-1], looks=ranges.looks,
+                      confidence=ranges.confidence, tolerance=cfg.tolerance, heldout_seed=ranges.heldout_seed,
+                      heldout_episodes=ranges.heldout_episodes),
+        random=RandomFigures(returns=summarize(episodes[RANDOM])),
+        train=stages.get("train", TrainRecord),
         gpu=measured[BASELINE].gpu_note or "visible",
         variants=variants,
     )
@@ -86,15 +86,6 @@ def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunRes
 def _variant_result(name: str, built: ExportRecord | VariantRecord, episodes: list[float], agreement: float,
                     decisive: float | None, compression: Compression | None, measured: MeasureRecord) -> VariantResult:
     """One policy's results: its build's records, and its returns over every episode it played."""
-    return VariantResult(
-        name=name,
-        artifacts=built.artifacts.to_dict(),
-        returns=summarize(episodes).to_dict(),
-        size=built.size.to_dict(),
-        action_agreement=agreement,
-        action_agreement_decisive=decisive,
-        latency_us=measured.latency_us.to_dict(),
-        memory_bytes=measured.memory_bytes.to_dict(),
-        micro=measured.micro.to_dict(),
-        compression=compression and compression.to_dict(),
-    )
+    return VariantResult(name=name, artifacts=built.artifacts.to_dict(), returns=summarize(episodes), size=built.size,
+                         action_agreement=agreement, action_agreement_decisive=decisive, latency_us=measured.latency_us,
+                         memory_bytes=measured.memory_bytes, micro=measured.micro, compression=compression)

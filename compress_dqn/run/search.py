@@ -16,13 +16,17 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, NamedTuple
+
+from pydantic import BaseModel, JsonValue, ValidationError
 
 from compress_dqn.errors import UserError
-from compress_dqn.evaluation.report import pareto_front
-from compress_dqn.evaluation.verdicts import keeps_return, paired_difference
+from compress_dqn.evaluation.findings import pareto_front
+from compress_dqn.evaluation.results import (SearchCost, SearchMark, SearchSummary, SeedOutcome, SeedsResults, Tried,
+                                             load_results)
+from compress_dqn.evaluation.verdicts import paired_difference
 from compress_dqn.fileio import write_text_atomic
 from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig
 from compress_dqn.run.context import Stage, reopen_run, run_stages
@@ -35,26 +39,15 @@ from compress_dqn.run.seeds import baseline_unit, finish_unit, open_seeds, write
 from compress_dqn.run.variants import variant_stage
 from compress_dqn.store import stage_keys as keys
 from compress_dqn.store.layout import BASELINE, RunLayout
-from compress_dqn.store.manifest import run_fingerprint
+from compress_dqn.store.manifest import PolicyFingerprint, run_fingerprint
 from compress_dqn.store.records import MeasureRecord, VariantRecord
 
-
-@dataclass
-class Tried:
-    """What the search learned about one candidate."""
-
-    name: str
-    family: str
-    estimated_bytes: float
-    outcome: str
-    """kept (within tolerance on every seed), lost (a seed ruled it out), or skipped: why."""
-    per_seed: dict[str, dict[str, Any]] = field(default_factory=dict)
-    objective: float | None = None
-    """Median over the seeds played of the measured objective."""
+__all__ = ["Tried", "SeedOutcome", "SearchLog", "candidate_unit", "play_candidate", "bisect_family", "pareto_names",
+           "summary", "run_search", "search_fingerprint", "objective_value"]
 
 
 def objective_value(built: VariantRecord, measured: MeasureRecord | None, objective: str) -> float:
-    """The search objective from a variant's build record (and its measure record for latency)."""
+    """The search objective from a variant's build record (and its measure record, for the latency objective)."""
     if objective == "gzip_bytes":
         return float(built.size.tflite_gzip_bytes)
     if objective == "params":
@@ -63,7 +56,7 @@ def objective_value(built: VariantRecord, measured: MeasureRecord | None, object
 
 
 def candidate_unit(recipe: Recipe, seed_dir: str, variant: VariantConfig, quiet: bool,
-                   look_workers: int = 1) -> dict[str, Any]:
+                   look_workers: int = 1) -> SeedOutcome:
     """One (seed, candidate) unit: build the candidate from that seed's baseline, evaluate it
     sequentially until its verdict is decided, and return its verdict and objective. Any executor
     can run it (pydantic records travel pickled); finished steps are stages of the seed's run.
@@ -80,12 +73,12 @@ def candidate_unit(recipe: Recipe, seed_dir: str, variant: VariantConfig, quiet:
                                ctx.ranges.confidence)
     # The CI, margin and (for an open verdict) the episodes that would decide it: what a search
     # that ended undecided at its cap would need, in the report's words.
-    return {"verdict": versus.label, "episodes": len(episodes), "difference": versus.mean,
-            "ci": list(versus.ci), "margin": versus.margin, "episodes_to_decide": versus.episodes_to_decide,
-            "normalized_score": versus.normalized_score,
-            "objective": objective_value(ctx.stages.get(keys.variant(variant.name), VariantRecord),
-                                         ctx.stages.find(keys.measure(variant.name), MeasureRecord),
-                                         ctx.recipe.search.objective)}
+    return SeedOutcome(verdict=versus.label, episodes=len(episodes), difference=versus.mean, ci=versus.ci,
+                       margin=versus.margin, episodes_to_decide=versus.episodes_to_decide,
+                       normalized_score=versus.normalized_score,
+                       objective=objective_value(ctx.stages.get(keys.variant(variant.name), VariantRecord),
+                                                 ctx.stages.find(keys.measure(variant.name), MeasureRecord),
+                                                 ctx.recipe.search.objective))
 
 
 class SearchLog:
@@ -93,12 +86,28 @@ class SearchLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.tried: dict[str, dict[str, Any]] = json.loads(path.read_text())["tried"] if path.exists() else {}
+        self.tried: dict[str, Tried] = _read_log(path) if path.exists() else {}
 
     def record(self, tried: Tried) -> Tried:
-        self.tried[tried.name] = asdict(tried)
-        write_text_atomic(self.path, json.dumps({"tried": self.tried}, indent=2))
+        self.tried[tried.name] = tried
+        write_text_atomic(self.path, json.dumps({"tried": {name: t.to_dict() for name, t in self.tried.items()}}, indent=2))
         return tried
+
+
+class _LogFile(BaseModel):
+    """search.json as written: each finished candidate by name."""
+
+    tried: dict[str, Tried]
+
+
+def _read_log(path: Path) -> dict[str, Tried]:
+    """search.json's candidates, or the one-line error that says how to start the search afresh."""
+    try:
+        return _LogFile.model_validate_json(path.read_bytes()).tried
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "its top level"
+        raise UserError(f"{path}: not a search log ({where}: {first['msg']}); delete it to search afresh") from None
 
 
 @dataclass
@@ -116,7 +125,7 @@ def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
     """Evaluate a candidate seed by seed (workers seeds at a time), stopping at the first seed
     whose verdict rules it out."""
     variant = candidate.variant
-    per_seed: dict[str, dict[str, Any]] = {}
+    per_seed: dict[str, SeedOutcome] = {}
     for start in range(0, len(plan.seeds), plan.workers):
         chunk = plan.seeds[start:start + plan.workers]
         # A chunk with fewer seeds than the machine's workers (3 seeds on 2, or a single seed)
@@ -126,18 +135,19 @@ def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
         units = [(recipe, seed_dir, variant, plan.quiet, look_workers) for _, recipe, seed_dir in chunk]
         outcomes = map_units(candidate_unit, units, plan.recipe.executor, plan.workers, plan.recipe.address)
         per_seed.update({str(seed): outcome for (seed, _, _), outcome in zip(chunk, outcomes)})
-        if not all(keeps_return(o["verdict"]) for o in outcomes):
+        if not all(o.keeps_return for o in outcomes):
             break
-    kept = len(per_seed) == len(plan.seeds) and all(keeps_return(o["verdict"]) for o in per_seed.values())
-    verdicts = ", ".join(f"seed {s}: {o['verdict']} ({o['episodes']} ep)" for s, o in per_seed.items())
+    kept = len(per_seed) == len(plan.seeds) and all(o.keeps_return for o in per_seed.values())
+    verdicts = ", ".join(f"seed {s}: {o.verdict} ({o.episodes} ep)" for s, o in per_seed.items())
     plan.log(f"[search] {candidate.variant.name}: {'kept' if kept else 'lost'} ({verdicts})")
-    return Tried(candidate.variant.name, candidate.family, candidate.estimated_bytes, "kept" if kept else "lost",
-                 per_seed, statistics.median(o["objective"] for o in per_seed.values()))
+    return Tried(name=candidate.variant.name, family=candidate.family, estimated_bytes=candidate.estimated_bytes,
+                 outcome="kept" if kept else "lost", per_seed=per_seed,
+                 objective=statistics.median(o.objective for o in per_seed.values()))
 
 
-def _best(tried: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    kept = [t for t in tried.values() if t["outcome"] == "kept"]
-    return min(kept, key=lambda t: t["objective"]) if kept else None
+def _best(tried: dict[str, Tried]) -> Tried | None:
+    kept = [t for t in tried.values() if t.outcome == "kept"]
+    return min(kept, key=lambda t: t.objective) if kept else None
 
 
 def bisect_family(rungs: list[Candidate], plan: _Plan, log: SearchLog, budget: Callable[[], str | None]) -> None:
@@ -153,35 +163,36 @@ def bisect_family(rungs: list[Candidate], plan: _Plan, log: SearchLog, budget: C
             # tightly as int8 kernels have been seen to gzip, still outweigh the best kept policy
             # cannot win, and the smaller half is where to look.
             floor = candidate.estimated_bytes * GZIP_FLOOR
-            if best is not None and plan.recipe.search.objective == "gzip_bytes" and floor >= best["objective"]:
-                tried = asdict(log.record(Tried(candidate.variant.name, candidate.family, candidate.estimated_bytes,
-                                                f"skipped: its weights alone ({candidate.estimated_bytes:,.0f} B, at "
-                                                f"least ~{floor:,.0f} B gzipped) outweigh {best['name']} "
-                                                f"({best['objective']:,.0f} B)")))
+            if best is not None and plan.recipe.search.objective == "gzip_bytes" and floor >= best.objective:
+                tried = log.record(Tried(name=candidate.variant.name, family=candidate.family,
+                                         estimated_bytes=candidate.estimated_bytes,
+                                         outcome=f"skipped: its weights alone ({candidate.estimated_bytes:,.0f} B, at "
+                                                 f"least ~{floor:,.0f} B gzipped) outweigh {best.name} "
+                                                 f"({best.objective:,.0f} B)"))
             else:
                 stop = budget()
                 if stop:
                     plan.log(f"[search] budget spent ({stop}): {candidate.variant.name} not played")
                     return
-                tried = asdict(log.record(play_candidate(candidate, plan)))
-        if tried["outcome"] == "lost":
+                tried = log.record(play_candidate(candidate, plan))
+        if tried.outcome == "lost":
             hi = mid - 1
         else:
             lo = mid + 1
 
 
-def pareto_names(tried: dict[str, dict[str, Any]], seeds: int) -> list[str]:
+def pareto_names(tried: dict[str, Tried], seeds: int) -> list[str]:
     """Kept candidates (within tolerance on every seed) that no other kept one beats on both objective
     and mean normalized score: a lost candidate's higher point estimate is not a trade-off to offer."""
 
-    full = [t for t in tried.values() if len(t["per_seed"]) == seeds and t["outcome"] == "kept"]
-    scores = [statistics.fmean((o["normalized_score"] or 0.0) for o in t["per_seed"].values()) for t in full]
-    return [full[i]["name"] for i in pareto_front([t["objective"] for t in full], scores)]
+    full = [t for t in tried.values() if len(t.per_seed) == seeds and t.outcome == "kept"]
+    scores = [statistics.fmean((o.normalized_score or 0.0) for o in t.per_seed.values()) for t in full]
+    return [full[i].name for i in pareto_front([t.objective for t in full], scores)]
 
 
 def _budget(search: SearchConfig, log: SearchLog, started: float) -> Callable[[], str | None]:
     def spent() -> str | None:
-        played = sum(1 for t in log.tried.values() if t["per_seed"])
+        played = sum(1 for t in log.tried.values() if t.per_seed)
         if search.max_candidates is not None and played >= search.max_candidates:
             return f"{search.max_candidates} candidates played"
         if search.max_seconds is not None and time.monotonic() - started > search.max_seconds:
@@ -190,20 +201,20 @@ def _budget(search: SearchConfig, log: SearchLog, started: float) -> Callable[[]
     return spent
 
 
-def summary(recipe: Recipe, log: SearchLog, seconds: float) -> dict[str, Any]:
+def summary(recipe: Recipe, log: SearchLog, seconds: float) -> SearchSummary:
     """results.json's search object: the winner, the front, every candidate and why it was dropped."""
     best = _best(log.tried)
-    played = [t for t in log.tried.values() if t["per_seed"]]
-    return {
-        "objective": recipe.search.objective,
-        "tolerance": recipe.eval.tolerance,
-        "winner": best and best["name"],
-        "winner_objective": best and best["objective"],
-        "front": pareto_names(log.tried, len(recipe.seeds or [recipe.seed])),
-        "tried": list(log.tried.values()),
-        "cost": {"wall_seconds": round(seconds, 1), "candidates_played": len(played),
-                 "units": sum(len(t["per_seed"]) for t in played)},
-    }
+    played = [t for t in log.tried.values() if t.per_seed]
+    return SearchSummary(
+        objective=recipe.search.objective,
+        tolerance=recipe.eval.tolerance,
+        winner=best and best.name,
+        winner_objective=best and best.objective,
+        front=pareto_names(log.tried, len(recipe.seeds or [recipe.seed])),
+        tried=list(log.tried.values()),
+        cost=SearchCost(wall_seconds=round(seconds, 1), candidates_played=len(played),
+                        units=sum(len(t.per_seed) for t in played)),
+    )
 
 
 def _check_names(recipe: Recipe) -> None:
@@ -234,31 +245,42 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     for family in rungs.values():
         bisect_family(family, plan, search_log, _budget(recipe.search, search_log, started))
     found = summary(recipe, search_log, time.monotonic() - started)
-    log(f"[search] winner: {found['winner'] or 'none within tolerance on every seed'}")
+    log(f"[search] winner: {found.winner or 'none within tolerance on every seed'}")
 
     by_name = {c.variant.name: c.variant for family in rungs.values() for c in family}
     units = []
     listed = {v.name for v in recipe.variants}  # a candidate listed as a variant too is built once
     for seed, one, seed_dir in plan.seeds:
-        played = [by_name[t["name"]] for t in search_log.tried.values() if str(seed) in t["per_seed"] and t["name"] not in listed]
+        played = [by_name[t.name] for t in search_log.tried.values() if str(seed) in t.per_seed and t.name not in listed]
         one = one.model_copy(update={"variants": [*one.variants, *played]})
-        units.append((one, seed_dir, plan.quiet, {"winner": found["winner"], "objective": recipe.search.objective}))
+        units.append((one, seed_dir, plan.quiet, SearchMark(winner=found.winner, objective=recipe.search.objective)))
     runs = map_units(finish_unit, units, recipe.executor, workers, recipe.address)
-    search = {**found, "cost": {**found["cost"], "wall_seconds": round(time.monotonic() - started, 1)}}
+    search = found.model_copy(update={"cost": found.cost.model_copy(
+        update={"wall_seconds": round(time.monotonic() - started, 1)})})
     results = write_seeds_results(recipe, run_dir, runs, workers, opened.threads, search)
     return RunOutcome(run_dir=run_dir, results=results, resumed=opened.resumed)
 
 
-def search_fingerprint(run_dir: Path) -> dict[str, Any]:
+class SearchFingerprint(NamedTuple):
+    """What a search computed, timings left out (search_fingerprint)."""
+
+    winner: str | None
+    front: list[str]
+    tried: list[dict[str, JsonValue]]
+    seeds: dict[str, dict[str, PolicyFingerprint]]
+
+
+def search_fingerprint(run_dir: Path) -> SearchFingerprint:
     """What a search computed, timings left out: its winner, front, every candidate's outcome and
     per-seed verdicts, and each seed's run fingerprint. Equal for two searches that computed the
     same thing, whichever engine ran them and however often they were killed and resumed."""
-
     layout = RunLayout(Path(run_dir))
-    results = json.loads(layout.results.read_text())
-    found = results["search"]
-    return {
-        "winner": found["winner"], "front": found["front"],
-        "tried": [{k: t[k] for k in ("name", "outcome", "per_seed", "objective")} for t in found["tried"]],
-        "seeds": {str(seed): run_fingerprint(layout.seed(seed).root) for seed in results["seeds"]},
-    }
+    results = load_results(layout.results)
+    if not isinstance(results, SeedsResults) or results.search is None:
+        raise UserError(f"{run_dir}: not a search's run directory (its results.json has no search)")
+    found = results.search
+    return SearchFingerprint(
+        found.winner, found.front,
+        [t.model_dump(mode="json", include={"name", "outcome", "per_seed", "objective"}) for t in found.tried],
+        {str(seed): run_fingerprint(layout.seed(seed).root) for seed in results.seeds},
+    )

@@ -10,7 +10,8 @@ import numpy as np
 
 from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.evaluation.report import write_report
-from compress_dqn.evaluation.results import RunResults, SeedAggregate, SeedsResults, save_results
+from compress_dqn.evaluation.results import (ExecutorInfo, RunResults, SearchSummary, SeedAggregate, SeedsEval, SeedsResults,
+                                             save_results)
 from compress_dqn.evaluation.verdicts import iqm, stratified_bootstrap_ci
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run import resources
@@ -32,20 +33,20 @@ def aggregate_seeds(runs: list[RunResults]) -> list[SeedAggregate]:
     # A search drops a candidate at its first losing seed: aggregate what every seed played.
     for name in [v.name for v in runs[0].variants if all(v.name in {w.name for w in r.variants} for r in runs)]:
         entries = [r.variant(name) for r in runs]
-        means = np.array([v.returns["mean"] for v in entries])
+        means = np.array([v.returns.mean for v in entries])
         # Paired, on the episodes the variant played: the seed's baseline mean covers the most
         # episodes any variant of that seed needed, which may be many more than this one played.
-        diffs = np.array([(v.return_vs_baseline or {}).get("mean", 0.0) for v in entries])
+        diffs = np.array([v.return_vs_baseline.mean if v.return_vs_baseline else 0.0 for v in entries])
         out.append(SeedAggregate(
             name=name,
             per_seed_mean_return=means.tolist(),
             iqm_return=iqm(means),
-            iqm_return_ci95=list(stratified_bootstrap_ci(means)),
+            iqm_return_ci95=stratified_bootstrap_ci(means),
             iqm_difference_vs_baseline=iqm(diffs),
-            difference_ci95=list(stratified_bootstrap_ci(diffs)),
-            per_seed_verdict=[v.verdict for v in entries],
+            difference_ci95=stratified_bootstrap_ci(diffs),
+            per_seed_verdict=[v.label for v in entries],
             per_seed_episodes=[v.episodes for v in entries],
-            tflite_gzip_bytes=int(np.median([v.size["tflite_gzip_bytes"] for v in entries])),
+            tflite_gzip_bytes=int(np.median([v.size.tflite_gzip_bytes for v in entries])),
         ))
     return out
 
@@ -130,14 +131,14 @@ def run_seeds(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[
 
 
 def write_seeds_results(recipe: Recipe, run_dir: Path, runs: list[RunResults], workers: int, threads: int,
-                        search: dict[str, Any] | None = None) -> SeedsResults:
+                        search: SearchSummary | None = None) -> SeedsResults:
     """The multi-seed results.json (aggregate over the seeds' runs), its report, then the manifest."""
     seeds = list(recipe.seeds or [recipe.seed])
     results = SeedsResults(
         env_id=recipe.env.id,
-        eval={"episodes": recipe.eval.episodes, "seed": recipe.eval.seed},
+        eval=SeedsEval(episodes=recipe.eval.episodes, seed=recipe.eval.seed),
         seeds=seeds,
-        executor={"kind": recipe.executor, "workers": workers, "intra_op_threads": threads},
+        executor=ExecutorInfo(kind=recipe.executor, workers=workers, intra_op_threads=threads),
         runs=[f"seed-{seed}/results.json" for seed in seeds],
         aggregate=aggregate_seeds(runs),
         search=search,

@@ -1,0 +1,202 @@
+"""What a run's figures say, apart from how the report words them: the smallest and fastest keepers, the open
+verdicts and the episodes that would decide them, what fits a microcontroller, the search winner, serving memory.
+
+The report (evaluation.report) renders these; a finding is computed once here, so the markdown,
+the HTML page and a test read the same answer. No TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from compress_dqn.deploy.micro import TFLM_RUNTIME_FLASH
+from compress_dqn.evaluation.figures import Comparison, Verdict
+from compress_dqn.evaluation.results import RunResults, VariantResult
+from compress_dqn.evaluation.verdicts import episodes_to_decide
+
+MICRO_BUDGETS = (32 * 1024, 256 * 1024)
+"""RAM and flash of the microcontroller parts a `fits` finding names, smallest first."""
+
+
+def pareto_front(costs: Sequence[float], returns: Sequence[float]) -> list[int]:
+    """Indices of points no other point beats on both cost (lower) and return (higher)."""
+    front = []
+    for i, (cost, ret) in enumerate(zip(costs, returns)):
+        dominated = any(
+            (c <= cost and r >= ret) and (c < cost or r > ret) for j, (c, r) in enumerate(zip(costs, returns)) if j != i
+        )
+        if not dominated:
+            front.append(i)
+    return sorted(front, key=lambda i: costs[i])
+
+
+# Figures of one policy that may be missing (not measured, not probed, not run): None then.
+
+def tflite_p50(v: VariantResult) -> float | None:
+    return v.latency_us.cpu.tflite.p50 if v.latency_us.cpu.tflite else None
+
+
+def tflite_p99(v: VariantResult) -> float | None:
+    return v.latency_us.cpu.tflite.p99 if v.latency_us.cpu.tflite else None
+
+
+def saved_model_p50(v: VariantResult) -> float | None:
+    return v.latency_us.cpu.saved_model.p50 if v.latency_us.cpu.saved_model else None
+
+
+def tflite_peak_rss(v: VariantResult) -> int | None:
+    return v.memory_bytes.cpu_rss.tflite.peak_rss if v.memory_bytes.cpu_rss.tflite else None
+
+
+def saved_model_peak_rss(v: VariantResult) -> int | None:
+    return v.memory_bytes.cpu_rss.saved_model.peak_rss if v.memory_bytes.cpu_rss.saved_model else None
+
+
+def micro_flash(v: VariantResult) -> int | None:
+    """The model array's flash, where TFLite Micro runs the policy."""
+    return v.micro.flash_bytes if v.micro is not None and v.micro.runs else None
+
+
+def micro_arena(v: VariantResult) -> int | None:
+    """The tensor arena with its margin, where TFLite Micro runs the policy."""
+    return v.micro.arena_bytes_with_margin if v.micro is not None else None
+
+
+def difference(v: VariantResult) -> float:
+    """The paired mean difference from the baseline (0 for the baseline itself)."""
+    return v.return_vs_baseline.mean if v.return_vs_baseline else 0.0
+
+
+def difference_ci(v: VariantResult) -> tuple[float, float]:
+    return v.return_vs_baseline.ci if v.return_vs_baseline else (0.0, 0.0)
+
+
+def baseline_same_episodes(v: VariantResult) -> float | None:
+    """The baseline's mean on the variant's own episodes (None for the baseline)."""
+    return v.returns.mean - v.return_vs_baseline.mean if v.return_vs_baseline else None
+
+
+def lead_over_random(results: RunResults) -> float:
+    return results.baseline.returns.mean - results.random.returns.mean
+
+
+def normalized_score(v: VariantResult, results: RunResults) -> float | None:
+    """(return - random) / (baseline - random) on the variant's episodes; the baseline's 1.0, unless it
+    does not beat the random policy (no scale)."""
+    if v.return_vs_baseline is not None:
+        return v.return_vs_baseline.normalized_score
+    return 1.0 if lead_over_random(results) > 0 else None
+
+
+def to_decide(versus: Comparison | None) -> int | None:
+    """The episode estimate of an inconclusive verdict, recomputed from its CI (an estimate stored by
+    an older version of the rule would otherwise be re-rendered as it was)."""
+    if versus is None or versus.verdict is not Verdict.INCONCLUSIVE:
+        return None
+    lo, hi = versus.ci
+    return episodes_to_decide(versus.episodes, lo, hi, versus.mean, versus.margin)
+
+
+@dataclass(frozen=True)
+class Speed:
+    """The quickest keeper (TFLite, batch 1, p50) and whether it beats the fp32 TFLite baseline."""
+
+    fastest: VariantResult
+    faster: bool
+
+
+@dataclass(frozen=True)
+class MicroFit:
+    """The smallest part (RAM and flash of `budget` bytes) some keepers fit, and the smallest of them."""
+
+    budget: int
+    count: int
+    best: VariantResult
+    runtime_bytes: int
+    """TFLite Micro's own code in flash: the high end of its docs' estimate."""
+
+
+@dataclass(frozen=True)
+class Undecided:
+    name: str
+    episodes_to_decide: int | None
+
+
+@dataclass(frozen=True)
+class ServingMemory:
+    """The baseline's peak RSS served by TFLite and by TensorFlow."""
+
+    tflite_peak_rss: int
+    saved_model_peak_rss: int
+    baseline_only: bool
+    """TensorFlow's figure was probed for the baseline alone (measure.saved_model_memory: baseline)."""
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the headline says about one run."""
+
+    baseline: VariantResult
+    random_mean: float
+    has_variants: bool
+    weak_baseline: bool
+    """The baseline does not beat a uniform-random policy: the tolerance has no scale."""
+    keepers: list[VariantResult]
+    smallest: VariantResult | None
+    speed: Speed | None
+    worse: list[str]
+    undecided: list[Undecided]
+    micro_fit: MicroFit | None
+    search_winner: str | None
+    search_objective: str | None
+    serving_memory: ServingMemory | None
+
+
+def _speed(base: VariantResult, keepers: list[VariantResult]) -> Speed | None:
+    timed = [v for v in keepers if tflite_p50(v) is not None]
+    if not timed or tflite_p50(base) is None:
+        return None
+    fast = min(timed, key=tflite_p50)
+    return Speed(fast, tflite_p50(fast) < tflite_p50(base))
+
+
+def _micro_fit(keepers: list[VariantResult]) -> MicroFit | None:
+    runtime = TFLM_RUNTIME_FLASH["high_bytes"]
+    on_micro = [v for v in keepers if micro_arena(v) is not None]
+    for budget in MICRO_BUDGETS:
+        fits = [v for v in on_micro if micro_arena(v) <= budget and micro_flash(v) + runtime <= budget]
+        if fits:
+            return MicroFit(budget, len(fits), min(fits, key=lambda v: micro_arena(v) + micro_flash(v)), runtime)
+    return None
+
+
+def _serving_memory(results: RunResults) -> ServingMemory | None:
+    base = results.baseline
+    if not (tflite_peak_rss(base) and saved_model_peak_rss(base)):
+        return None
+    only = any(tflite_peak_rss(v) and not saved_model_peak_rss(v) for v in results.variants[1:])
+    return ServingMemory(tflite_peak_rss(base), saved_model_peak_rss(base), only)
+
+
+def findings(results: RunResults) -> Findings:
+    """The findings of one run, in the order the headline gives them."""
+    base, variants = results.baseline, results.variants[1:]
+    keepers = [v for v in variants if v.verdict.keeps_return]
+    search = results.search
+    return Findings(
+        baseline=base,
+        random_mean=results.random.returns.mean,
+        has_variants=bool(variants),
+        weak_baseline=bool(variants) and lead_over_random(results) <= 0,
+        keepers=keepers,
+        smallest=min(keepers, key=lambda v: v.size.tflite_gzip_bytes) if keepers else None,
+        speed=_speed(base, keepers),
+        worse=[v.name for v in variants if v.verdict is Verdict.WORSE],
+        undecided=[Undecided(v.name, to_decide(v.return_vs_baseline)) for v in variants
+                   if v.verdict is Verdict.INCONCLUSIVE],
+        micro_fit=_micro_fit(keepers),
+        search_winner=search.winner if search else None,
+        search_objective=search.objective if search else None,
+        serving_memory=_serving_memory(results),
+    )
