@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from compress_dqn.errors import UserError
-from compress_dqn.evaluation.figures import PortCheckRecord
+from compress_dqn.evaluation.results import PortCheck
 from compress_dqn.port.baseline import load_model
 from compress_dqn.port.check import cross_check
 
@@ -48,7 +48,7 @@ def cartpole_states() -> np.ndarray:
     return np.asarray(states, dtype=np.float32)
 
 
-def assert_exact(path: Path, info: SimpleNamespace, states: np.ndarray) -> PortCheckRecord:
+def assert_exact(path: Path, info: SimpleNamespace, states: np.ndarray) -> PortCheck:
     model = load_model(path, info)
     record = cross_check(path, model, states, info)
     assert record.checked, record

@@ -18,7 +18,7 @@ import numpy as np
 from compress_dqn._tf import tf_keras
 from compress_dqn.envs.environment import EnvInfo, make_env_from, seed_env
 from compress_dqn.errors import UserError
-from compress_dqn.evaluation.figures import BroughtData
+from compress_dqn.evaluation.results import SourceData
 from compress_dqn.port.keras_file import load_keras
 from compress_dqn.port.load import file_kind, port_model
 from compress_dqn.port.run_dir import load_run_network
@@ -57,7 +57,7 @@ def file_digest(path: str | Path) -> str:
 
 
 def rollout(model: tf_keras.Model, env_cfg: EnvConfig, info: EnvInfo, steps: int, epsilon: float, capacity: int,
-            seed: int) -> tuple[ReplayBuffer, BroughtData]:
+            seed: int) -> tuple[ReplayBuffer, SourceData]:
     """Play the model epsilon-greedily for `steps` env steps into a fresh replay buffer."""
     replay = ReplayBuffer(max(2, min(capacity, steps + steps // 2 + 2)), info.obs_shape, info.obs_dtype,
                           info.n_actions, seed, frame_stack=info.frame_stack)
@@ -79,11 +79,11 @@ def rollout(model: tf_keras.Model, env_cfg: EnvConfig, info: EnvInfo, steps: int
                 obs, _ = env.reset()
     finally:
         env.close()
-    return replay, BroughtData(kind="rollout", steps=steps, epsilon=epsilon, episodes=len(returns),
+    return replay, SourceData(kind="rollout", steps=steps, epsilon=epsilon, episodes=len(returns),
                                mean_episode_return=float(np.mean(returns)) if returns else None)
 
 
-def load_transitions(path: str | Path, info: EnvInfo, capacity: int, seed: int) -> tuple[ReplayBuffer, BroughtData]:
+def load_transitions(path: str | Path, info: EnvInfo, capacity: int, seed: int) -> tuple[ReplayBuffer, SourceData]:
     """Transitions from an .npz (no pickle), each array checked, into a fresh replay buffer."""
     path = Path(path)
     try:
@@ -134,4 +134,4 @@ def load_transitions(path: str | Path, info: EnvInfo, capacity: int, seed: int) 
                        arrays["next_observations"][i], bool(arrays["terminated"][i]), bool(arrays["truncated"][i]))
         except ValueError as exc:
             raise UserError(f"baseline.transitions: {path}: transition {i}: {exc}") from None
-    return replay, BroughtData(kind="transitions", path=str(path), transitions=n)
+    return replay, SourceData(kind="transitions", path=str(path), transitions=n)

@@ -15,7 +15,7 @@ import numpy as np
 
 from compress_dqn._tf import tf_keras
 from compress_dqn.envs.environment import EnvInfo
-from compress_dqn.evaluation.figures import PortCheckRecord
+from compress_dqn.evaluation.results import PortCheck
 from compress_dqn.port.load import KINDS, file_kind, read_port
 from compress_dqn.replay.buffer import ReplayBuffer, sampling_undone
 
@@ -30,14 +30,14 @@ def compare(ported: np.ndarray, source: np.ndarray) -> dict[str, float]:
 
 
 def cross_check(path: str | Path, model: tf_keras.Model, observations: np.ndarray,
-                info: EnvInfo) -> PortCheckRecord | None:
+                info: EnvInfo) -> PortCheck | None:
     """The port check on `observations` (None for a Keras file or a run's baseline: nothing was ported)."""
     path = Path(path)
     kind = file_kind(path)
     if kind == "keras":
         return None
     port = read_port(path, info, kind)
-    record = PortCheckRecord(format=KINDS[kind], checked=False, states=len(observations), notes=list(port.net.notes))
+    record = PortCheck(format=KINDS[kind], checked=False, states=len(observations), notes=list(port.net.notes))
     try:
         reference = port.reference()
     except ImportError as exc:
@@ -47,7 +47,7 @@ def cross_check(path: str | Path, model: tf_keras.Model, observations: np.ndarra
     return record.model_copy(update={"checked": True, "runtime": port.runtime(), **compare(ported_q, source_q)})
 
 
-def check_port(path: str | Path, model: tf_keras.Model, replay: ReplayBuffer, info: EnvInfo) -> PortCheckRecord | None:
+def check_port(path: str | Path, model: tf_keras.Model, replay: ReplayBuffer, info: EnvInfo) -> PortCheck | None:
     """The port check on states of the baseline's data, leaving the replay's sampling where it was."""
     with sampling_undone(replay):
         observations = replay.sample_observations(min(CHECK_STATES, replay.num_transitions))

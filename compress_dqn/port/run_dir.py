@@ -14,7 +14,7 @@ from pathlib import Path
 from compress_dqn._tf import tf_keras
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.errors import UserError
-from compress_dqn.evaluation.figures import BroughtData
+from compress_dqn.evaluation.results import SourceData
 from compress_dqn.fileio import load_arrays
 from compress_dqn.port.keras_file import load_keras
 from compress_dqn.recipe.safe_yaml import read_yaml
@@ -68,8 +68,8 @@ def load_run_network(path: str | Path, info: EnvInfo) -> tf_keras.Model:
     return baseline_network(layout, recipe, info)
 
 
-def run_replay(path: str | Path, info: EnvInfo) -> tuple[ReplayBuffer, BroughtData]:
+def run_replay(path: str | Path, info: EnvInfo) -> tuple[ReplayBuffer, SourceData]:
     """The replay buffer the run's baseline trained on (or was compressed with), and its record."""
     layout, _ = _finished_run(path)
     replay = load_replay(layout.replay, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack)
-    return replay, BroughtData(kind="run replay", path=str(layout.replay), transitions=replay.num_transitions)
+    return replay, SourceData(kind="run replay", path=str(layout.replay), transitions=replay.num_transitions)

@@ -10,7 +10,9 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
+
+from pydantic import JsonValue
 
 from compress_dqn.errors import UserError, WriteRefused
 from compress_dqn.fileio import refused_writes, write_text_atomic
@@ -35,11 +37,11 @@ class TrainState:
     best_step: int | None = None
     episode_returns: list[float] = field(default_factory=list)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, JsonValue]:
         """The counters as plain JSON-able values (a copy)."""
         return asdict(self)
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, JsonValue]) -> None:
         """Restore counters saved by state_dict(); other keys (a checkpoint's RNG states) are ignored."""
         for counter in fields(self):
             setattr(self, counter.name, state[counter.name])

@@ -13,9 +13,9 @@ from compress_dqn._tf import tf
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.envs.episodes import random_returns, run_episodes
-from compress_dqn.evaluation.figures import BroughtSource, TrainRecord
 from compress_dqn.evaluation.measure import measure_size
 from compress_dqn.evaluation.play import evaluate
+from compress_dqn.evaluation.results import BaselineSource, TrainFigures
 from compress_dqn.evaluation.verdicts import summarize
 from compress_dqn.export.writers import export_policy
 from compress_dqn.fileio import refused_writes, save_arrays
@@ -31,7 +31,7 @@ from compress_dqn.store.layout import BASELINE, RunLayout
 from compress_dqn.store.records import Artifacts, EvaluateRecord, ExportRecord, HeldoutRecord, RandomRecord
 
 
-def _train_stage(ctx: RunContext) -> TrainRecord:
+def _train_stage(ctx: RunContext) -> TrainFigures:
     """Train the baseline (resuming from baseline/checkpoints), or load the user's network."""
     if ctx.recipe.baseline is not None:
         return _load_baseline(ctx.recipe, ctx.info, ctx.layout, ctx.log)
@@ -47,7 +47,7 @@ def _train_stage(ctx: RunContext) -> TrainRecord:
     save_arrays(ctx.layout.replay, result.replay.state_dict())
     ctx.log(f"[baseline] trained {result.env_steps} steps in {result.wall_seconds:.1f} s "
             f"({result.env_steps_per_second:.0f} steps/s)")
-    return TrainRecord(
+    return TrainFigures(
         env_steps=result.env_steps, gradient_steps=result.gradient_steps, episodes=result.episodes,
         wall_seconds=round(result.wall_seconds, 3), env_steps_per_second=round(result.env_steps_per_second, 1),
         resumed_from_step=result.resumed_from, selected_step=result.selected_step,
@@ -100,7 +100,7 @@ def train_baseline(ctx: RunContext) -> None:
     shutil.rmtree(ctx.layout.checkpoints, ignore_errors=True)
 
 
-def _load_baseline(recipe: Recipe, info: EnvInfo, layout: RunLayout, log: Callable[[str], None]) -> TrainRecord:
+def _load_baseline(recipe: Recipe, info: EnvInfo, layout: RunLayout, log: Callable[[str], None]) -> TrainFigures:
     """The train stage for a brought baseline: load and check it, then collect its data."""
     source = recipe.baseline
     model = load_model(source.from_, info)
@@ -123,8 +123,8 @@ def _load_baseline(recipe: Recipe, info: EnvInfo, layout: RunLayout, log: Callab
         replay, data = rollout(model, recipe.env, info, source.rollout.steps, source.rollout.epsilon, capacity, recipe.seed)
     save_arrays(layout.replay, replay.state_dict())
     log(f"[baseline] loaded {source.from_}; data: {data.kind} ({replay.num_transitions} transitions)")
-    return TrainRecord(
-        source=BroughtSource(source_from=str(source.from_), data=data,
+    return TrainFigures(
+        source=BaselineSource(from_=str(source.from_), data=data,
                              sha256=file_digest(other.weights if other else source.from_)),
         port_check=check_port(source.from_, model, replay, info),
         replay_capacity=replay.capacity, replay_nbytes=replay.nbytes,

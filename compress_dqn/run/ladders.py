@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import JsonValue
 
 from compress_dqn.recipe.schema import Recipe, SearchConfig, StudentConfig, VariantConfig
 
@@ -88,8 +89,8 @@ def parse_student(text: str) -> list[int] | StudentConfig:
 def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantConfig:
     student = spec if isinstance(spec, StudentConfig) else StudentConfig(net_arch=list(spec))
     name = student_name(student)
-    data: dict[str, Any] = {"student": student.model_dump(mode="json", exclude_defaults=True),
-                            "fine_tune": search.student_fine_tune.model_dump()}
+    data: dict[str, JsonValue] = {"student": student.model_dump(mode="json", exclude_defaults=True),
+                                  "fine_tune": search.student_fine_tune.model_dump()}
     if search.student_candidates is not None:
         data["candidates"] = search.student_candidates.model_dump()
     if search.student_quantize == "qat":

@@ -8,11 +8,11 @@ behind, and rerunning the same command picks up where it stopped.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from compress_dqn.evaluation.figures import Compression
 from compress_dqn.evaluation.report import write_report
-from compress_dqn.evaluation.results import EvalPlan, RandomFigures, RunResults, VariantResult, save_results
+from compress_dqn.evaluation.results import EvalPlan, RandomFigures, RunResults, SearchMark, VariantResult, save_results
 from compress_dqn.evaluation.verdicts import paired_difference, summarize
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run.baseline_stages import train_baseline
@@ -40,7 +40,7 @@ def run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str],
     return RunOutcome(run_dir=ctx.run_dir, results=finish_run(ctx, workers=workers), resumed=resumed)
 
 
-def finish_run(ctx: RunContext, search: dict[str, Any] | None = None, workers: int = 1) -> RunResults:
+def finish_run(ctx: RunContext, search: SearchMark | None = None, workers: int = 1) -> RunResults:
     """Build what is left of ctx.recipe's variants (`workers` at once), decide their verdicts,
     probe every policy's memory not probed yet (`workers` at once; parallel builds probe their
     own), measure its timings (one at a time), then write results.json, the report and the

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.evaluation.report import write_report
-from compress_dqn.evaluation.results import (ExecutorInfo, RunResults, SearchSummary, SeedAggregate, SeedsEval, SeedsResults,
-                                             save_results)
+from compress_dqn.evaluation.results import (
+    ExecutorInfo,
+    RunResults,
+    SearchMark,
+    SearchSummary,
+    SeedAggregate,
+    SeedsEval,
+    SeedsResults,
+    save_results,
+)
 from compress_dqn.evaluation.verdicts import iqm, stratified_bootstrap_ci
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run import resources
@@ -63,7 +71,7 @@ def baseline_unit(recipe: Recipe, seed_dir: str, quiet: bool) -> float:
     return float(ctx.stages.get("evaluate", EvaluateRecord).returns.mean)
 
 
-def finish_unit(recipe: Recipe, seed_dir: str, quiet: bool, search: dict[str, Any] | None) -> RunResults:
+def finish_unit(recipe: Recipe, seed_dir: str, quiet: bool, search: SearchMark | None) -> RunResults:
     """One seed's remaining stages and its results.json, as an executor unit."""
     ctx = reopen_run(recipe, Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
     return finish_run(ctx, search)

@@ -9,17 +9,12 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from compress_dqn.evaluation.figures import (
-    Compression,
-    CpuMemory,
-    LatencyBlock,
-    MemoryBlock,
-    MicroFigures,
-    Record,
-    ReturnStats,
-    SizeStats,
-    TrainRecord,
-)
+from compress_dqn.evaluation.figures import (Compression, CpuMemory, LatencyBlock, MemoryBlock, MicroFigures, Record,
+                                             ReturnStats, SizeStats)
+from compress_dqn.evaluation.results import TrainFigures
+
+TrainRecord = TrainFigures
+"""stage "train": what training cost, or a brought baseline's source and port check (results.json `train`)."""
 
 __all__ = ["Artifacts", "EvaluateRecord", "ExportRecord", "HeldoutRecord", "LookRecord", "MeasureRecord",
            "MemoryRecord", "RandomRecord", "ReferenceRecord", "TrainRecord", "VariantRecord"]
