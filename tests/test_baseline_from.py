@@ -177,7 +177,7 @@ def test_loaded_frame_stacked_transitions_are_all_kept():
     np.savez(path, observations=frames[..., :k], next_observations=frames[..., 1:], actions=np.zeros(n, np.int64),
              rewards=np.ones(n, np.float32), terminated=np.zeros(n, bool), truncated=np.ones(n, bool))
     replay, summary = load_transitions(path, info, capacity=10_000, seed=0)
-    assert summary["transitions"] == n and replay.num_transitions == n
+    assert summary.transitions == n and replay.num_transitions == n
     batch = replay.gather(np.flatnonzero(replay._flags[: replay.size] & 1))
     assert sorted(map(bytes, batch.observations)) == sorted(map(bytes, frames[..., :k]))
 

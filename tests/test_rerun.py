@@ -61,7 +61,7 @@ def test_a_refused_rerun_names_the_keys_not_the_values_of_long_ones(tmp_path):
     with pytest.raises(UserError) as refused:
         prepare_run_dir(changed, run_dir)
     message = str(refused.value)
-    assert "\n" not in message and len(message) < 400
+    assert "\n" not in message and len(message.replace(str(run_dir), "RUN")) < 350  # the path is not the message
     assert "env.kwargs" in message and "train.net_arch: [16, 16] -> [8, 8]" in message and "variants" not in message.split("(")[1].split(")")[0]
 
 
