@@ -165,6 +165,8 @@ def test_a_zoo_zip_picks_sb3_preprocessing_and_refuses_what_cannot_be_matched(zo
     assert any("SB3's AtariWrapper" in note and "bare zip" in note for note in net.notes)
     with pytest.raises(UserError, match=r"set env.atari: \{preprocessing: sb3\}"):
         SB3Policy(path, data).ported((84, 84, 4), "gymnasium")
+    with pytest.raises(UserError, match="set env.frame_stack: 4"):
+        SB3Policy(path, data).ported((84, 84), "sb3")
     config = path.parent / path.stem / "config.yml"
     config.parent.mkdir()
     config.write_text("!!python/object/apply:collections.OrderedDict\n- - - env_wrapper\n"

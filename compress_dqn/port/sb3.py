@@ -137,7 +137,7 @@ class SB3Policy:
     def ported(self, env_shape: tuple[int, ...], atari: str | None = None) -> PortedNet:
         """The Q-network for an environment giving `env_shape` observations; `atari`: the Atari
         preprocessing it plays behind (EnvInfo.atari), checked against the one it was trained with."""
-        atari_note = self._atari_note(atari)
+        atari_note = self._atari_note(atari, tuple(env_shape))
         transposed = self.transposed_for(env_shape)
         layers: list[Layer] = []
         for (weight, bias), (kernel, stride) in zip(self.cnn, NATURE_CNN):
@@ -175,7 +175,7 @@ class SB3Policy:
                              f"+-{clip:g} standard deviations; the ported network does not)")
         return net
 
-    def _atari_note(self, atari: str | None) -> str | None:
+    def _atari_note(self, atari: str | None, env_shape: tuple[int, ...]) -> str | None:
         """Which preprocessing plays, for the notes; refused where it is not the one SB3 trained with."""
         if atari is None or not self.is_atari_cnn:
             return None
@@ -183,8 +183,11 @@ class SB3Policy:
         if atari != "sb3":
             raise UserError(f"baseline.from: {self.path}: an SB3 Atari CnnPolicy, trained behind SB3's AtariWrapper; "
                             "set env.atari: {preprocessing: sb3} (compress-dqn compress picks it)")
-        atari_shape(self, settings)
-        return f"Atari preprocessing: {describe(settings, self.obs_shape[0])} ({source})."
+        k = atari_shape(self, settings)
+        if env_shape != (*self.obs_shape[1:], k):
+            raise UserError(f"baseline.from: {self.path}: SB3 stacked {k} frames of {self.obs_shape[1]}x{self.obs_shape[2]}, "
+                            f"the environment gives {env_shape}; set env.frame_stack: {k} (and env.atari.screen_size)")
+        return f"Atari preprocessing: {describe(settings, k)} ({source})."
 
     def reference(self) -> Any:
         """SB3's own QNetwork with torch.load(weights_only=True) weights: a function of env observations."""
