@@ -174,6 +174,9 @@ def test_a_zoo_zip_picks_sb3_preprocessing_and_refuses_what_cannot_be_matched(zo
                       "          terminal_on_life_loss: false\n  - - frame_stack\n    - 4\n"
                       "  - - policy\n    - CnnPolicy\n")
     assert atari_env(path, data, "BreakoutNoFrameskip-v4")["atari"]["terminal_on_life_loss"] is False
+    played = env_info(make_env("BreakoutNoFrameskip-v4", frame_stack=4), "BreakoutNoFrameskip-v4").atari_settings
+    with pytest.raises(UserError, match="terminal_on_life_loss False .*set env.atari.terminal_on_life_loss: False"):
+        SB3Policy(path, data).ported((84, 84, 4), "sb3", played)
     config.write_text("env_wrapper:\n  - gymnasium.wrappers.AtariPreprocessing\n")
     with pytest.raises(UserError, match="names env_wrapper gymnasium.wrappers.AtariPreprocessing") as caught:
         atari_env(path, data, "BreakoutNoFrameskip-v4")

@@ -173,6 +173,7 @@ class SB3Stack(gym.Wrapper):
         super().__init__(env)
         size = env.observation_space.shape[0]
         self.k, self.whole_games, self._game, self._lives = int(k), whole_games, game, lives
+        self.settings: dict[str, Any] = {}  # the AtariWrapper arguments it plays with (sb3_atari sets them)
         shape = (size, size) if self.k == 1 else (size, size, self.k)
         self.observation_space = gym.spaces.Box(0, 255, shape, dtype=np.uint8)
         self._stack = np.zeros((size, size, self.k), dtype=np.uint8)
@@ -235,7 +236,9 @@ def sb3_atari(env: gym.Env, settings: dict[str, Any], frame_stack: int, whole_ga
     if "FIRE" in meanings:
         inner = FireReset(inner)
     inner = WarpFrame(inner, int(options["screen_size"]))
-    return SB3Stack(inner, game, lives, frame_stack, whole_games)
+    stack = SB3Stack(inner, game, lives, frame_stack, whole_games)
+    stack.settings = options
+    return stack
 
 
 def describe(settings: dict[str, Any], frame_stack: int) -> str:

@@ -45,6 +45,8 @@ class EnvInfo:
     """Integer observations are multiplied by this inside the network (1/255 for pixels)."""
     atari: str | None = None
     """Which Atari preprocessing plays: 'sb3' (SB3's AtariWrapper), 'gymnasium' or None (not Atari)."""
+    atari_settings: tuple[tuple[str, Any], ...] | None = None
+    """Under SB3's preprocessing, the AtariWrapper arguments it plays with (sorted name, value pairs)."""
 
 
 def _registered_ids() -> list[str]:
@@ -229,6 +231,7 @@ def env_info(env: gym.Env, env_id: str) -> EnvInfo:
         frame_stack=env.k if isinstance(env, (FrameStack, SB3Stack)) else 1,
         input_scale=input_scale,
         atari=atari,
+        atari_settings=tuple(sorted(env.settings.items())) if isinstance(env, SB3Stack) else None,
     )
 
 

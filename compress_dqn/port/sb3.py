@@ -134,10 +134,11 @@ class SB3Policy:
         """A CnnPolicy on 3-D uint8 frames: what an Atari agent is."""
         return self.is_image and bool(self.cnn)
 
-    def ported(self, env_shape: tuple[int, ...], atari: str | None = None) -> PortedNet:
-        """The Q-network for an environment giving `env_shape` observations; `atari`: the Atari
-        preprocessing it plays behind (EnvInfo.atari), checked against the one it was trained with."""
-        atari_note = self._atari_note(atari, tuple(env_shape))
+    def ported(self, env_shape: tuple[int, ...], atari: str | None = None, played: Any = None) -> PortedNet:
+        """The Q-network for an environment giving `env_shape` observations; `atari` and `played`: the
+        Atari preprocessing it plays behind and its settings (EnvInfo.atari, .atari_settings), checked
+        against the ones it was trained with."""
+        atari_note = self._atari_note(atari, tuple(env_shape), dict(played or {}))
         transposed = self.transposed_for(env_shape)
         layers: list[Layer] = []
         for (weight, bias), (kernel, stride) in zip(self.cnn, NATURE_CNN):
@@ -175,7 +176,7 @@ class SB3Policy:
                              f"+-{clip:g} standard deviations; the ported network does not)")
         return net
 
-    def _atari_note(self, atari: str | None, env_shape: tuple[int, ...]) -> str | None:
+    def _atari_note(self, atari: str | None, env_shape: tuple[int, ...], played: dict[str, Any]) -> str | None:
         """Which preprocessing plays, for the notes; refused where it is not the one SB3 trained with."""
         if atari is None or not self.is_atari_cnn:
             return None
@@ -183,6 +184,11 @@ class SB3Policy:
         if atari != "sb3":
             raise UserError(f"baseline.from: {self.path}: an SB3 Atari CnnPolicy, trained behind SB3's AtariWrapper; "
                             "set env.atari: {preprocessing: sb3} (compress-dqn compress picks it)")
+        differ = [key for key in SB3_DEFAULTS if key in played and played[key] != settings[key]]
+        if differ:
+            said = ", ".join(f"{key} {settings[key]} (the environment plays {played[key]})" for key in differ)
+            raise UserError(f"baseline.from: {self.path}: trained with AtariWrapper {said}; set "
+                            + ", ".join(f"env.atari.{key}: {settings[key]}" for key in differ))
         k = atari_shape(self, settings)
         if env_shape != (*self.obs_shape[1:], k):
             raise UserError(f"baseline.from: {self.path}: SB3 stacked {k} frames of {self.obs_shape[1]}x{self.obs_shape[2]}, "
