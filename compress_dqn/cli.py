@@ -125,11 +125,18 @@ def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_step
     only from ~400 on, so a plain 100-episode evaluation would leave the best variants undecided."""
     from compress_dqn.envs.environment import probe_env
     from compress_dqn.port.baseline import load_model
+    from compress_dqn.port.load import file_kind
     from compress_dqn.port.run_dir import run_env
+    from compress_dqn.port.sb3 import atari_env
+    from compress_dqn.port.tensor_pickle import read_file
     from compress_dqn.recipe.schema import EnvConfig
     from compress_dqn.rl.networks import weight_layers
 
-    env = run_env(model, env_id) or EnvConfig(id=env_id, frame_stack=frame_stack)  # a run's own settings, kwargs too
+    env = run_env(model, env_id)  # a run's own settings, kwargs too
+    if env is None and model.is_file() and file_kind(model) == "sb3":  # an SB3 Atari agent: its AtariWrapper
+        found = atari_env(model, read_file(model), env_id)
+        env = EnvConfig(**found) if found else None
+    env = env or EnvConfig(id=env_id, frame_stack=frame_stack)
     info = probe_env(env)
     layers = [layer.name for layer in weight_layers(load_model(model, info))]
     keep_dense = [layers[-1]] + ([layers[0]] if len(layers) > 2 else [])

@@ -93,3 +93,17 @@ def test_byo_baseline_compresses_a_runs_keras_file_again(finished_tiny_run, tmp_
     assert set(baseline) == {"full_pipeline", "from_keras", "relative_difference", "within_1pct"}
     assert row["all_within_1pct"] == baseline["within_1pct"]
     assert (tmp_path / "byo" / "baseline.keras").is_file() and (tmp_path / "byo" / "run" / "results.json").is_file()
+
+
+def test_atari_zoo_plays_sb3s_returns_and_gets_a_verdict(tmp_path):
+    """An SB3 CnnPolicy trained 300 steps, ported: SB3's returns episode by episode, and a ptq-int8 verdict."""
+    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("ale_py")
+    (row,) = bench("atari_zoo", "--out", str(tmp_path / "zoo"))
+    assert row["env_id"] == "SpaceInvadersNoFrameskip-v4" and row["seeds"] == [0, 1]
+    assert row["sb3_policy_on_compress_dqn_env"] == row["sb3_returns"] and row["env_equal"]
+    assert row["compress_dqn_baseline_returns"] == row["sb3_returns"] and row["baseline_equal"]
+    assert row["port_check"]["checked"] and row["port_check"]["action_agreement"] == 1.0
+    assert row["preprocessing"].startswith("Atari preprocessing: SB3's AtariWrapper") and "bare zip" in row["preprocessing"]
+    assert row["ptq_int8"]["tolerance"] == 0.05
+    assert row["ptq_int8"]["verdict"] in {"within 5%", "better", "worse", "inconclusive"}

@@ -64,7 +64,7 @@ def test_atari_preprocessing_and_channels_last_frame_stack():
 
 
 def test_atari_settings_only_for_ale_ids(tmp_path):
-    with pytest.raises(UserError, match="env: atari preprocessing applies to ALE/ ids only"):
+    with pytest.raises(UserError, match="env: atari preprocessing applies to Atari ids only"):
         load_recipe(MINATAR, ["env.atari={noop_max: 0}"])
     with pytest.raises(UserError, match="env.atari.frame_skip"):
         load_recipe(MINATAR, ["env.id=ALE/Pong-v5", "env.atari={frame_skip: 0}"])

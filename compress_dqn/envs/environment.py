@@ -1,10 +1,13 @@
 """Environments: gymnasium ids with kwargs, discrete actions only, seeded from the recipe.
 
-Image environments: Atari ids (`ALE/...`, from ale-py) get the standard DQN preprocessing
-(gymnasium's AtariPreprocessing: no-op starts, frame skip 4 with max-pooling, 84x84 grayscale
-uint8) and MinAtar ids (`MinAtar/...`) get their bool channels as uint8. `frame_stack: k` stacks
-the last k frames on the last axis (channels-last, as Conv2D wants); a new episode's stack is k
-copies of its first frame, the padding the replay buffer assumes when it rebuilds stacks.
+Image environments: Atari ids (`ALE/...` and the RL Zoo's `*NoFrameskip-v4`, from ale-py) get an
+Atari preprocessing (no-op starts, frame skip 4 with max-pooling, 84x84 grayscale uint8): gymnasium's
+AtariPreprocessing, the default for ALE/ ids, or Stable-Baselines3's AtariWrapper (envs/atari.py),
+the default for *NoFrameskip-v4 ids, the one RL Zoo agents were trained behind. MinAtar ids
+(`MinAtar/...`) get their bool channels as uint8. `frame_stack: k` stacks the last k frames on the
+last axis (channels-last, as Conv2D wants); a new episode's stack is k copies of its first frame,
+the padding the replay buffer assumes when it rebuilds stacks, except under SB3's preprocessing,
+whose stack starts from zeros as SB3's VecFrameStack does (the replay stores those stacks exactly).
 
 Exact resume needs the environment's random state: for the classic-control, Box2D and MinAtar
 environments an episode is fully determined by the generator(s) `rng_state`/`set_rng_state`
@@ -23,7 +26,9 @@ import gymnasium as gym
 import numpy as np
 
 from compress_dqn._quiet import quiet_stderr
+from compress_dqn.envs.atari import SB3Stack, sb3_atari
 from compress_dqn.errors import UserError
+from compress_dqn.recipe.schema import atari_preprocessing, is_atari_id
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,10 @@ class EnvInfo:
     """Observations are stacks of this many frames on the last axis (1: no stacking)."""
     input_scale: float | None = None
     """Integer observations are multiplied by this inside the network (1/255 for pixels)."""
+    atari: str | None = None
+    """Which Atari preprocessing plays: 'sb3' (SB3's AtariWrapper), 'gymnasium' or None (not Atari)."""
+    atari_settings: tuple[tuple[str, Any], ...] | None = None
+    """Under SB3's preprocessing, the AtariWrapper arguments it plays with (sorted name, value pairs)."""
 
 
 def _registered_ids() -> list[str]:
@@ -56,7 +65,7 @@ def check_env_id(env_id: str) -> None:
 
 def _import_env_packages(env_id: str) -> None:
     """Atari ids live in ale-py and MinAtar ids in minatar; both register them on request."""
-    if env_id.startswith("ALE/"):
+    if is_atari_id(env_id):
         try:
             import ale_py
 
@@ -72,7 +81,8 @@ def _import_env_packages(env_id: str) -> None:
 
 
 def is_atari(env_id: str) -> bool:
-    return env_id.startswith("ALE/")
+    """ALE/ ids and the RL Zoo's *NoFrameskip-v4 ids: the Atari ids that get a preprocessing."""
+    return is_atari_id(env_id)
 
 
 class FrameStack(gym.ObservationWrapper):
@@ -122,11 +132,14 @@ def make_env(
     max_episode_steps: int | None = None,
     atari: dict[str, Any] | None = None,
     frame_stack: int = 1,
+    whole_games: bool = False,
 ) -> gym.Env:
     """Build an environment with its preprocessing and check it has a discrete action space.
 
-    atari: AtariPreprocessing arguments for ALE ids (None: the DQN defaults); the base
-    environment is made with frameskip=1 because the wrapper does the skipping.
+    atari: the recipe's env.atari settings for Atari ids (None: the defaults of the id's
+    preprocessing); the base environment is made with frameskip=1 because the wrapper skips.
+    whole_games: episodes for evaluation (SB3's Atari preprocessing only: whole games with the
+    game's own rewards; its default episodes are SB3's training ones, a life each, rewards clipped).
     """
     check_env_id(env_id)
     options: dict[str, Any] = dict(kwargs or {})
@@ -134,6 +147,21 @@ def make_env(
         options["max_episode_steps"] = max_episode_steps
     if is_atari(env_id):
         options.setdefault("frameskip", 1)
+    env = _make(env_id, options)
+    if is_atari(env_id):
+        settings = dict(atari or {})
+        if atari_preprocessing(env_id, settings.pop("preprocessing", None)) == "sb3":
+            return sb3_atari(env, settings, frame_stack, whole_games)
+        env = _gymnasium_atari(env, settings)
+    if env.observation_space.dtype == np.bool_:
+        env = BoolToUint8(env)
+    if frame_stack > 1:
+        env = FrameStack(env, frame_stack)
+    return env
+
+
+def _make(env_id: str, options: dict[str, Any]) -> gym.Env:
+    """gym.make with its errors as one line each, and the checks every environment must pass."""
     try:
         with quiet_stderr():  # ALE prints its banner on stderr
             env = gym.make(env_id, **options)
@@ -155,26 +183,26 @@ def make_env(
         space = env.observation_space
         env.close()
         raise UserError(f"env.id: {env_id!r} has observation space {space}; only Box observations are supported")
-    if is_atari(env_id):
-        try:
-            env = gym.wrappers.AtariPreprocessing(env, **(atari or {}))
-        except (TypeError, ValueError) as exc:
-            env.close()
-            raise UserError(f"env.atari: AtariPreprocessing rejected it: {exc}") from None
-        except gym.error.DependencyNotInstalled:
-            env.close()
-            raise UserError("env.id: Atari preprocessing needs OpenCV; pip install opencv-python-headless") from None
-    if env.observation_space.dtype == np.bool_:
-        env = BoolToUint8(env)
-    if frame_stack > 1:
-        env = FrameStack(env, frame_stack)
     return env
 
 
-def make_env_from(cfg: Any) -> gym.Env:
-    """make_env from a recipe's env section (an EnvConfig)."""
+def _gymnasium_atari(env: gym.Env, settings: dict[str, Any]) -> gym.Env:
+    """gymnasium's AtariPreprocessing with the recipe's settings (its own defaults where unset)."""
+    settings = {key: value for key, value in settings.items() if value is not None}
+    try:
+        return gym.wrappers.AtariPreprocessing(env, **settings)
+    except (TypeError, ValueError) as exc:
+        env.close()
+        raise UserError(f"env.atari: AtariPreprocessing rejected it: {exc}") from None
+    except gym.error.DependencyNotInstalled:
+        env.close()
+        raise UserError("env.id: Atari preprocessing needs OpenCV; pip install opencv-python-headless") from None
+
+
+def make_env_from(cfg: Any, whole_games: bool = False) -> gym.Env:
+    """make_env from a recipe's env section (an EnvConfig); whole_games for evaluation episodes."""
     atari = cfg.atari.model_dump() if cfg.atari is not None else None
-    return make_env(cfg.id, cfg.kwargs, cfg.max_episode_steps, atari, cfg.frame_stack)
+    return make_env(cfg.id, cfg.kwargs, cfg.max_episode_steps, atari, cfg.frame_stack, whole_games)
 
 
 def probe_env(cfg: Any) -> EnvInfo:
@@ -194,13 +222,16 @@ def env_info(env: gym.Env, env_id: str) -> EnvInfo:
     if dtype.kind in "iu":
         high = float(np.max(space.high))
         input_scale = 1.0 / high if high > 0 else 1.0
+    atari = "sb3" if isinstance(env, SB3Stack) else ("gymnasium" if is_atari(env_id) else None)
     return EnvInfo(
         env_id=env_id,
         obs_shape=tuple(int(d) for d in space.shape),
         obs_dtype=dtype,
         n_actions=int(env.action_space.n),
-        frame_stack=env.k if isinstance(env, FrameStack) else 1,
+        frame_stack=env.k if isinstance(env, (FrameStack, SB3Stack)) else 1,
         input_scale=input_scale,
+        atari=atari,
+        atari_settings=tuple(sorted(env.settings.items())) if isinstance(env, SB3Stack) else None,
     )
 
 

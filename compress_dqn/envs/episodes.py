@@ -1,7 +1,9 @@
 """Playing greedy episodes on fixed seeds: any `act(obs) -> int`, one episode at a time or side by side.
 
 Every policy is played on the same seeds (eval.seed .. eval.seed + episodes - 1), so differences
-between variants are paired comparisons, not noise between episode draws. No TensorFlow here.
+between variants are paired comparisons, not noise between episode draws. Episodes here are
+evaluation episodes: under SB3's Atari preprocessing, whole games with the game's own rewards
+(make_env_from's whole_games), as the RL Zoo reports returns. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ Act = Callable[[np.ndarray], int]
 
 def run_episodes(act: Act, env: EnvConfig, seeds: Iterable[int]) -> list[float]:
     """Play one greedy episode per seed and return the undiscounted returns."""
-    instance = make_env_from(env)
+    instance = make_env_from(env, whole_games=True)
     returns = []
     try:
         for seed in seeds:
@@ -50,7 +52,7 @@ def run_episodes_side_by_side(q_values: QValues, env: EnvConfig, seeds: Iterable
     tf.function traces once, not once per episode that ends.
     """
     seeds = [int(seed) for seed in seeds]
-    instances = [make_env_from(env) for _ in seeds]
+    instances = [make_env_from(env, whole_games=True) for _ in seeds]
     try:
         observations = [instance.reset(seed=seed)[0] for instance, seed in zip(instances, seeds)]
         returns = [0.0] * len(seeds)

@@ -94,7 +94,7 @@ def read_port(path: Path, info: Any, kind: str) -> Port:
     label = f"baseline.from: {path}"
     if kind == "sb3":
         policy = sb3.SB3Policy(path, data)
-        net = policy.ported(tuple(info.obs_shape))
+        net = policy.ported(tuple(info.obs_shape), getattr(info, "atari", None), getattr(info, "atari_settings", None))
 
         def sb3_reference() -> Callable[[np.ndarray], np.ndarray]:
             _need("torch", "sb3", "cross-check against SB3")

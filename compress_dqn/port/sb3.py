@@ -8,6 +8,11 @@ preprocess_obs) and, because SB3 trained on channel-first frames (VecTransposeIm
 environment gives height x width x channels, the first Dense layer after the convolutions takes
 Keras's flatten order. VecNormalize statistics (vecnormalize.pkl beside the zip, as the RL Zoo saves
 them) are read with a restricted unpickler and folded into the first layer.
+
+An Atari CnnPolicy plays in the environment it was trained in: SB3's AtariWrapper with its frame
+stack (envs/atari.py). The RL Zoo's config.yml / args.yml beside the zip say which wrapper and
+settings; a bare zip is taken as AtariWrapper with SB3's defaults, and anything else that cannot
+be matched (another env_wrapper, frames that are not k x 84 x 84) is refused in one line.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import yaml
 
+from compress_dqn.envs.atari import SB3_DEFAULTS, describe
+from compress_dqn.envs.environment import is_atari
 from compress_dqn.errors import UserError
 from compress_dqn.port.spec import (
     Layer,
@@ -121,7 +129,16 @@ class SB3Policy:
     def cnn(self) -> list[tuple[np.ndarray, np.ndarray]]:
         return _layers(self.state, "features_extractor.cnn.")
 
-    def ported(self, env_shape: tuple[int, ...]) -> PortedNet:
+    @property
+    def is_atari_cnn(self) -> bool:
+        """A CnnPolicy on 3-D uint8 frames: what an Atari agent is."""
+        return self.is_image and bool(self.cnn)
+
+    def ported(self, env_shape: tuple[int, ...], atari: str | None = None, played: Any = None) -> PortedNet:
+        """The Q-network for an environment giving `env_shape` observations; `atari` and `played`: the
+        Atari preprocessing it plays behind and its settings (EnvInfo.atari, .atari_settings), checked
+        against the ones it was trained with."""
+        atari_note = self._atari_note(atari, tuple(env_shape), dict(played or {}))
         transposed = self.transposed_for(env_shape)
         layers: list[Layer] = []
         for (weight, bias), (kernel, stride) in zip(self.cnn, NATURE_CNN):
@@ -148,6 +165,8 @@ class SB3Policy:
             net.notes.append("observations scaled by 1/255 in the network, as SB3 normalizes image observations")
         if transposed:
             net.notes.append("takes height x width x channel observations (SB3 saw them transposed)")
+        if atari_note:
+            net.notes.append(atari_note)
         self.transposed = transposed
         self.vecnormalize = read_vecnormalize(self.path)
         if self.vecnormalize is not None:
@@ -156,6 +175,25 @@ class SB3Policy:
             net.notes.append(f"VecNormalize observation statistics folded into the first layer (SB3 clips at "
                              f"+-{clip:g} standard deviations; the ported network does not)")
         return net
+
+    def _atari_note(self, atari: str | None, env_shape: tuple[int, ...], played: dict[str, Any]) -> str | None:
+        """Which preprocessing plays, for the notes; refused where it is not the one SB3 trained with."""
+        if atari is None or not self.is_atari_cnn:
+            return None
+        settings, _, source = zoo_atari(self.path)
+        if atari != "sb3":
+            raise UserError(f"baseline.from: {self.path}: an SB3 Atari CnnPolicy, trained behind SB3's AtariWrapper; "
+                            "set env.atari: {preprocessing: sb3} (compress-dqn compress picks it)")
+        differ = [key for key in SB3_DEFAULTS if key in played and played[key] != settings[key]]
+        if differ:
+            said = ", ".join(f"{key} {settings[key]} (the environment plays {played[key]})" for key in differ)
+            raise UserError(f"baseline.from: {self.path}: trained with AtariWrapper {said}; set "
+                            + ", ".join(f"env.atari.{key}: {settings[key]}" for key in differ))
+        k = atari_shape(self, settings)
+        if env_shape != (*self.obs_shape[1:], k):
+            raise UserError(f"baseline.from: {self.path}: SB3 stacked {k} frames of {self.obs_shape[1]}x{self.obs_shape[2]}, "
+                            f"the environment gives {env_shape}; set env.frame_stack: {k} (and env.atari.screen_size)")
+        return f"Atari preprocessing: {describe(settings, k)} ({source})."
 
     def reference(self) -> Any:
         """SB3's own QNetwork with torch.load(weights_only=True) weights: a function of env observations."""
@@ -214,3 +252,119 @@ def read_vecnormalize(path: Path) -> tuple[np.ndarray, np.ndarray, float] | None
                         "only flat observations are ported")
     std = np.sqrt(np.asarray(rms["var"], dtype=np.float64) + float(state.get("epsilon", 1e-8)))
     return np.asarray(rms["mean"], dtype=np.float64), std, float(state.get("clip_obs", 10.0))
+
+
+ATARI_WRAPPER = "stable_baselines3.common.atari_wrappers.AtariWrapper"
+_MAX_ZOO_FILE = 1 << 20
+
+
+class _ZooLoader(yaml.SafeLoader):
+    """The RL Zoo's YAML (OrderedDicts dumped with python tags) as plain data; no object is built."""
+
+
+def _python_tag(loader: _ZooLoader, suffix: str, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.SequenceNode):
+        items = loader.construct_sequence(node, deep=True)
+        if suffix.endswith("collections.OrderedDict"):  # [[pairs]]: the dumped items
+            pairs = items[0] if len(items) == 1 and isinstance(items[0], list) else items
+            return {key: value for key, value in pairs}
+        return items
+    if isinstance(node, yaml.MappingNode):
+        return loader.construct_mapping(node, deep=True)
+    return loader.construct_scalar(node)
+
+
+_ZooLoader.add_multi_constructor("tag:yaml.org,2002:python/", _python_tag)
+
+
+def _zoo_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+        if len(data) > _MAX_ZOO_FILE:
+            raise UserError(f"baseline.from: {path}: over 1 MiB; not an RL Zoo config")
+        loaded = yaml.load(data.decode("utf-8"), Loader=_ZooLoader)  # noqa: S506 (a SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, TypeError, ValueError) as exc:
+        raise UserError(f"baseline.from: {path}: not a readable RL Zoo file ({str(exc).splitlines()[0][:100]}); "
+                        "remove it or save it again") from None
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _wrappers(value: Any) -> list[tuple[str, dict[str, Any]]]:
+    """env_wrapper as (name, kwargs) pairs: the Zoo writes a name, a list of names, or {name: kwargs} items."""
+    items = value if isinstance(value, list) else [value]
+    pairs = []
+    for item in items:
+        if isinstance(item, dict):
+            pairs += [(str(name), dict(kwargs or {})) for name, kwargs in item.items()]
+        elif item is not None:
+            pairs.append((str(item), {}))
+    return pairs
+
+
+def zoo_atari(path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The AtariWrapper settings, env_kwargs and frame_stack the RL Zoo's config.yml / args.yml beside
+    the zip record (settings, extras, where they came from); SB3's defaults for a bare zip.
+
+    Refuses in one line an env_wrapper other than SB3's AtariWrapper, or settings this
+    preprocessing does not reproduce (rewards left unclipped, SB3's own sticky actions)."""
+    files = [d / name for d in (path.parent, path.parent / path.stem) for name in ("config.yml", "args.yml")]
+    found = [f for f in files if f.is_file()]
+    if not found:
+        return dict(SB3_DEFAULTS), {}, "a bare zip, taken as SB3's AtariWrapper with its defaults"
+    settings, extras = dict(SB3_DEFAULTS), {}
+    for file in found:
+        data = _zoo_yaml(file)
+        hyper = data.get("hyperparams") if isinstance(data.get("hyperparams"), dict) else {}
+        for source in (data, hyper):
+            for name, kwargs in _wrappers(source.get("env_wrapper")):
+                if name.rsplit(".", 1)[-1] != "AtariWrapper":
+                    raise UserError(f"baseline.from: {path}: {file.name} names env_wrapper {name}; only SB3's "
+                                    f"AtariWrapper ({ATARI_WRAPPER}) is reproduced, so it cannot be evaluated as trained")
+                settings.update(_wrapper_settings(file, kwargs))
+            for key in ("frame_stack", "env_kwargs"):
+                if source.get(key) not in (None, {}):
+                    extras[key] = source[key]
+    return settings, extras, f"as {', '.join(f.name for f in found)} beside the zip say"
+
+
+def _wrapper_settings(file: Path, kwargs: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(kwargs) - set(SB3_DEFAULTS) - {"clip_reward", "action_repeat_probability"})
+    if unknown:
+        raise UserError(f"baseline.from: {file}: AtariWrapper argument {', '.join(unknown)} is not reproduced")
+    if kwargs.get("clip_reward", True) is not True:
+        raise UserError(f"baseline.from: {file}: AtariWrapper(clip_reward=False) is not reproduced "
+                        "(its rollouts and fine-tunes clip rewards)")
+    if float(kwargs.get("action_repeat_probability", 0.0) or 0.0) > 0.0:
+        raise UserError(f"baseline.from: {file}: AtariWrapper's own sticky actions are not reproduced; "
+                        "use the ALE's (env kwargs repeat_action_probability, an ALE/...-v5 id)")
+    return {key: kwargs[key] for key in SB3_DEFAULTS if key in kwargs}
+
+
+def atari_shape(policy: SB3Policy, settings: dict[str, Any]) -> int:
+    """The frame stack of an Atari CnnPolicy: its observations must be k x S x S (S the screen size)."""
+    size = int(settings.get("screen_size", 84))
+    shape = policy.obs_shape
+    if len(shape) != 3 or shape[0] < 2 or shape[1:] != (size, size):
+        raise UserError(f"baseline.from: {policy.path}: SB3 saved observations of shape {shape}; SB3's AtariWrapper "
+                        f"with a frame stack gives k x {size} x {size} (4 x 84 x 84 in the RL Zoo): its preprocessing "
+                        "cannot be matched")
+    return int(shape[0])
+
+
+def atari_env(path: Path, data: bytes, env_id: str) -> dict[str, Any] | None:
+    """The recipe's env section for an SB3 Atari CnnPolicy zip on an Atari id (SB3's preprocessing, its
+    settings and frame stack), or None when the zip holds another policy or the id is no Atari game."""
+    if not is_atari(env_id):
+        return None
+    policy = SB3Policy(path, data)
+    if not policy.is_atari_cnn:
+        return None
+    settings, extras, _ = zoo_atari(path)
+    k = atari_shape(policy, settings)
+    if int(extras.get("frame_stack", k)) != k:
+        raise UserError(f"baseline.from: {path}: the RL Zoo config says frame_stack {extras['frame_stack']}, the zip's "
+                        f"observations stack {k} frames")
+    env: dict[str, Any] = {"id": env_id, "frame_stack": k, "atari": {"preprocessing": "sb3", **settings}}
+    if isinstance(extras.get("env_kwargs"), dict):
+        env["kwargs"] = extras["env_kwargs"]
+    return env

@@ -1,0 +1,151 @@
+"""An RL Zoo-style SB3 Atari DQN through compress-dqn: the same returns as SB3's own play, and a ptq-int8 verdict.
+
+    .venv/bin/python benchmarks/atari_zoo.py --out runs/atari-zoo
+    .venv/bin/python benchmarks/atari_zoo.py --out runs/atari-zoo-smoke --smoke
+
+Trains a Stable-Baselines3 CnnPolicy DQN briefly on SpaceInvadersNoFrameskip-v4 behind SB3's
+make_atari_env + VecFrameStack(4) (nothing is downloaded) and saves it as dqn.zip. Plays it with
+SB3's model.predict(obs, deterministic=True) on SB3's wrappers, episode i in a fresh environment
+reset with seed i, and reads each whole game's return from SB3's Monitor, as the RL Zoo reports
+it. Then runs, as a user would,
+
+    compress-dqn compress dqn.zip --env SpaceInvadersNoFrameskip-v4 --variants ptq-int8 \\
+        --episodes E --max-episodes E --set eval.tolerance=0.05
+
+whose evaluation plays episode i with seed i too, and compares the baseline's returns episode by
+episode. SB3's policy is also played on compress-dqn's own environment, which separates the
+environment (must match exactly) from the port's numerics (float32 in TFLite vs torch: a near-tie
+between two actions could flip). Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def train(env_id: str, steps: int, out: Path) -> Path:
+    """SB3's DQN with the RL Zoo's Atari settings (dqn.yml's atari entry), its replay and learning start
+    shrunk to a few thousand steps on a shared CPU."""
+    import torch
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    torch.set_num_threads(1)
+    env = VecFrameStack(make_atari_env(env_id, n_envs=1, seed=0), 4)
+    model = DQN("CnnPolicy", env, buffer_size=min(steps, 10_000), learning_starts=min(100, steps // 5),
+                learning_rate=1e-4, batch_size=32, train_freq=4, gradient_steps=1, target_update_interval=1_000,
+                exploration_fraction=0.1, exploration_final_eps=0.01, optimize_memory_usage=True,
+                replay_buffer_kwargs={"handle_timeout_termination": False}, seed=0, device="cpu")
+    model.learn(total_timesteps=steps)
+    path = out / "dqn.zip"
+    model.save(path)
+    env.close()
+    return path
+
+
+def sb3_returns(path: Path, env_id: str, seeds: list[int]) -> list[float]:
+    """SB3's own play: model.predict(deterministic=True) on SB3's wrappers; Monitor's whole-game returns."""
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    model = DQN.load(path, device="cpu")
+    returns = []
+    for seed in seeds:
+        env = VecFrameStack(make_atari_env(env_id, n_envs=1, seed=seed), 4)
+        obs = env.reset()
+        while True:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, _, _, infos = env.step(action)
+            if "episode" in infos[0]:
+                returns.append(float(infos[0]["episode"]["r"]))
+                break
+        env.close()
+    return returns
+
+
+def sb3_policy_on_our_env(path: Path, env_id: str, seeds: list[int]) -> list[float]:
+    """SB3's model.predict on compress-dqn's environment (channel-last stacks, transposed as SB3 does)."""
+    from stable_baselines3 import DQN
+
+    from compress_dqn.envs.episodes import run_episodes
+    from compress_dqn.recipe.schema import EnvConfig
+
+    model = DQN.load(path, device="cpu")
+
+    def act(obs: np.ndarray) -> int:
+        return int(model.predict(np.transpose(obs, (2, 0, 1))[None], deterministic=True)[0][0])
+
+    return run_episodes(act, EnvConfig(id=env_id, frame_stack=4), seeds)
+
+
+def compress(path: Path, env_id: str, episodes: int, rollout_steps: int, overrides: list[str], out: Path) -> dict:
+    """`compress-dqn compress` in a fresh interpreter, as a user runs it; its results.json."""
+    command = [sys.executable, "-m", "compress_dqn", "compress", str(path), "--env", env_id, "--variants", "ptq-int8",
+               "--episodes", str(episodes), "--max-episodes", str(episodes), "--rollout-steps", str(rollout_steps),
+               "--out", str(out), "--quiet"]
+    for override in overrides:
+        command += ["--set", override]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "COMPRESS_DQN_TF_LOGS": "0"})
+    if done.returncode != 0:
+        sys.exit(f"compress-dqn compress failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads((out / "results.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--env", default="SpaceInvadersNoFrameskip-v4")
+    parser.add_argument("--train-steps", type=int, default=5_000)
+    parser.add_argument("--episodes", type=int, default=10, help="evaluation episodes, seeds 0..E-1")
+    parser.add_argument("--rollout-steps", type=int, default=2_000, help="compress-dqn's calibration rollout")
+    parser.add_argument("--tolerance", type=float, default=0.05, help="eval.tolerance of the verdict")
+    parser.add_argument("--smoke", action="store_true",
+                        help="300 training steps, 2 episodes, 1 held-out episode: checks the script runs")
+    args = parser.parse_args()
+    overrides = [f"eval.tolerance={args.tolerance}"]
+    if args.smoke:
+        args.train_steps, args.episodes, args.rollout_steps = 300, 2, 200
+        overrides.append("eval.heldout_episodes=1")
+    out = Path(args.out).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    from compress_dqn.envs.environment import check_env_id
+
+    check_env_id(args.env)  # registers ale-py's ids for SB3's gym.make
+    seeds = list(range(args.episodes))
+    clock = {"start": time.perf_counter()}
+    path = train(args.env, args.train_steps, out)
+    clock["trained"] = time.perf_counter()
+    reference = sb3_returns(path, args.env, seeds)
+    on_ours = sb3_policy_on_our_env(path, args.env, seeds)
+    clock["played"] = time.perf_counter()
+    results = compress(path, args.env, args.episodes, args.rollout_steps, overrides, out / "run")
+    clock["compressed"] = time.perf_counter()
+    baseline, variant = results["variants"][0], results["variants"][1]
+    port = results["train"].get("port_check") or {}
+    print(json.dumps({
+        "env_id": args.env, "train_steps": args.train_steps, "episodes": args.episodes, "seeds": seeds,
+        "sb3_returns": reference, "sb3_policy_on_compress_dqn_env": on_ours,
+        "compress_dqn_baseline_returns": baseline["return"]["episodes"],
+        "env_equal": on_ours == reference, "baseline_equal": baseline["return"]["episodes"] == reference,
+        "port_check": {k: port.get(k) for k in ("checked", "runtime", "max_abs_q_diff", "action_agreement")},
+        "preprocessing": next((n for n in port.get("notes", []) if n.startswith("Atari preprocessing")), None),
+        "ptq_int8": {"verdict": variant["return_vs_baseline"]["verdict"], "tolerance": results["eval"]["tolerance"],
+                     "returns": variant["return"]["episodes"], "action_agreement": variant.get("action_agreement")},
+        "seconds": {"train": round(clock["trained"] - clock["start"], 1),
+                    "sb3_and_env_play": round(clock["played"] - clock["trained"], 1),
+                    "compress": round(clock["compressed"] - clock["played"], 1)},
+    }))
+
+
+if __name__ == "__main__":
+    main()
