@@ -305,9 +305,7 @@ def _conv(e: _Emitter, op: Op) -> None:
     _, oh, ow, _ = out.shape
     if fic != ic:
         raise UserError(f"{e.graph.label}: a grouped CONV_2D; not translated")
-    o = op.options
-    sh, sw, dh, dw = (int(o.get(k, 1)) for k in ("strideH", "strideW", "dilationHFactor", "dilationWFactor"))
-    ph, pw = _padding(int(o.get("padding", 1)), ih, iw, kh, kw, sh, sw, dh, dw, oh, ow)
+    (sh, sw), (dh, dw), (ph, pw, _, _) = conv_geometry(op)
     geometry = f"{oc}, {kh}, {kw}, {sh}, {sw}, {dh}, {dw}, {ph}, {pw}, {oh}, {ow}"
     if x.dtype == np.float32:
         e.used.add("conv_f32")
@@ -328,16 +326,22 @@ def _conv(e: _Emitter, op: Op) -> None:
                    f"{mn}, {sn}, {int(out.zero_points[0])}, {lo}, {hi}, {e.buffer(out)});")
 
 
-def _padding(padding: int, ih: int, iw: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int,
-             oh: int, ow: int) -> tuple[int, int]:
-    """TFLite's ComputePaddingHeightWidth: SAME pads floor(total / 2) before; VALID pads nothing."""
-    if padding != 0:  # Padding_VALID == 1
-        return 0, 0
+def conv_geometry(op: Op) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]:
+    """A CONV_2D's strides, dilations and pads (top, left, bottom, right), as TFLite's
+    ComputePaddingHeightWidth: SAME pads floor(total / 2) before and the rest after; VALID none."""
+    _, ih, iw, _ = op.inputs[0].shape
+    _, kh, kw, _ = op.inputs[1].shape
+    _, oh, ow, _ = op.outputs[0].shape
+    o = op.options
+    sh, sw, dh, dw = (int(o.get(k, 1)) for k in ("strideH", "strideW", "dilationHFactor", "dilationWFactor"))
+    if int(o.get("padding", 1)) != 0:  # Padding_VALID == 1
+        return (sh, sw), (dh, dw), (0, 0, 0, 0)
 
-    def pad(size: int, kernel: int, stride: int, dilation: int, out: int) -> int:
-        return max(((out - 1) * stride + (kernel - 1) * dilation + 1 - size) // 2, 0)
+    def total(size: int, kernel: int, stride: int, dilation: int, out: int) -> int:
+        return max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
 
-    return pad(ih, kh, sh, dh, oh), pad(iw, kw, sw, dw, ow)
+    th, tw = total(ih, kh, sh, dh, oh), total(iw, kw, sw, dw, ow)
+    return (sh, sw), (dh, dw), (th // 2, tw // 2, th - th // 2, tw - tw // 2)
 
 
 def _argmax(e: _Emitter, op: Op) -> str:
