@@ -93,3 +93,14 @@ def test_byo_baseline_compresses_a_runs_keras_file_again(finished_tiny_run, tmp_
     assert set(baseline) == {"full_pipeline", "from_keras", "relative_difference", "within_1pct"}
     assert row["all_within_1pct"] == baseline["within_1pct"]
     assert (tmp_path / "byo" / "baseline.keras").is_file() and (tmp_path / "byo" / "run" / "results.json").is_file()
+
+
+def test_ship_targets_reports_c_onnx_and_q_values_per_policy():
+    rows = bench("ship_targets")
+    assert [r["variant"] for r in rows] == ["baseline", "ptq-int8"]
+    for row in rows:
+        c = row["c"]
+        assert c["identical_episode_by_episode"] and c["differing_steps"] == 0 and c["integer_only"] == (row["variant"] != "baseline")
+        assert c["flash_ram"]["measured"] and set(c["flash_ram"]["targets"]) == {"cortex-m0plus", "cortex-m4f"}
+        assert c["time_per_action"]["c_ns"] > 0 and c["time_per_action"]["litert_invoke_ns"] > 0
+        assert row["onnx"]["identical"] and row["q_values"]["identical"] and row["q_values"]["steps_where_argmax_differs"] == 0
