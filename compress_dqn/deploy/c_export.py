@@ -267,7 +267,11 @@ def _fc(e: _Emitter, op: Op) -> None:
     e.used.add("fc_s8")
     m, s = zip(*(_double_multiplier(x.scales[0], fs, out.scales[0]) for fs in w.scales))
     wn = e.const(w.value, "int8_t", f"w{out.index}")
-    bn = e.const(bias.value, "int32_t", f"b{out.index}") if bias is not None else "0"
+    bn = "0, 0"
+    if bias is not None:
+        narrow = bool(np.all(np.abs(bias.value.astype(np.int64)) < 1 << 15))
+        name = e.const(bias.value, "int16_t" if narrow else "int32_t", f"b{out.index}")
+        bn = f"0, {name}" if narrow else f"{name}, 0"
     mn, sn = e.const(np.array(m, np.uint64), "uint64_t", f"m{out.index}"), e.const(np.array(s), "uint8_t", f"s{out.index}")
     lo, hi = _int8_bounds(out, op.activation)
     e.lines.append(f"  fc_s8({e.buffers[x.index]}, {n_in}, {int(x.zero_points[0])}, {wn}, {bn}, {n_out}, {mn}, {sn}, "

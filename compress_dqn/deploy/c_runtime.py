@@ -100,12 +100,13 @@ static int32_t mbqm(int32_t x, int32_t multiplier, int shift) {
 }
 """,
     "fc_s8": """\
-static void fc_s8(const int8_t *x, int n_in, int32_t x_zero, const int8_t *w, const int32_t *bias, int n_out,
+static void fc_s8(const int8_t *x, int n_in, int32_t x_zero, const int8_t *w, const int32_t *bias,
+                  const int16_t *bias16, int n_out,
                   const uint64_t *m, const uint8_t *s, int per_channel, int32_t y_zero, int32_t lo, int32_t hi,
                   int8_t *y) {
   for (int o = 0; o < n_out; ++o) {
     const int8_t *row = w + o * n_in;
-    int32_t acc = bias ? bias[o] : 0;
+    int32_t acc = bias ? bias[o] : (bias16 ? bias16[o] : 0);  /* int16 where every bias fits: less flash */
     for (int i = 0; i < n_in; ++i) acc += (int32_t)row[i] * ((int32_t)x[i] - x_zero);
     int c = per_channel ? o : 0;
     y[o] = clamp8(fc_scale(acc, m[c], s[c]) + y_zero, lo, hi);

@@ -21,7 +21,7 @@ _DTYPES = {"FLOAT32": np.float32, "FLOAT16": np.float16, "INT8": np.int8, "UINT8
            "INT64": np.int64, "INT16": np.int16, "BOOL": np.bool_}
 ACTIVATIONS = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6"}
 SUPPORTED = {"FULLY_CONNECTED", "CONV_2D", "RESHAPE", "ARG_MAX", "QUANTIZE", "DEQUANTIZE", "CAST",
-             "SUB", "DIV", "MUL", "ADD"}
+             "SUB", "DIV", "MUL", "ADD", "DENSIFY"}
 
 
 @dataclass
@@ -147,9 +147,8 @@ class _Reader:
                 tensor.axis = int(q.quantizedDimension)
             data = self.model.buffers[t.buffer].data if t.buffer < len(self.model.buffers) else None
             if data is not None and len(data):
-                if t.sparsity is not None:
-                    raise UserError("a sparse-format weight tensor; export the policy without prune.sparse_format")
-                tensor.value = np.frombuffer(bytes(np.asarray(data, np.uint8)), dtype=dtype).reshape(shape or ())
+                values = np.frombuffer(bytes(np.asarray(data, np.uint8)), dtype=dtype)
+                tensor.value = _dense(t.sparsity, values, shape) if t.sparsity is not None else values.reshape(shape or ())
             self._tensors[index] = tensor
         return self._tensors[index]
 
@@ -163,6 +162,9 @@ class _Reader:
                                 f"(it translates {', '.join(sorted(SUPPORTED))})")
             inputs = [self.tensor(int(i)) if i >= 0 else None for i in raw.inputs]
             outputs = [self.tensor(int(i)) for i in raw.outputs]
+            if kind == "DENSIFY":  # a sparse-format constant, already dense (_dense)
+                outputs[0].value = inputs[0].value
+                continue
             if kind == "DEQUANTIZE" and inputs[0].value is not None:  # a float16 (or int8) constant, widened
                 out = outputs[0]
                 out.value = inputs[0].real() if inputs[0].quantized else inputs[0].value.astype(np.float32)
@@ -171,6 +173,22 @@ class _Reader:
             options = {k: v for k, v in vars(raw.builtinOptions).items()} if raw.builtinOptions is not None else {}
             ops.append(Op(kind, inputs, outputs, options))
         return ops
+
+
+def _dense(sparsity: Any, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A 2-D sparse-format constant (rows DENSE, columns SPARSE_CSR, no blocks) as a dense array."""
+    dims = sparsity.dimMetadata or []
+    order = list(sparsity.traversalOrder) if sparsity.traversalOrder is not None else []
+    if (len(shape) != 2 or order != [0, 1] or len(dims) != 2 or dims[0].format != 0 or dims[1].format != 1
+            or (sparsity.blockMap is not None and len(sparsity.blockMap))):
+        raise UserError("a block-sparse weight tensor; export the policy without prune.sparse_format")
+    segments = np.asarray(dims[1].arraySegments.values, np.int64)
+    indices = np.asarray(dims[1].arrayIndices.values, np.int64)
+    dense = np.zeros(shape, values.dtype)
+    for row in range(shape[0]):
+        start, end = segments[row], segments[row + 1]
+        dense[row, indices[start:end]] = values[start:end]
+    return dense
 
 
 def _needed(ops: list[Op], wanted: list[int]) -> list[Op]:
