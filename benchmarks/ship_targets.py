@@ -86,6 +86,28 @@ def c_figures(policy: Path, env, seeds: list[int], name: str) -> dict:
             "differing_steps": differ[0]}
 
 
+def onnx_run_us(path: Path, calls: int = 2000) -> float:
+    """Median microseconds of onnxruntime's InferenceSession.run on one observation (one thread, from Python)."""
+    import statistics
+    import time
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    inp = session.get_inputs()[0]
+    shape = [1 if not isinstance(d, int) else d for d in inp.shape]
+    x = np.zeros(shape, np.uint8 if inp.type == "tensor(uint8)" else np.float32)
+    runs = []
+    for _ in range(5):
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            session.run(["action"], {inp.name: x})
+        runs.append((time.perf_counter_ns() - start) / calls / 1000)
+    return round(statistics.median(runs), 2)
+
+
 def variant_row(policy: Path, env, seeds: list[int], evaluate_returns: list[float]) -> dict:
     from compress_dqn.deploy.c_export import default_name
     from compress_dqn.deploy.onnx_export import export_onnx_file
@@ -95,11 +117,12 @@ def variant_row(policy: Path, env, seeds: list[int], evaluate_returns: list[floa
     row["c"] = c_figures(policy, env, seeds, name)
     with tempfile.TemporaryDirectory() as tmp:
         onnx_file = Path(tmp) / f"{name}.onnx"
-        export_onnx_file(policy, onnx_file)
+        onnx_bytes = export_onnx_file(policy, onnx_file)["bytes"]
         played = _outsider("outsider_onnx_player.py", onnx_file, env.id, seeds[0], len(seeds))
+        run_us = onnx_run_us(onnx_file)
     ours = _outsider("outsider_player.py", policy, env.id, seeds[0], len(seeds))
     differing = sum(a != b for ea, eb in zip(played["actions"], ours["actions"]) for a, b in zip(ea, eb))
-    row["onnx"] = {"returns_mean": float(np.mean(played["returns"])), "identical": played["returns"] == evaluate_returns,
+    row["onnx"] = {"bytes": onnx_bytes, "run_us": run_us, "returns_mean": float(np.mean(played["returns"])), "identical": played["returns"] == evaluate_returns,
                    "differing_actions_on_shared_steps": differing, "q_argmax_differs": played["q_argmax_differs"]}
     by_q = _outsider("outsider_player.py", policy, env.id, seeds[0], len(seeds), "q_values")
     row["q_values"] = {"argmax_returns_mean": float(np.mean(by_q["returns"])), "identical": by_q["returns"] == evaluate_returns,

@@ -141,8 +141,10 @@ def test_a_cnn_student_in_c_plays_as_the_reference_kernels(tmp_path):
     assert len({act(s) for s in states[:200]}) > 1  # a policy that takes one action everywhere would prove nothing
 
 
-def test_fc_scale_rounds_as_double_round(tmp_path):
-    """fc_scale(acc, m, s) == round((double)acc * M) (ties away), for M = m * 2^-s: LiteRT's reference requantization."""
+@pytest.mark.parametrize("defines", [(), ("POLICY_PORTABLE_FC_SCALE",)], ids=["host", "portable"])
+def test_fc_scale_rounds_as_double_round(tmp_path, defines):
+    """fc_scale(acc, m, s) == round((double)acc * M) (ties away), for M = m * 2^-s: LiteRT's reference
+    requantization; both the 64-bit hosts' path and the portable one (microcontrollers)."""
     import ctypes
     import math
 
@@ -154,18 +156,23 @@ def test_fc_scale_rounds_as_double_round(tmp_path):
               + "int32_t fcs_apply(int32_t acc, uint64_t m, int s) { return fc_scale(acc, m, s); }\n"
               "int fcs_act(const float *o) { return (int)o[0]; }\n")
     header = "#include <stdint.h>\n#define FCS_OBS_SIZE 1\nint fcs_act(const float *o);\n"
-    lib = compile_shared(CPolicy("fcs", source, header, "float", 1, 1, True, 0), tmp_path)
+    lib = compile_shared(CPolicy("fcs", source, header, "float", 1, 1, True, 0), tmp_path, defines=defines)
     lib.fcs_apply.restype, lib.fcs_apply.argtypes = ctypes.c_int32, [ctypes.c_int32, ctypes.c_uint64, ctypes.c_int]
     rng = np.random.default_rng(0)
-    for _ in range(20000):
+    ties = 0
+    for _ in range(30000):
         multiplier = float(np.float32(rng.uniform(1e-5, 2e-2))) * float(np.float32(rng.uniform(0.5, 2)))
+        if rng.random() < 0.05:
+            multiplier = 2.0 ** -int(rng.integers(3, 12))  # exact ties: acc * M lands on k + 1/2
         acc = int(rng.integers(-(1 << 24), 1 << 24))
         if rng.random() < 0.3:  # aim at a tie: acc * M close to k + 1/2
             acc = max(1, int(round((int(rng.integers(-100, 100)) + 0.5) / multiplier)))
         fraction, exponent = math.frexp(multiplier)
-        expected = acc * multiplier
-        expected = int(math.copysign(math.floor(abs(expected) + 0.5), expected))
+        exact = acc * multiplier
+        expected = int(math.copysign(math.floor(abs(exact) + 0.5), exact))
+        ties += abs(abs(exact) % 1 - 0.5) < 1e-9
         assert lib.fcs_apply(acc, int(fraction * (1 << 53)), 53 - exponent) == expected, (acc, multiplier)
+    assert ties > 100  # the half-way cases were tried
 
 
 @pytest.mark.slow

@@ -133,17 +133,17 @@ double %(name)s_time(const %(obs)s *observations, int k, int n) {
 """
 
 
-def compile_shared(p: CPolicy, folder: Path, timer: bool = False) -> ctypes.CDLL:
-    """The policy compiled with the system's C compiler (-O2) as a shared library, loaded."""
+def compile_shared(p: CPolicy, folder: Path, timer: bool = False, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The policy compiled with the system's C compiler (-O2) as a shared library, loaded (defines: -D flags)."""
     (folder / f"{p.name}.c").write_text(p.source)
     (folder / f"{p.name}.h").write_text(p.header)
     sources = [f"{p.name}.c"]
     if timer:
         (folder / "timer.c").write_text(_TIMER_C % {"name": p.name, "obs": p.obs_type, "upper": p.name.upper()})
         sources.append("timer.c")
-    lib = folder / f"lib{p.name}{'_timed' if timer else ''}.so"
+    lib = folder / f"lib{p.name}{'_timed' if timer else ''}{''.join('_' + d for d in defines)}.so"
     done = subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-shared",
-                           "-fPIC", "-o", lib.name, *sources], cwd=folder, capture_output=True, text=True, timeout=300)
+                           "-fPIC", *[f"-D{d}" for d in defines], "-o", lib.name, *sources], cwd=folder, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"cc {p.name}.c: {done.stderr.strip()[:800]}")
     return ctypes.CDLL(str(lib))
