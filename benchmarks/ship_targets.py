@@ -86,6 +86,27 @@ def c_figures(policy: Path, env, seeds: list[int], name: str) -> dict:
             "differing_steps": differ[0]}
 
 
+def onnx_disagreements(onnx_file: Path, policy: Path, env, seeds: list[int]) -> tuple[int, int]:
+    """(steps where compress-dqn's loader would act otherwise, steps) on the episodes onnxruntime plays."""
+    import onnxruntime as ort
+
+    from compress_dqn.envs.episodes import run_episodes
+    from compress_dqn.export.loading import load_policy
+
+    session, loaded, counts = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"]), load_policy(policy), [0, 0]
+    inp = session.get_inputs()[0]
+    dtype = np.uint8 if inp.type == "tensor(uint8)" else np.float32
+
+    def act(obs):
+        action = int(session.run(["action"], {inp.name: np.asarray(obs, dtype)[None]})[0][0])
+        counts[0] += action != loaded.act(obs)
+        counts[1] += 1
+        return action
+
+    run_episodes(act, env, seeds)
+    return counts[0], counts[1]
+
+
 def onnx_run_us(path: Path, calls: int = 2000) -> float:
     """Median microseconds of onnxruntime's InferenceSession.run on one observation (one thread, from Python)."""
     import statistics
@@ -120,10 +141,10 @@ def variant_row(policy: Path, env, seeds: list[int], evaluate_returns: list[floa
         onnx_bytes = export_onnx_file(policy, onnx_file)["bytes"]
         played = _outsider("outsider_onnx_player.py", onnx_file, env.id, seeds[0], len(seeds))
         run_us = onnx_run_us(onnx_file)
-    ours = _outsider("outsider_player.py", policy, env.id, seeds[0], len(seeds))
-    differing = sum(a != b for ea, eb in zip(played["actions"], ours["actions"]) for a, b in zip(ea, eb))
-    row["onnx"] = {"bytes": onnx_bytes, "run_us": run_us, "returns_mean": float(np.mean(played["returns"])), "identical": played["returns"] == evaluate_returns,
-                   "differing_actions_on_shared_steps": differing, "q_argmax_differs": played["q_argmax_differs"]}
+        differing, steps = onnx_disagreements(onnx_file, policy, env, seeds)
+    row["onnx"] = {"bytes": onnx_bytes, "run_us": run_us, "returns_mean": float(np.mean(played["returns"])),
+                   "identical": played["returns"] == evaluate_returns, "differing_actions": differing, "steps": steps,
+                   "q_argmax_differs": played["q_argmax_differs"]}
     by_q = _outsider("outsider_player.py", policy, env.id, seeds[0], len(seeds), "q_values")
     row["q_values"] = {"argmax_returns_mean": float(np.mean(by_q["returns"])), "identical": by_q["returns"] == evaluate_returns,
                        "steps_where_argmax_differs": by_q["q_argmax_differs"]}
