@@ -163,9 +163,9 @@ def _elementwise(e: _Emitter, op: Op) -> None:
 
 def _operand(e: _Emitter, t: Tensor, out: Tensor, tag: str) -> str:
     if t.value is None:
-        if t.size != out.size:
-            raise UserError(f"{e.graph.label}: a broadcast of a computed tensor; the C export broadcasts constants only")
-        return f"{e.buffers[t.index]}[i]"
+        if t.size not in (1, out.size):
+            raise UserError(f"{e.graph.label}: a broadcast of a computed tensor; the C export broadcasts one value only")
+        return f"{e.buffers[t.index]}[{'i' if t.size == out.size else 0}]"
     values = t.real().ravel()
     if values.size == 1:
         return _c_literal(values[0], "float")

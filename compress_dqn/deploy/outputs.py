@@ -6,6 +6,8 @@ their sum: the q_values output then ties or flips actions the advantage head tel
 demo's prune-90-int8 scored 113.7 played by argmax(q_values), 484.0 by its action). Adding the two
 heads in float after dequantizing each, as a QAT file already does, keeps every advantage step:
 V is the same for all actions, so argmax(dequant(A) + dequant(V)) is argmax(A), the action.
+In a float file A + V can round two advantages closer than V's last bit to one value: there the
+action is taken from q_values itself (`action_from_float_q_values`), the same tensor.
 """
 
 from __future__ import annotations
@@ -59,6 +61,36 @@ def with_float_q_values(data: bytes) -> bytes:
     at = min(add_at, dq_at)
     graph.operators = kept[:at] + dequantizes + [float_add] + kept[at:]
     return pack_model(model, len(data) + 512)
+
+
+def action_from_float_q_values(data: bytes) -> bytes:
+    """The model with a float ARG_MAX over the advantage head reading the float q_values = A + V instead.
+
+    argmax(A + V) is argmax(A) but where float rounding ties them; reading one tensor, the action and
+    argmax(q_values) agree everywhere. Int8 files keep their ARG_MAX on the int8 advantage head (its
+    steps are far above a float's last bit, so the float sum never ties them). Returns data unchanged
+    where there is nothing to change."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    graph = model.subgraphs[0]
+    sig = next((s for s in model.signatureDefs or [] if (s.signatureKey or b"").decode() == SIGNATURE), None)
+    named = {e.name.decode(): int(e.tensorIndex) for e in (sig.outputs if sig is not None else [])}
+    if not {"q_values", "action"} <= set(named):
+        return data
+    ops = list(graph.operators)
+    producer = {int(op.outputs[0]): i for i, op in enumerate(ops)}
+    arg_at, add_at = producer.get(named["action"]), producer.get(named["q_values"])
+    if arg_at is None or add_at is None:
+        return data
+    arg, add = ops[arg_at], ops[add_at]
+    if (_builtin(schema, model, arg) != schema.BuiltinOperator.ARG_MAX or _builtin(schema, model, add) != schema.BuiltinOperator.ADD
+            or graph.tensors[int(arg.inputs[0])].type != schema.TensorType.FLOAT32
+            or int(arg.inputs[0]) not in [int(i) for i in add.inputs]):
+        return data
+    arg.inputs = np.array([named["q_values"], int(arg.inputs[1])], np.int32)
+    graph.operators = [op for op in ops if op is not arg] + [arg]  # after the ADD that computes q_values
+    return pack_model(model, len(data) + 256)
 
 
 def _builtin(schema: Any, model: Any, op: Any) -> int:
