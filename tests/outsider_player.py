@@ -6,9 +6,9 @@ with the input tensor's own scale and zero point where the input is integer, the
 POLICY ENV_ID FIRST_SEED EPISODES [action|q_values]` (which output it plays; action unless told); prints JSON {"returns": [...], "actions": [[...] per episode],
 "q_argmax_differs": steps where argmax of the `q_values` output is another action}.
 
-Why the `action` output and not argmax(q_values): an int8 split head's Q-values are requantized
-on the sum of two ranges, coarse enough to tie the actions where the advantage head (which
-`action` reads) still tells them apart.
+Why `action` unless told: it is the policy. `q_values` plays an outside client that takes argmax of
+the Q-values, which must give the same action (compress_dqn/deploy/outputs.py: a split int8 head's
+Q-values were once requantized on the sum of two ranges, coarse enough to tie the actions).
 """
 
 import json

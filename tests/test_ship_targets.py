@@ -193,6 +193,11 @@ def test_export_c_writes_the_files_and_measures_cortex_m_flash_and_ram(tiny_run,
     # On Cortex-M0+ the 64-bit multiplies and float arithmetic are library code: more flash than on an M4F.
     assert report["mcu"]["targets"]["cortex-m0plus"]["flash_bytes"] > report["mcu"]["targets"]["cortex-m4f"]["flash_bytes"]
     assert report["time_per_action"]["c_ns"] > 0 and report["time_per_action"]["litert_invoke_ns"] > 0
+    from compress_dqn.deploy.c_measure import c_summary
+
+    summary = c_summary(policy)  # the record a run can keep beside TFLM's micro summary
+    assert summary["translated"] and summary["integer_only"] and summary["flash_bytes"] == {
+        t: report["mcu"]["targets"][t]["flash_bytes"] for t in ("cortex-m0plus", "cortex-m4f")}
 
 
 def _evaluate(policy: Path) -> list[float]:

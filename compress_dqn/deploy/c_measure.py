@@ -220,3 +220,28 @@ def export_c(policy: Path, out: Path | None = None, name: str | None = None, tim
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             result["time_per_action"] = {"measured": False, "reason": str(exc)[:400]}
     return result
+
+
+def c_summary(policy: Path | str) -> dict[str, Any]:
+    """The C export's cost for results.json (as micro_summary is TFLM's); never raises for a policy it cannot translate.
+
+    {"translated": bool, "reason": str | None, "integer_only": bool, "flash_bytes": {"cortex-m0plus": int,
+    "cortex-m4f": int} | None, "ram_bytes": the same | None, "counts": what flash and RAM count}."""
+    from compress_dqn.deploy.c_export import default_name, generate_c
+    from compress_dqn.errors import UserError
+
+    result: dict[str, Any] = {"translated": False, "reason": None, "integer_only": None, "flash_bytes": None,
+                              "ram_bytes": None, "counts": COUNTS}
+    try:
+        p = generate_c(policy, default_name(Path(policy)))
+    except UserError as exc:
+        result["reason"] = str(exc)
+        return result
+    result.update(translated=True, integer_only=p.integer)
+    mcu = measure_mcu(p)
+    if not mcu["measured"]:
+        result["reason"] = mcu["reason"]
+        return result
+    result["flash_bytes"] = {t: f["flash_bytes"] for t, f in mcu["targets"].items()}
+    result["ram_bytes"] = {t: f["ram_bytes"] for t, f in mcu["targets"].items()}
+    return result
