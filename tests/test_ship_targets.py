@@ -11,32 +11,19 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import TINY
 
 HERE = Path(__file__).resolve().parent
-# Each way a policy reaches an int8 or float file: post-training int8 (normalization in the graph), QAT,
-# a distilled QAT student, dynamic range, float16; and the fp32 baseline.
-VARIANTS = ("variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 100}}, "
-            "{name: qat-int8, quantize: {mode: qat, qat_steps: 30}, fine_tune: {steps: 30}}, "
-            "{name: student-qat, student: {net_arch: [8]}, quantize: {mode: qat, qat_steps: 30}, fine_tune: {steps: 60}}, "
-            "{name: ptq-dynamic, quantize: {mode: dynamic}}, {name: ptq-f16, quantize: {mode: float16}}]")
 EPISODES = 3
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    from compress_dqn.recipe.schema import load_recipe
-    from compress_dqn.run.pipeline import run
-
-    out = tmp_path_factory.mktemp("ship") / "run"
-    recipe = load_recipe(TINY, ["eval.episodes=3", "train.total_timesteps=600", "measure.saved_model_memory=none", VARIANTS])
-    run(recipe, out, quiet=True, log=lambda m: None)
-    return out
+def tiny_run(tiny_variants_run):
+    return tiny_variants_run  # conftest's, shared with test_outsider: five variants and the baseline
 
 
 def _policies(run: Path) -> dict[str, Path]:
     found = {p.parent.name: p for p in sorted(run.glob("*/**/policy.tflite"))}
-    assert {"ptq-int8", "qat-int8", "student-qat", "ptq-dynamic", "ptq-f16", "baseline"} <= set(found), found
+    assert {"ptq-int8", "qat-int8", "student-qat", "ptq-dynamic", "ptq-float16", "baseline"} <= set(found), found
     return found
 
 
