@@ -49,6 +49,7 @@ class _Emitter:
     used: set[str] = field(default_factory=set)
     buffers: dict[int, str] = field(default_factory=dict)
     locals: list[str] = field(default_factory=list)
+    casts: dict[int, tuple[str, str]] = field(default_factory=dict)
     constants_bytes: int = 0
 
     def const(self, values: np.ndarray, ctype: str, tag: str) -> str:
@@ -180,7 +181,9 @@ def _cast(e: _Emitter, op: Op) -> None:
     x, out = op.inputs[0], op.outputs[0]
     if out.dtype != np.float32:
         raise UserError(f"{e.graph.label}: a CAST to {out.dtype.name}; the C export casts to float only")
-    e.lines.append(f"  for (int i = 0; i < {out.size}; ++i) {e.buffer(out)}[i] = (float){e.buffers[x.index]}[i];")
+    line = f"  for (int i = 0; i < {out.size}; ++i) {e.buffer(out)}[i] = (float){e.buffers[x.index]}[i];"
+    e.lines.append(line)
+    e.casts[out.index] = (line, e.locals[-1] if e.locals[-1].startswith(f"  float {e.buffers[out.index]}[") else "")
 
 
 def _quantize(e: _Emitter, op: Op) -> None:
@@ -205,8 +208,10 @@ def _is_input_cast(e: _Emitter, x: Tensor) -> bool:
     producer = next((op for op in e.graph.ops if op.outputs[0] is x), None)
     if producer is None or producer.kind != "CAST" or producer.inputs[0] is not obs or obs.dtype != np.uint8:
         return False
-    e.lines.pop()  # the CAST's loop: the table replaces it
-    e.locals.remove(f"  float {e.buffers[x.index]}[{x.size}];")
+    line, local = e.casts[x.index]  # the table replaces the CAST's loop and its float buffer
+    e.lines.remove(line)
+    if local:
+        e.locals.remove(local)
     return True
 
 
