@@ -44,22 +44,22 @@ def with_float_q_values(data: bytes) -> bytes:
     add = ops[add_at]
     if graph.tensors[int(add.outputs[0])].type != schema.TensorType.INT8 or add.builtinOptions.fusedActivationFunction:
         return data
-    heads = [int(i) for i in add.inputs]
-    floats = []
-    for head in heads:
-        tensor = schema.TensorT()
-        like = graph.tensors[head]
-        tensor.shape = np.array(like.shape)
-        tensor.shapeSignature = None if like.shapeSignature is None else np.array(like.shapeSignature)
-        tensor.type, tensor.buffer, tensor.name = schema.TensorType.FLOAT32, 0, f"t{len(graph.tensors)}".encode()
-        graph.tensors.append(tensor)
-        floats.append(len(graph.tensors) - 1)
-    dequantizes = [_op(schema, model, schema.BuiltinOperator.DEQUANTIZE, [h], [f], 2) for h, f in zip(heads, floats)]
-    float_add = _op(schema, model, schema.BuiltinOperator.ADD, floats, [named["q_values"]], 1)
-    float_add.builtinOptionsType, float_add.builtinOptions = schema.BuiltinOptions.AddOptions, schema.AddOptionsT()
+    a_index, v_index = (int(i) for i in add.inputs)
+    summed = int(add.outputs[0])  # the int8 sum, read by nothing else: it becomes dequantized A (no new tensor)
+    graph.tensors[summed].type, graph.tensors[summed].quantization = schema.TensorType.FLOAT32, None
+    graph.tensors[summed].name = None  # inner tensors need no name: the rule costs the file 32 bytes, not more
+    value = schema.TensorT()  # dequantized V: no name, no signature (an inner tensor needs neither)
+    value.shape = np.array(graph.tensors[v_index].shape)
+    value.type, value.buffer = schema.TensorType.FLOAT32, 0
+    graph.tensors.append(value)
+    dequantize = ops[dq_at]
+    dequantize.inputs, dequantize.outputs = np.array([a_index], np.int32), np.array([summed], np.int32)
+    dequantize_v = _op(schema, model, schema.BuiltinOperator.DEQUANTIZE, [v_index], [len(graph.tensors) - 1], 2)
+    add.inputs = np.array([summed, len(graph.tensors) - 1], np.int32)
+    add.outputs = np.array([named["q_values"]], np.int32)
     kept = [op for i, op in enumerate(ops) if i not in (add_at, dq_at)]
     at = min(add_at, dq_at)
-    graph.operators = kept[:at] + dequantizes + [float_add] + kept[at:]
+    graph.operators = kept[:at] + [dequantize, dequantize_v, add] + kept[at:]
     return pack_model(model, len(data) + 512)
 
 
