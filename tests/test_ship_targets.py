@@ -225,3 +225,18 @@ def test_an_outside_client_playing_argmax_q_values_gets_evaluates_return(tiny_ru
 def test_the_onnx_player_imports_nothing_of_compress_dqn():
     source = (HERE / "outsider_onnx_player.py").read_text()
     assert "compress_dqn" not in source.split('"""', 2)[2]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("compress_dqn.deploy.micro", fromlist=["available"]).available(),
+                    reason="tflite-micro not installed: pip install 'compress-dqn[micro]'")
+def test_tflm_s_q_values_argmax_is_its_action_on_every_variant(tiny_run):
+    """The output rule under TensorFlow Lite Micro too: it runs the same graph with its own kernels."""
+    from compress_dqn.deploy.micro import MicroPolicy
+    from compress_dqn.deploy.outputs import q_values_disagree
+
+    states = np.random.default_rng(2).normal(0, 1.5, (300, 4)).astype(np.float32)
+    for name, path in _policies(tiny_run).items():
+        if name in ("ptq-dynamic", "ptq-float16"):  # TFLM runs neither hybrid kernels nor float16 weights
+            continue
+        assert q_values_disagree(MicroPolicy(path), states) == 0, name
