@@ -403,13 +403,16 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
 
 @main.command()
 @click.argument("policy", type=click.Path(path_type=Path))
-@click.option("--target", type=click.Choice(["micro", "tflite"]), default="micro", show_default=True,
+@click.option("--target", type=click.Choice(["micro", "tflite", "c", "onnx"]), default="micro", show_default=True,
               help="micro: C++ for TensorFlow Lite Micro (model array, header, example, README). "
-                   "tflite: the one self-contained .tflite to ship, with LiteRT usage for Python and C++.")
+                   "tflite: the one self-contained .tflite to ship, with LiteRT usage for Python and C++. "
+                   "c: one dependency-free C99 file and header (NAME_act), with measured Cortex-M flash and RAM. "
+                   "onnx: an ONNX model (QDQ for int8 policies) for onnxruntime.")
 @click.option("--out", type=click.Path(path_type=Path),
-              help="micro: output directory (default: micro/NAME); tflite: the file (default: ./NAME.tflite).")
+              help="micro, c: output directory (default: micro/NAME, c/NAME); tflite, onnx: the file "
+                   "(default: ./NAME.tflite, ./NAME.onnx).")
 @click.option("--int8-io", is_flag=True, help="micro: int8 observation input and q_values output (full-integer policies).")
-@click.option("--name", help="micro: C++ identifier for the files and namespace (default: the variant or file name).")
+@click.option("--name", help="micro, c: C/C++ identifier for the files and namespace (default: the variant or file name).")
 @click.option("--compress", "tflm_compress", is_flag=True,
               help="micro: keep TFLM's look-up-table weight compression when it shrinks the model losslessly.")
 @_user_errors
@@ -418,6 +421,9 @@ def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str
     from compress_dqn.store.manifest import check_artifact
 
     check_artifact(policy)
+    if target in ("c", "onnx"):
+        _export_c_or_onnx(policy, target, out, int8_io, name, tflm_compress)
+        return
     if target == "tflite":
         from compress_dqn.deploy.ship import export_tflite_file
 
@@ -432,6 +438,25 @@ def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str
     if out is not None and out.exists() and not out.is_dir():
         raise UserError(f"{out}: is a file; --out names the directory for the micro export")
     click.echo(json.dumps(export_micro(policy, out, int8_io=int8_io, name=name, compress=tflm_compress)))
+
+
+def _export_c_or_onnx(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None,
+                      tflm_compress: bool) -> None:
+    if int8_io or tflm_compress or (name and target == "onnx"):
+        raise UserError(f"--int8-io and --compress are for --target micro{', --name for micro and c' if name else ''}; "
+                        f"drop them for --target {target}")
+    if target == "c":
+        from compress_dqn.deploy.c_measure import export_c
+
+        if out is not None and out.exists() and not out.is_dir():
+            raise UserError(f"{out}: is a file; --out names the directory for NAME.c and NAME.h")
+        click.echo(json.dumps(export_c(policy, out, name)))
+        return
+    from compress_dqn.deploy.onnx_export import export_onnx_file
+
+    if out is not None and out.is_dir():
+        raise UserError(f"{out}: is a directory; --out names the .onnx file to write")
+    click.echo(json.dumps(export_onnx_file(policy, out)))
 
 
 if __name__ == "__main__":  # pragma: no cover

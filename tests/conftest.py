@@ -60,10 +60,31 @@ def finished_tiny_run(tmp_path_factory) -> Path:
 
 
 FINISHED_OVERRIDES: list[str] = []
+
+
+VARIANTS_RUN = ("variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 100}}, "
+                "{name: qat-int8, quantize: {mode: qat, qat_steps: 30}, fine_tune: {steps: 30}}, "
+                "{name: student-qat, student: {net_arch: [8]}, quantize: {mode: qat, qat_steps: 30}, fine_tune: {steps: 60}}, "
+                "{name: ptq-dynamic, quantize: {mode: dynamic}}, {name: ptq-float16, quantize: {mode: float16}}]")
+"""Each way a policy reaches its file: normalized post-training int8, QAT behind its normalization, a
+distilled QAT student, dynamic range and float16 (float inputs); with the fp32 baseline, six files."""
+
+
+@pytest.fixture(scope="session")
+def tiny_variants_run(tmp_path_factory) -> Path:
+    """A tiny run with VARIANTS_RUN's variants (3 eval episodes), built once per session for the tests
+    that play every file a run writes (the outsider players, the C and ONNX exports)."""
+    from compress_dqn.recipe.schema import load_recipe
+    from compress_dqn.run.pipeline import run
+
+    out = tmp_path_factory.mktemp("variants") / "run"
+    recipe = load_recipe(TINY, ["eval.episodes=3", "train.total_timesteps=600", NO_TF_MEMORY, VARIANTS_RUN])
+    run(recipe, out, quiet=True, log=lambda m: None)
+    return out
 """The recipe overrides of finished_tiny_run (a rerun of it must pass the same): none, the tiny recipe as shipped."""
 
 
-SLOW_FIXTURES = {"trained_tiny", "finished_tiny_run"}
+SLOW_FIXTURES = {"trained_tiny", "finished_tiny_run", "tiny_variants_run"}
 """A test that needs a trained baseline or a finished run is not a unit test: it is marked slow."""
 
 

@@ -3,12 +3,12 @@
 Imports only ai_edge_litert, numpy and gymnasium (and minatar for its ids; no compress_dqn): raw observation in, quantized
 with the input tensor's own scale and zero point where the input is integer, the signature's
 `action` output out (the greedy action the file documents). Run as `python outsider_player.py
-POLICY ENV_ID FIRST_SEED EPISODES`; prints JSON {"returns": [...], "actions": [[...] per episode],
+POLICY ENV_ID FIRST_SEED EPISODES [action|q_values]` (which output it plays; action unless told); prints JSON {"returns": [...], "actions": [[...] per episode],
 "q_argmax_differs": steps where argmax of the `q_values` output is another action}.
 
-Why the `action` output and not argmax(q_values): an int8 split head's Q-values are requantized
-on the sum of two ranges, coarse enough to tie the actions where the advantage head (which
-`action` reads) still tells them apart.
+Why `action` unless told: it is the policy. `q_values` plays an outside client that takes argmax of
+the Q-values, which must give the same action (compress_dqn/deploy/outputs.py: a split int8 head's
+Q-values were once requantized on the sum of two ranges, coarse enough to tie the actions).
 """
 
 import json
@@ -51,7 +51,7 @@ def make(env_id: str) -> gym.Env:
     return gym.make(env_id)
 
 
-def play(path: str, env_id: str, first_seed: int, episodes: int) -> dict:
+def play(path: str, env_id: str, first_seed: int, episodes: int, by: str = "action") -> dict:
     act, env = player(path), make(env_id)
     returns, actions, differs = [], [], 0
     for seed in range(first_seed, first_seed + episodes):
@@ -59,8 +59,9 @@ def play(path: str, env_id: str, first_seed: int, episodes: int) -> dict:
         total, done, taken = 0.0, False, []
         while not done:
             action, q_argmax = act(observation)
-            taken.append(action)
             differs += action != q_argmax
+            action = q_argmax if by == "q_values" else action
+            taken.append(action)
             observation, reward, terminated, truncated, _ = env.step(action)
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
@@ -69,4 +70,4 @@ def play(path: str, env_id: str, first_seed: int, episodes: int) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(play(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
+    print(json.dumps(play(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6])))

@@ -107,3 +107,14 @@ def test_atari_zoo_plays_sb3s_returns_and_gets_a_verdict(tmp_path):
     assert row["preprocessing"].startswith("Atari preprocessing: SB3's AtariWrapper") and "bare zip" in row["preprocessing"]
     assert row["ptq_int8"]["tolerance"] == 0.05
     assert row["ptq_int8"]["verdict"] in {"within 5%", "better", "worse", "inconclusive"}
+
+
+def test_ship_targets_reports_c_onnx_and_q_values_per_policy():
+    rows = bench("ship_targets")
+    assert [r["variant"] for r in rows] == ["baseline", "ptq-int8"]
+    for row in rows:
+        c = row["c"]
+        assert c["identical_episode_by_episode"] and c["differing_steps"] == 0 and c["integer_only"] == (row["variant"] != "baseline")
+        assert c["flash_ram"]["measured"] and set(c["flash_ram"]["targets"]) == {"cortex-m0plus", "cortex-m4f"}
+        assert c["time_per_action"]["c_ns"] > 0 and c["time_per_action"]["litert_invoke_ns"] > 0
+        assert row["onnx"]["identical"] and row["q_values"]["identical"] and row["q_values"]["steps_where_argmax_differs"] == 0

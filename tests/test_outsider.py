@@ -9,27 +9,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import TINY
 
 PLAYER = Path(__file__).resolve().parent / "outsider_player.py"
-# Each way a policy reaches its file: normalized post-training int8, QAT behind its normalization,
-# a distilled QAT student, dynamic range and float16 (float inputs), and the fp32 baseline.
-VARIANTS = ("variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 100}}, "
-            "{name: qat-int8, quantize: {mode: qat, qat_steps: 30}, fine_tune: {steps: 30}}, "
-            "{name: student-qat, student: {net_arch: [8]}, quantize: {mode: qat, qat_steps: 30}, fine_tune: {steps: 60}}, "
-            "{name: ptq-dynamic, quantize: {mode: dynamic}}]")
 EPISODES = 3
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    from compress_dqn.recipe.schema import load_recipe
-    from compress_dqn.run.pipeline import run
-
-    out = tmp_path_factory.mktemp("outsider") / "run"
-    recipe = load_recipe(TINY, ["eval.episodes=3", "train.total_timesteps=600", VARIANTS])
-    run(recipe, out, quiet=True, log=lambda m: None)
-    return out
+def tiny_run(tiny_variants_run):
+    return tiny_variants_run  # conftest's: ptq-int8, qat-int8, student-qat, ptq-dynamic, ptq-float16 and the baseline
 
 
 def _our_actions(policy: Path) -> list[list[int]]:
@@ -57,7 +44,7 @@ def test_an_outsiders_litert_player_matches_evaluate_on_every_variant(tiny_run):
 
     policies = sorted(tiny_run.glob("*/**/policy.tflite"))
     names = {p.parent.name for p in policies}
-    assert {"ptq-int8", "qat-int8", "student-qat", "ptq-dynamic"} <= names and len(policies) == 5, names
+    assert {"ptq-int8", "qat-int8", "student-qat", "ptq-dynamic", "ptq-float16"} <= names and len(policies) == 6, names
     for policy in policies:
         done = subprocess.run([sys.executable, str(PLAYER), str(policy), "CartPole-v1", "0", str(EPISODES)],
                               capture_output=True, text=True, timeout=300)

@@ -108,9 +108,9 @@ def usage_text(filename: str, policy: TFLitePolicy, action_output: int) -> str:
 # {filename}
 
 A DQN policy: one observation of shape {list(policy.obs_shape)} ({policy.input_dtype.name}) in, Q-values
-for {policy.n_actions} actions and the greedy action (int32) out. {note} Play the `action` output:
-an int8 policy's Q-values are rounded on a coarser scale than the head that chooses the action,
-so their argmax can tie where the action does not.
+for {policy.n_actions} actions and the greedy action (int32) out. {note} Play the `action` output: it is
+the policy (argmax of `q_values` is the same action in files compress-dqn writes now, except an
+int8-output one, whose Q-values are int8 on one coarse scale, and one with an `action_head`).
 
 ## Python (LiteRT: `pip install ai-edge-litert`)
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from compress_dqn._tf import quiet_stderr, tf, tf_keras
 from compress_dqn.deploy.graph_input import carry_input_normalization
+from compress_dqn.deploy.outputs import action_from_float_q_values, with_float_q_values
 from compress_dqn.deploy.policy import SIGNATURE, TFLitePolicy
 from compress_dqn.deploy.tflite_metadata import slim_tensor_names
 from compress_dqn.envs.environment import EnvInfo
@@ -141,7 +142,7 @@ def export_policy(model: tf_keras.Model, info: EnvInfo, out: Path, built: Conver
             data = convert_tflite(source, built.converter(sparse) if built is not None else None)
             if built is not None and built.input_normalization is not None:
                 data = carry_input_normalization(data, *built.input_normalization)
-            return data
+            return action_from_float_q_values(with_float_q_values(data))  # argmax(q_values) is the action (deploy.outputs)
 
         data = convert(False)
         sparse_format = False

@@ -1,0 +1,247 @@
+"""What a generated C policy costs: flash and RAM on Cortex-M0+ and Cortex-M4F, and time per action on this CPU.
+
+Flash and RAM are measured, not estimated: the policy is cross-compiled at -Os with `zig cc` (the
+`ziglang` package, an optional extra) and linked into a minimal image whose `_start` calls
+NAME_act on a global observation, so the compiler's helper routines count (on Cortex-M0+ the
+64-bit multiplies and any float arithmetic are library calls). flash = text + rodata + data of that
+image; RAM = data + bss (the observation buffer included) + stack, stack being the sum of every
+compiled function's frame (-fstack-usage): an upper bound on the deepest call, compiler-rt's
+helpers (a few words each) not counted. KB = 1,024 bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compress_dqn.deploy.c_export import CPolicy
+
+TARGETS = {
+    "cortex-m0plus": ["-target", "thumb-freestanding-eabi", "-mcpu=cortex_m0plus"],
+    "cortex-m4f": ["-target", "thumb-freestanding-eabihf", "-mcpu=cortex_m4+vfp4d16sp"],
+}
+COUNTS = ("flash = text + rodata + data, RAM = data + bss + stack, of a minimal image (its _start calls NAME_act on "
+          "a global observation) cross-compiled at -Os with zig cc and linked with --gc-sections; stack = the sum "
+          "of all compiled frames (-fstack-usage), an upper bound; KB = 1,024 B")
+_FLAGS = ["-std=c99", "-Os", "-ffunction-sections", "-fdata-sections", "-fno-unwind-tables",
+          "-fno-asynchronous-unwind-tables", "-ffp-contract=off"]
+
+
+def zig_available() -> bool:
+    return importlib.util.find_spec("ziglang") is not None
+
+
+def _main_c(p: CPolicy) -> str:
+    return (f'#include "{p.name}.h"\n{p.obs_type} {p.name}_observation[{p.name.upper()}_OBS_SIZE];\n'
+            f"volatile int {p.name}_action;\nvoid _start(void) {{\n  {p.name}_action = {p.name}_act({p.name}_observation);\n"
+            "  for (;;) {}\n}\n")
+
+
+def _write(p: CPolicy, folder: Path) -> None:
+    (folder / f"{p.name}.c").write_text(p.source)
+    (folder / f"{p.name}.h").write_text(p.header)
+    (folder / "main.c").write_text(_main_c(p))
+
+
+def _zig(args: list[str], cwd: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "ziglang", "cc", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"zig cc {' '.join(args[:4])}...: {done.stderr.strip()[:400]}")
+
+
+def measure_target(p: CPolicy, target: str, folder: Path) -> dict[str, Any]:
+    """Build the minimal image for one target in folder; its section sizes, stack and flash/RAM totals."""
+    _write(p, folder)
+    flags = [*TARGETS[target], *_FLAGS]
+    stack = 0
+    for source in (f"{p.name}.c", "main.c"):
+        su = folder / f"{source}.{target}.su"
+        _zig([*flags, "-Xclang", "-stack-usage-file", "-Xclang", str(su), "-c", source, "-o", f"{source}.{target}.o"], folder)
+        stack += sum(int(line.split("\t")[1]) for line in su.read_text().splitlines() if line.strip())
+    elf = folder / f"{p.name}.{target}.elf"
+    _zig([*flags, "-Wl,--gc-sections", "-o", elf.name, f"{p.name}.c.{target}.o", f"main.c.{target}.o"], folder)
+    sections = section_sizes(elf)
+    flash = sections["text"] + sections["rodata"] + sections["data"]
+    ram = sections["data"] + sections["bss"] + stack
+    return {**sections, "stack": stack, "flash_bytes": flash, "ram_bytes": ram,
+            "flash_kb": round(flash / 1024, 2), "ram_kb": round(ram / 1024, 3)}
+
+
+def section_sizes(elf: Path) -> dict[str, int]:
+    """Allocated bytes of an ELF image by kind: text (code), rodata (read-only data), data, bss."""
+    from elftools.elf.constants import SH_FLAGS
+    from elftools.elf.elffile import ELFFile
+
+    sizes = {"text": 0, "rodata": 0, "data": 0, "bss": 0}
+    with open(elf, "rb") as f:
+        for section in ELFFile(f).iter_sections():
+            flags = section["sh_flags"]
+            if not flags & SH_FLAGS.SHF_ALLOC:
+                continue
+            if section["sh_type"] == "SHT_NOBITS":
+                sizes["bss"] += section["sh_size"]
+            elif flags & SH_FLAGS.SHF_EXECINSTR:
+                sizes["text"] += section["sh_size"]
+            elif flags & SH_FLAGS.SHF_WRITE:
+                sizes["data"] += section["sh_size"]
+            else:
+                sizes["rodata"] += section["sh_size"]
+    return sizes
+
+
+def measure_mcu(p: CPolicy) -> dict[str, Any]:
+    """Flash and RAM on each target; {"measured": False, "reason"} where zig or pyelftools is missing."""
+    if not zig_available() or importlib.util.find_spec("elftools") is None:
+        return {"measured": False, "reason": "needs the ziglang and pyelftools packages (pip install ziglang pyelftools)"}
+    with tempfile.TemporaryDirectory(prefix="compress-dqn-mcu-") as tmp:
+        try:
+            targets = {target: measure_target(p, target, Path(tmp)) for target in TARGETS}
+        except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
+            return {"measured": False, "reason": str(exc)[:400]}
+    return {"measured": True, "targets": targets, "counts": COUNTS}
+
+
+_TIMER_C = r"""
+#define _POSIX_C_SOURCE 199309L
+#include <stdint.h>
+#include <time.h>
+#include "%(name)s.h"
+/* Nanoseconds per call of %(name)s_act over n calls cycling through k observations (the best of 7 runs). */
+double %(name)s_time(const %(obs)s *observations, int k, int n) {
+  double best = 1e30;
+  volatile int sink = 0;
+  for (int r = 0; r < 7; ++r) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (int i = 0; i < n; ++i) sink += %(name)s_act(observations + (i %% k) * %(upper)s_OBS_SIZE);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double ns = ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n;
+    if (ns < best) best = ns;
+  }
+  return best + 0 * sink;
+}
+"""
+
+
+def compile_shared(p: CPolicy, folder: Path, timer: bool = False, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The policy compiled with the system's C compiler (-O2) as a shared library, loaded (defines: -D flags)."""
+    (folder / f"{p.name}.c").write_text(p.source)
+    (folder / f"{p.name}.h").write_text(p.header)
+    sources = [f"{p.name}.c"]
+    if timer:
+        (folder / "timer.c").write_text(_TIMER_C % {"name": p.name, "obs": p.obs_type, "upper": p.name.upper()})
+        sources.append("timer.c")
+    lib = folder / f"lib{p.name}{'_timed' if timer else ''}{''.join('_' + d for d in defines)}.so"
+    done = subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-shared",
+                           "-fPIC", *[f"-D{d}" for d in defines], "-o", lib.name, *sources], cwd=folder, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"cc {p.name}.c: {done.stderr.strip()[:800]}")
+    return ctypes.CDLL(str(lib))
+
+
+def c_actor(lib: ctypes.CDLL, p: CPolicy) -> Any:
+    """act(observation) -> int through the compiled NAME_act."""
+    fn = getattr(lib, f"{p.name}_act")
+    fn.restype = ctypes.c_int
+    dtype = np.uint8 if p.obs_type == "uint8_t" else np.float32
+
+    def act(observation: Any) -> int:
+        x = np.ascontiguousarray(observation, dtype=dtype)
+        return int(fn(x.ctypes.data_as(ctypes.c_void_p)))
+
+    return act
+
+
+def time_per_action(p: CPolicy, observations: np.ndarray, litert_path: Path, calls: int = 20000) -> dict[str, Any]:
+    """ns per action of the C policy (timed in C, -O2) and of LiteRT's bare invoke() on the same observations."""
+    dtype = np.uint8 if p.obs_type == "uint8_t" else np.float32
+    obs = np.ascontiguousarray(observations, dtype=dtype)
+    with tempfile.TemporaryDirectory(prefix="compress-dqn-ctime-") as tmp:
+        lib = compile_shared(p, Path(tmp), timer=True)
+        fn = getattr(lib, f"{p.name}_time")
+        fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        c_ns = float(fn(obs.ctypes.data_as(ctypes.c_void_p), len(obs), calls))
+    return {"c_ns": round(c_ns, 1), "litert_invoke_ns": round(litert_invoke_ns(litert_path, obs[0]), 1),
+            "c_compiler": "cc -O2", "counts": "C: NAME_act timed in C (best of 7 runs of many calls); LiteRT: "
+            "Interpreter.invoke() alone (XNNPACK, one thread) timed from Python, median of 7 runs"}
+
+
+def litert_invoke_ns(path: Path, observation: np.ndarray, calls: int = 20000) -> float:
+    """Median ns of LiteRT's invoke() alone on one set observation (its default kernels, one thread)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=str(path), num_threads=1)
+    interp.allocate_tensors()
+    inp = interp.get_input_details()[0]
+    x = np.asarray(observation)
+    if np.dtype(inp["dtype"]).kind in "iu" and inp["quantization"][0] and x.dtype.kind == "f":
+        x = np.clip(np.round(x / inp["quantization"][0] + inp["quantization"][1]), -128, 127)
+    interp.set_tensor(inp["index"], x.astype(inp["dtype"]).reshape(inp["shape"]))
+    invoke, runs = interp.invoke, []
+    for _ in range(7):
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            invoke()
+        runs.append((time.perf_counter_ns() - start) / calls)
+    return statistics.median(runs)
+
+
+def export_c(policy: Path, out: Path | None = None, name: str | None = None, timing: bool = True) -> dict[str, Any]:
+    """Write OUT/NAME.c and OUT/NAME.h for a .tflite policy; returns what they cost (flash, RAM, time per action)."""
+    from compress_dqn.deploy.c_export import default_name, generate_c
+    from compress_dqn.fileio import write_text_atomic
+
+    policy = Path(policy)
+    p = generate_c(policy, name or default_name(policy))
+    out = Path(out) if out is not None else Path("c") / p.name
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / f"{p.name}.c", p.source)
+    write_text_atomic(out / f"{p.name}.h", p.header)
+    result: dict[str, Any] = {"policy": str(policy), "c": str(out / f"{p.name}.c"), "h": str(out / f"{p.name}.h"),
+                              "name": p.name, "function": f"int {p.name}_act(const {p.obs_type} *observation)",
+                              "integer_only": p.integer, "constants_bytes": p.constants_bytes,
+                              "mcu": measure_mcu(p)}
+    if timing:
+        rng = np.random.default_rng(0)
+        shape = (64, p.obs_size)
+        obs = rng.integers(0, 2, shape) if p.obs_type == "uint8_t" else rng.normal(0, 1, shape)
+        try:
+            result["time_per_action"] = time_per_action(p, obs, policy)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            result["time_per_action"] = {"measured": False, "reason": str(exc)[:400]}
+    return result
+
+
+def c_summary(policy: Path | str) -> dict[str, Any]:
+    """The C export's cost for results.json (as micro_summary is TFLM's); never raises for a policy it cannot translate.
+
+    {"translated": bool, "reason": str | None, "integer_only": bool, "flash_bytes": {"cortex-m0plus": int,
+    "cortex-m4f": int} | None, "ram_bytes": the same | None, "counts": what flash and RAM count}."""
+    from compress_dqn.deploy.c_export import default_name, generate_c
+    from compress_dqn.errors import UserError
+
+    result: dict[str, Any] = {"translated": False, "reason": None, "integer_only": None, "flash_bytes": None,
+                              "ram_bytes": None, "counts": COUNTS}
+    try:
+        p = generate_c(policy, default_name(Path(policy)))
+    except UserError as exc:
+        result["reason"] = str(exc)
+        return result
+    result.update(translated=True, integer_only=p.integer)
+    mcu = measure_mcu(p)
+    if not mcu["measured"]:
+        result["reason"] = mcu["reason"]
+        return result
+    result["flash_bytes"] = {t: f["flash_bytes"] for t, f in mcu["targets"].items()}
+    result["ram_bytes"] = {t: f["ram_bytes"] for t, f in mcu["targets"].items()}
+    return result

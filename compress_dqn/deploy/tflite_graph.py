@@ -1,0 +1,201 @@
+"""A policy's .tflite graph read without a runtime: the ops that compute its `action`, with their constants.
+
+The C and ONNX exporters (c_export.py, onnx_export.py) translate this, not the flatbuffer: one
+reader decides which ops a policy holds and refuses, by name, those neither can translate.
+Constants come out as numpy arrays; float16 constants behind a DEQUANTIZE are widened here
+(exactly, as LiteRT does at run time), so no exporter sees that op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from compress_dqn.deploy.policy import SIGNATURE, read_tflite
+from compress_dqn.deploy.tflite_metadata import caller_normalization
+from compress_dqn.errors import UserError
+
+_DTYPES = {"FLOAT32": np.float32, "FLOAT16": np.float16, "INT8": np.int8, "UINT8": np.uint8, "INT32": np.int32,
+           "INT64": np.int64, "INT16": np.int16, "BOOL": np.bool_}
+ACTIVATIONS = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6"}
+SUPPORTED = {"FULLY_CONNECTED", "CONV_2D", "RESHAPE", "ARG_MAX", "QUANTIZE", "DEQUANTIZE", "CAST",
+             "SUB", "DIV", "MUL", "ADD", "DENSIFY"}
+
+
+@dataclass
+class Tensor:
+    """One tensor: its shape (batch 1), dtype, quantization (scales, zero points, axis) and constant value."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    scales: np.ndarray | None = None
+    zero_points: np.ndarray | None = None
+    axis: int = 0
+    value: np.ndarray | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.scales is not None and self.dtype.kind in "iu"
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    def real(self) -> np.ndarray:
+        """A constant's real values (dequantized where it is quantized)."""
+        if not self.quantized:
+            return self.value.astype(np.float32)
+        shape = [1] * self.value.ndim
+        if self.scales.size > 1:
+            shape[self.axis] = -1
+        scale, zero = self.scales.reshape(shape), self.zero_points.reshape(shape)
+        return ((self.value.astype(np.float32) - zero.astype(np.float32)) * scale).astype(np.float32)
+
+
+@dataclass
+class Op:
+    """One operator: its builtin name, input and output tensors, and its options as a dict."""
+
+    kind: str
+    inputs: list[Tensor | None]
+    outputs: list[Tensor]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def activation(self) -> str:
+        return ACTIVATIONS.get(int(self.options.get("fusedActivationFunction", 0)), "UNSUPPORTED")
+
+
+@dataclass
+class PolicyGraph:
+    """The ops from the observation to the action, in execution order."""
+
+    observation: Tensor
+    action: Tensor
+    ops: list[Op]
+    caller_normalization: tuple[np.ndarray, np.ndarray] | None
+    label: str
+    outputs: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def n_actions(self) -> int:
+        argmax = next(op for op in self.ops if op.outputs[0] is self.action)
+        return int(argmax.inputs[0].shape[-1])
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        return self.observation.shape[1:]
+
+    @property
+    def integer(self) -> bool:
+        """Whether the action is computed in integers (a full-integer policy)."""
+        argmax = next(op for op in self.ops if op.outputs[0] is self.action)
+        return argmax.inputs[0].dtype.kind == "i"
+
+
+def read_policy_graph(source: Any, outputs: tuple[str, ...] = ("action",)) -> PolicyGraph:
+    """The ops that compute the named signature outputs of a compress-dqn .tflite policy."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    data, label = read_tflite(source)
+    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    if len(model.subgraphs) != 1:
+        raise UserError(f"{label}: {len(model.subgraphs)} subgraphs; export a compress-dqn policy (one subgraph)")
+    sig = next((s for s in model.signatureDefs or [] if (s.signatureKey or b"").decode() == SIGNATURE), None)
+    if sig is None or len(sig.inputs) != 1:
+        raise UserError(f"{label}: no {SIGNATURE!r} signature with one input; export it with compress-dqn")
+    named = {e.name.decode(): int(e.tensorIndex) for e in sig.outputs}
+    if "action" not in named:
+        raise UserError(f"{label}: its signature has no `action` output (has {sorted(named)}); export it with compress-dqn")
+    reader = _Reader(model, schema)
+    graph_ops = reader.ops()
+    wanted = [named[name] for name in outputs if name in named]
+    ops = _needed(graph_ops, wanted)
+    observation = reader.tensor(int(sig.inputs[0].tensorIndex))
+    features = int(np.prod(observation.shape[1:]))
+    integer_input = observation.dtype.kind in "iu" and observation.scales is not None
+    normalization = caller_normalization(data, label, features, integer_input)
+    return PolicyGraph(observation, reader.tensor(named["action"]), ops, normalization, label,
+                       {name: reader.tensor(named[name]) for name in outputs if name in named})
+
+
+class _Reader:
+    """Tensors and ops of a ModelT, each tensor read once (ops share their Tensor objects)."""
+
+    def __init__(self, model: Any, schema: Any) -> None:
+        self.model, self.schema, self.graph = model, schema, model.subgraphs[0]
+        self._tensors: dict[int, Tensor] = {}
+        self._ops_by_code = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+        self._types = {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
+
+    def tensor(self, index: int) -> Tensor:
+        if index not in self._tensors:
+            t = self.graph.tensors[index]
+            type_name = self._types[t.type]
+            if type_name not in _DTYPES:
+                raise UserError(f"tensor {index} is {type_name}; the exporter reads {sorted(_DTYPES)} only")
+            dtype = np.dtype(_DTYPES[type_name]).newbyteorder("<")
+            shape = tuple(int(d) for d in (t.shape if t.shape is not None else []))
+            tensor = Tensor(index, shape, np.dtype(_DTYPES[type_name]))
+            q = t.quantization
+            if q is not None and q.scale is not None and len(q.scale):
+                tensor.scales = np.asarray(q.scale, np.float32)
+                tensor.zero_points = np.asarray(q.zeroPoint, np.int64)
+                tensor.axis = int(q.quantizedDimension)
+            data = self.model.buffers[t.buffer].data if t.buffer < len(self.model.buffers) else None
+            if data is not None and len(data):
+                values = np.frombuffer(bytes(np.asarray(data, np.uint8)), dtype=dtype)
+                tensor.value = _dense(t.sparsity, values, shape) if t.sparsity is not None else values.reshape(shape or ())
+            self._tensors[index] = tensor
+        return self._tensors[index]
+
+    def ops(self) -> list[Op]:
+        ops, widened = [], {}
+        for raw in self.graph.operators:
+            code = self.model.operatorCodes[raw.opcodeIndex]
+            kind = self._ops_by_code.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
+            if kind not in SUPPORTED:
+                raise UserError(f"its graph holds a {kind} op, which the exporter does not translate "
+                                f"(it translates {', '.join(sorted(SUPPORTED))})")
+            inputs = [self.tensor(int(i)) if i >= 0 else None for i in raw.inputs]
+            outputs = [self.tensor(int(i)) for i in raw.outputs]
+            if kind == "DENSIFY":  # a sparse-format constant, already dense (_dense)
+                outputs[0].value = inputs[0].value
+                continue
+            if kind == "DEQUANTIZE" and inputs[0].value is not None:  # a float16 (or int8) constant, widened
+                out = outputs[0]
+                out.value = inputs[0].real() if inputs[0].quantized else inputs[0].value.astype(np.float32)
+                widened[out.index] = out
+                continue
+            options = {k: v for k, v in vars(raw.builtinOptions).items()} if raw.builtinOptions is not None else {}
+            ops.append(Op(kind, inputs, outputs, options))
+        return ops
+
+
+def _dense(sparsity: Any, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A 2-D sparse-format constant (rows DENSE, columns SPARSE_CSR, no blocks) as a dense array."""
+    dims = sparsity.dimMetadata or []
+    order = list(sparsity.traversalOrder) if sparsity.traversalOrder is not None else []
+    if (len(shape) != 2 or order != [0, 1] or len(dims) != 2 or dims[0].format != 0 or dims[1].format != 1
+            or (sparsity.blockMap is not None and len(sparsity.blockMap))):
+        raise UserError("a block-sparse weight tensor; export the policy without prune.sparse_format")
+    segments = np.asarray(dims[1].arraySegments.values, np.int64)
+    indices = np.asarray(dims[1].arrayIndices.values, np.int64)
+    dense = np.zeros(shape, values.dtype)
+    for row in range(shape[0]):
+        start, end = segments[row], segments[row + 1]
+        dense[row, indices[start:end]] = values[start:end]
+    return dense
+
+
+def _needed(ops: list[Op], wanted: list[int]) -> list[Op]:
+    """The ops the wanted tensors depend on, in their order."""
+    needed, keep = set(wanted), []
+    for op in reversed(ops):
+        if any(t.index in needed for t in op.outputs):
+            keep.append(op)
+            needed |= {t.index for t in op.inputs if t is not None and t.value is None}
+    return keep[::-1]

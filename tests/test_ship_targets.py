@@ -1,0 +1,242 @@
+"""The runtime-free targets, checked by playing: the generated C (compiled with the system's C compiler)
+takes LiteRT's reference-kernel action on every state of every episode; the ONNX export, played by an
+outsider with onnxruntime alone, gets evaluate's returns; and every file's q_values argmax is its action."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+
+HERE = Path(__file__).resolve().parent
+EPISODES = 3
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_variants_run):
+    return tiny_variants_run  # conftest's, shared with test_outsider: five variants and the baseline
+
+
+def _policies(run: Path) -> dict[str, Path]:
+    found = {p.parent.name: p for p in sorted(run.glob("*/**/policy.tflite"))}
+    assert {"ptq-int8", "qat-int8", "student-qat", "ptq-dynamic", "ptq-float16", "baseline"} <= set(found), found
+    return found
+
+
+def _reference(path: Path):
+    """act(observation) with LiteRT's reference kernels (BUILTIN_REF), the input prepared as compress-dqn's loader does."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    from compress_dqn.deploy.policy import TFLitePolicy
+
+    loaded = TFLitePolicy(path)
+    interp = Interpreter(model_path=str(path), experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+    interp.allocate_tensors()
+    runner = interp.get_signature_runner("serving_default")
+    (inp,) = runner.get_input_details().values()
+    action = runner.get_output_details()["action"]["index"]
+    del runner
+
+    def act(observation) -> int:
+        interp.set_tensor(inp["index"], loaded._prepare(np.asarray(observation)[None]))
+        interp.invoke()
+        return int(interp.get_tensor(action)[0])
+
+    return act
+
+
+def _play_side_by_side(c_act, ref_act, env_id: str, seeds, states: np.ndarray) -> tuple[int, int]:
+    """(steps where the C action differs from the reference's, steps played) over episodes and extra states."""
+    from compress_dqn.envs.episodes import run_episodes
+    from compress_dqn.recipe.schema import EnvConfig
+
+    counts = [0, 0]
+
+    def act(obs):
+        ours, theirs = c_act(obs), ref_act(obs)
+        counts[0] += ours != theirs
+        counts[1] += 1
+        return theirs
+
+    run_episodes(act, EnvConfig(id=env_id), seeds)
+    for obs in states:
+        act(obs)
+    return counts[0], counts[1]
+
+
+@pytest.mark.slow
+def test_the_c_policy_takes_the_reference_kernels_action_on_every_state(tiny_run, tmp_path):
+    from compress_dqn.deploy.c_export import generate_c
+    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+
+    states = np.random.default_rng(0).normal(0, 1.5, (500, 4)).astype(np.float32)
+    checked = []
+    for name, path in _policies(tiny_run).items():
+        policy = generate_c(path, f"{name}_p")
+        folder = tmp_path / name
+        folder.mkdir()
+        act = c_actor(compile_shared(policy, folder), policy)
+        differ, steps = _play_side_by_side(act, _reference(path), "CartPole-v1", range(EPISODES), states)
+        assert differ == 0 and steps > len(states), (name, differ, steps)
+        assert policy.integer == (name in ("ptq-int8", "qat-int8", "student-qat")), name
+        if policy.integer:  # integer-only after the input's quantization: no float in the layers
+            body = policy.source.split(f"int {policy.name}_act(")[1]
+            assert "fc_f32" not in body and "conv_f32" not in body
+        checked.append(name)
+    assert len(checked) == 6
+
+
+def _cnn_student(folder: Path) -> Path:
+    """A MinAtar-shaped (10x10x4 uint8) int8 conv student: one 3x3 conv, 16 hidden, split heads, full int8."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.compress.quantize import converter_setup
+    from compress_dqn.compress.rewrites import split_value_advantage
+    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.export.writers import convert_tflite, export_saved_model
+    from compress_dqn.recipe.schema import QuantizeConfig
+
+    tf_keras.utils.set_random_seed(0)
+    model = tf_keras.Sequential([tf_keras.Input((10, 10, 4)), tf_keras.layers.Conv2D(4, 3, activation="relu", name="conv_0"),
+                                 tf_keras.layers.Flatten(name="flatten"), tf_keras.layers.Dense(16, activation="relu", name="hidden_0"),
+                                 tf_keras.layers.Dense(3, name="q_values")])
+    saved = export_saved_model(split_value_advantage(model), (10, 10, 4), np.uint8, folder / "saved_model")
+    calibration = np.random.default_rng(0).integers(0, 2, (64, 10, 10, 4)).astype(np.uint8)
+    data = with_float_q_values(convert_tflite(saved, converter_setup(QuantizeConfig(mode="int8"), calibration)))
+    path = folder / "cnn.tflite"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.slow
+def test_a_cnn_student_in_c_plays_as_the_reference_kernels(tmp_path):
+    from compress_dqn.deploy.c_export import generate_c
+    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.tflite_graph import read_policy_graph
+
+    path = _cnn_student(tmp_path)
+    assert {op.kind for op in read_policy_graph(path).ops} >= {"CONV_2D", "FULLY_CONNECTED", "RESHAPE", "ARG_MAX"}
+    policy = generate_c(path, "cnn")
+    assert policy.integer and policy.obs_type == "uint8_t" and "int cnn_act(const uint8_t *observation);" in policy.header
+    act = c_actor(compile_shared(policy, tmp_path), policy)
+    states = np.random.default_rng(1).integers(0, 2, (1000, 10, 10, 4)).astype(np.uint8)
+    differ, steps = _play_side_by_side(act, _reference(path), "MinAtar/Breakout-v1", range(2), states)
+    assert differ == 0 and steps > len(states)
+    assert len({act(s) for s in states[:200]}) > 1  # a policy that takes one action everywhere would prove nothing
+
+
+@pytest.mark.parametrize("defines", [(), ("POLICY_PORTABLE_FC_SCALE",)], ids=["host", "portable"])
+def test_fc_scale_rounds_as_double_round(tmp_path, defines):
+    """fc_scale(acc, m, s) == round((double)acc * M) (ties away), for M = m * 2^-s: LiteRT's reference
+    requantization; both the 64-bit hosts' path and the portable one (microcontrollers)."""
+    import ctypes
+    import math
+
+    from compress_dqn.deploy.c_export import CPolicy
+    from compress_dqn.deploy.c_measure import compile_shared
+    from compress_dqn.deploy.c_runtime import routines
+
+    source = ('#include "fcs.h"\n#include <stdint.h>\n' + routines({"fc_scale"})
+              + "int32_t fcs_apply(int32_t acc, uint64_t m, int s) { return fc_scale(acc, m, s); }\n"
+              "int fcs_act(const float *o) { return (int)o[0]; }\n")
+    header = "#include <stdint.h>\n#define FCS_OBS_SIZE 1\nint fcs_act(const float *o);\n"
+    lib = compile_shared(CPolicy("fcs", source, header, "float", 1, 1, True, 0), tmp_path, defines=defines)
+    lib.fcs_apply.restype, lib.fcs_apply.argtypes = ctypes.c_int32, [ctypes.c_int32, ctypes.c_uint64, ctypes.c_int]
+    rng = np.random.default_rng(0)
+    ties = 0
+    for _ in range(30000):
+        multiplier = float(np.float32(rng.uniform(1e-5, 2e-2))) * float(np.float32(rng.uniform(0.5, 2)))
+        if rng.random() < 0.05:
+            multiplier = 2.0 ** -int(rng.integers(3, 12))  # exact ties: acc * M lands on k + 1/2
+        acc = int(rng.integers(-(1 << 24), 1 << 24))
+        if rng.random() < 0.3:  # aim at a tie: acc * M close to k + 1/2
+            acc = max(1, int(round((int(rng.integers(-100, 100)) + 0.5) / multiplier)))
+        fraction, exponent = math.frexp(multiplier)
+        exact = acc * multiplier
+        expected = int(math.copysign(math.floor(abs(exact) + 0.5), exact))
+        ties += abs(abs(exact) % 1 - 0.5) < 1e-9
+        assert lib.fcs_apply(acc, int(fraction * (1 << 53)), 53 - exponent) == expected, (acc, multiplier)
+    assert ties > 100  # the half-way cases were tried
+
+
+@pytest.mark.slow
+def test_export_c_writes_the_files_and_measures_cortex_m_flash_and_ram(tiny_run, tmp_path):
+    from compress_dqn.cli import main
+
+    policy = _policies(tiny_run)["student-qat"]
+    result = CliRunner().invoke(main, ["export", str(policy), "--target", "c", "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (tmp_path / "c" / "student_qat.c").exists() and "int student_qat_act(const float *observation);" in (
+        tmp_path / "c" / "student_qat.h").read_text()
+    assert report["mcu"]["measured"], report["mcu"]
+    for target in ("cortex-m0plus", "cortex-m4f"):
+        figures = report["mcu"]["targets"][target]
+        assert figures["flash_bytes"] == figures["text"] + figures["rodata"] + figures["data"] > report["constants_bytes"]
+        assert figures["ram_bytes"] == figures["data"] + figures["bss"] + figures["stack"] > 16  # the observation at least
+    # On Cortex-M0+ the 64-bit multiplies and float arithmetic are library code: more flash than on an M4F.
+    assert report["mcu"]["targets"]["cortex-m0plus"]["flash_bytes"] > report["mcu"]["targets"]["cortex-m4f"]["flash_bytes"]
+    assert report["time_per_action"]["c_ns"] > 0 and report["time_per_action"]["litert_invoke_ns"] > 0
+    from compress_dqn.deploy.c_measure import c_summary
+
+    summary = c_summary(policy)  # the record a run can keep beside TFLM's micro summary
+    assert summary["translated"] and summary["integer_only"] and summary["flash_bytes"] == {
+        t: report["mcu"]["targets"][t]["flash_bytes"] for t in ("cortex-m0plus", "cortex-m4f")}
+
+
+def _evaluate(policy: Path) -> list[float]:
+    from compress_dqn.cli import main
+
+    result = CliRunner().invoke(main, ["evaluate", str(policy), "--env", "CartPole-v1", "--episodes", str(EPISODES)])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["return"]["episodes"]
+
+
+@pytest.mark.slow
+def test_an_outsiders_onnxruntime_player_gets_evaluates_returns_on_every_variant(tiny_run, tmp_path):
+    from compress_dqn.cli import main
+
+    for name, policy in _policies(tiny_run).items():
+        onnx_file = tmp_path / f"{name}.onnx"
+        result = CliRunner().invoke(main, ["export", str(policy), "--target", "onnx", "--out", str(onnx_file)])
+        assert result.exit_code == 0, result.output
+        done = subprocess.run([sys.executable, str(HERE / "outsider_onnx_player.py"), str(onnx_file), "CartPole-v1", "0",
+                               str(EPISODES)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        played = json.loads(done.stdout)
+        assert played["returns"] == _evaluate(policy), name
+        assert played["q_argmax_differs"] == 0, name
+
+
+@pytest.mark.slow
+def test_an_outside_client_playing_argmax_q_values_gets_evaluates_return(tiny_run):
+    for name, policy in _policies(tiny_run).items():
+        done = subprocess.run([sys.executable, str(HERE / "outsider_player.py"), str(policy), "CartPole-v1", "0",
+                               str(EPISODES), "q_values"], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        played = json.loads(done.stdout)
+        assert played["q_argmax_differs"] == 0, name
+        assert played["returns"] == _evaluate(policy), name
+
+
+def test_the_onnx_player_imports_nothing_of_compress_dqn():
+    source = (HERE / "outsider_onnx_player.py").read_text()
+    assert "compress_dqn" not in source.split('"""', 2)[2]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("compress_dqn.deploy.micro", fromlist=["available"]).available(),
+                    reason="tflite-micro not installed: pip install 'compress-dqn[micro]'")
+def test_tflm_s_q_values_argmax_is_its_action_on_every_variant(tiny_run):
+    """The output rule under TensorFlow Lite Micro too: it runs the same graph with its own kernels."""
+    from compress_dqn.deploy.micro import MicroPolicy
+    from compress_dqn.deploy.outputs import q_values_disagree
+
+    states = np.random.default_rng(2).normal(0, 1.5, (300, 4)).astype(np.float32)
+    for name, path in _policies(tiny_run).items():
+        if name in ("ptq-dynamic", "ptq-float16"):  # TFLM runs neither hybrid kernels nor float16 weights
+            continue
+        assert q_values_disagree(MicroPolicy(path), states) == 0, name
