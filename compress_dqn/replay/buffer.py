@@ -35,9 +35,11 @@ import numpy.typing as npt
 
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.recipe.schema import ReplayConfig, TrainConfig
-from compress_dqn.replay.budget import format_bytes, rows_for_budget
-from compress_dqn.replay.frames import frame_shape, pairs_at, stacks_at
+from compress_dqn.errors import UserError
+from compress_dqn.replay.budget import check_bound, format_bytes, rows_for_budget
+from compress_dqn.replay.frames import Rows, frame_shape, pairs_at, stacks_at
 from compress_dqn.replay.index import START, TERMINATED, TRUNCATED, VALID, TransitionIndex, next_rows
+from compress_dqn.replay.packed import CODEC, PackedFrames, packed_state
 from compress_dqn.replay.ring import Ring
 from compress_dqn.replay.writer import TransitionWriter
 
@@ -127,14 +129,21 @@ class ReplayBuffer:
     :param memmap_path: if set, the observation/frame array is an ``np.memmap`` scratch file there
         (created or overwritten, left in place afterwards), trading RAM for disk and page cache:
         the OS keeps hot pages cached and evicts the rest.  Its disk space is reserved up front.
-        Not a checkpoint: use :meth:`state_dict` for that.
+        Not a checkpoint: use :meth:`state_dict` for that.  Not with ``compress``.
+    :param compress: ``"zstd"`` keeps each row's frame compressed
+        (:mod:`compress_dqn.replay.packed`): same rows, same samples, bit-identical stacks, a
+        fraction of the memory for image frames.
+    :param memory: with ``compress``, the most bytes the buffer may hold (default: what it
+        would take uncompressed); past it the oldest rows are evicted, so fewer than ``capacity``
+        rows may be held.  Checked against available memory up front.
     :raises UserError: if the buffer does not fit in available memory (or the memmap file does
-        not fit on its disk).
+        not fit on its disk), or compress is asked with memmap_path.
     """
 
     def __init__(
         self, capacity: int, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int,
         seed: int | np.random.SeedSequence, *, frame_stack: int = 1, memmap_path: str | os.PathLike[str] | None = None,
+        compress: str | None = None, memory: int | None = None,
     ) -> None:
         self._capacity = _check_positive_int("capacity", capacity, 2)
         self._n_actions = _check_positive_int("n_actions", n_actions, 1)
@@ -142,13 +151,19 @@ class ReplayBuffer:
         self._obs_shape = _normalize_shape(obs_shape)
         fields = _layout(self._capacity, self._obs_shape, obs_dtype, self._n_actions, self._k)
         self._obs_dtype: np.dtype = fields["obs"][1]
-        memmap = None if memmap_path is None else {"obs": Path(memmap_path)}
-        self._ring = Ring(self._capacity, fields, memmap)
+        self._packed: PackedFrames | None = None
+        if compress is None:
+            memmap = None if memmap_path is None else {"obs": Path(memmap_path)}
+            self._ring = Ring(self._capacity, fields, memmap)
+            self._obs: Rows = self._ring["obs"]
+        else:
+            self._ring, self._packed = _packed_layout(self._capacity, fields, self._k, compress, memory, memmap_path)
+            self._obs = self._packed
         # The ring's arrays under short names: sampling reads them on every call.
-        self._obs, self._actions, self._rewards, self._flags = (self._ring[name] for name in fields)
+        self._actions, self._rewards, self._flags = (self._ring[name] for name in ("actions", "rewards", "flags"))
         self._index = TransitionIndex(self._flags, self._k, seed)
         self._rng = self._index.rng  # the sampling generator
-        self._writer = TransitionWriter(self._ring, self._index, self._obs_shape, self._n_actions)
+        self._writer = TransitionWriter(self._ring, self._index, self._obs_shape, self._n_actions, self._packed)
 
     # ------------------------------------------------------------------ sizes
 
@@ -165,8 +180,24 @@ class ReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Exact bytes held by the buffer's arrays (a memmap file's included)."""
-        return self._ring.nbytes
+        """Bytes held by the buffer's arrays (a memmap file's included); compressed, the frame
+        payloads as they stand, with a fixed allowance per stored object (see packed.py)."""
+        return self._ring.nbytes + (self._packed.nbytes if self._packed is not None else 0)
+
+    @property
+    def compress(self) -> str | None:
+        """The frame codec (None: frames stored as they are)."""
+        return None if self._packed is None else CODEC
+
+    @property
+    def memory(self) -> int | None:
+        """With compression, the byte budget the buffer stays within (None otherwise)."""
+        return None if self._packed is None else self._packed.bound
+
+    @property
+    def evicted(self) -> int:
+        """Rows evicted to stay within the compressed buffer's byte budget (0 uncompressed)."""
+        return 0 if self._packed is None else self._packed.evicted
 
     @property
     def capacity(self) -> int:
@@ -292,18 +323,39 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Everything needed to resume exactly, as plain numpy arrays for ``np.savez`` and
-        ``np.load(..., allow_pickle=False)``. ``obs`` holds one frame per row when frame_stack > 1."""
-        return {**self._ring.state_dict(), **self._index.state_dict()}
+        ``np.load(..., allow_pickle=False)``. ``obs`` holds one frame per row when frame_stack > 1;
+        compressed, the ``frame_*`` arrays hold the packed rows instead (their payload a copy)."""
+        packed = self._packed.state_dict() if self._packed is not None else {}
+        return {**self._ring.state_dict(), **self._index.state_dict(), **packed}
+
+    def uncompressed_state_dict(self) -> dict[str, np.ndarray]:
+        """:meth:`state_dict` with the frames decoded into an ``obs`` array, as an uncompressed
+        buffer of the same shape saves and loads it (its own state_dict if it is uncompressed)."""
+        if self._packed is None:
+            return self.state_dict()
+        obs = np.empty(self._packed.shape, self._obs_dtype)
+        for lo in range(0, self._capacity, 4096):  # a few MiB of decoded frames at a time
+            obs[lo : lo + 4096] = self._packed.take(np.arange(lo, min(lo + 4096, self._capacity)))
+        return {"obs": obs, **self._ring.state_dict(), **self._index.state_dict()}
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Restore from :meth:`state_dict` into this (same-shaped) buffer; everything is checked
         before anything changes, so a ValueError leaves the buffer as it was."""
-        missing = [k for k in (*self._ring.state_keys, *self._index.state_keys) if k not in state]
+        saved = packed_state(state)
+        if saved != (self._packed is not None):
+            raise ValueError(f"replay state was saved {'compressed' if saved else 'uncompressed'} but this buffer is "
+                             f"{'uncompressed' if saved else 'compressed'}; build it with "
+                             f"compress={CODEC if saved else None!r}")
+        packed_keys = self._packed.state_keys if self._packed is not None else ()
+        missing = [k for k in (*self._ring.state_keys, *self._index.state_keys, *packed_keys) if k not in state]
         if missing:
             raise ValueError(f"replay state is missing {', '.join(missing)}")
         self._index.check_frame_stack(state)
         self._ring.check_state(state)
         self._index.check_state(state)
+        if self._packed is not None:
+            self._packed.check_state(state)
+            self._packed.load_state_dict(state)
         self._index.load_state_dict(state)
         self._ring.load_state_dict(state)
         # The object is gone; the writer falls back to comparing values.
@@ -327,9 +379,33 @@ def load_replay(path: Path, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike
     """A buffer of exactly the rows of a ReplayBuffer.state_dict() saved as .npz (no pickle), restored."""
     with np.load(path, allow_pickle=False) as data:
         state = {key: data[key] for key in data.files}
-    replay = ReplayBuffer(len(state["obs"]), obs_shape, obs_dtype, n_actions, seed=0, frame_stack=frame_stack)
+    packed = {"compress": CODEC, "memory": int(state["frame_budget"])} if packed_state(state) else {}
+    replay = ReplayBuffer(len(state["flags"]), obs_shape, obs_dtype, n_actions, seed=0, frame_stack=frame_stack, **packed)
     replay.load_state_dict(state)
     return replay
+
+
+def _packed_layout(capacity: int, fields: dict[str, Any], k: int, compress: str, memory: int | None,
+                   memmap_path: Any) -> tuple[Ring, PackedFrames]:
+    """The ring of per-row fields and the compressed frame rows of a compressed buffer, after
+    checking its byte bound (``memory``, or by default one that never evicts) fits in available memory."""
+    if compress != CODEC:
+        raise UserError(f"replay.compress: {compress!r} is not a codec this buffer has; use {CODEC!r} or null")
+    if memmap_path is not None:
+        raise UserError("replay: a compressed buffer lives in RAM; drop memmap_path or replay.compress")
+    frame, dtype = fields["obs"]
+    row_fields = {name: spec for name, spec in fields.items() if name != "obs"}
+    bound = _packed_bound(capacity, frame, dtype, row_fields) if memory is None else int(memory)
+    check_bound(bound)
+    ring = Ring(capacity, row_fields)
+    return ring, PackedFrames(capacity, frame, dtype, bound, ring.nbytes, protect=k + 2)
+
+
+def _packed_bound(capacity: int, frame: tuple[int, ...], dtype: np.dtype, row_fields: dict[str, Any]) -> int:
+    """The default bound of a compressed buffer: the most its rows can hold (no frame compressing),
+    so by default nothing is evicted and it samples exactly as the uncompressed buffer."""
+    fixed = sum(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in row_fields.values())
+    return capacity * fixed + PackedFrames.worst_case(capacity, math.prod(frame) * dtype.itemsize)
 
 
 def capacity_for_budget(budget_bytes: int, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int, *,
@@ -341,8 +417,9 @@ def capacity_for_budget(budget_bytes: int, obs_shape: tuple[int, ...], obs_dtype
 
 
 def replay_capacity(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> int:
-    """Transitions the replay buffer will hold: train.buffer_size, bounded by replay.memory."""
-    if replay.memory is None:
+    """Rows of the replay buffer: train.buffer_size, bounded by replay.memory (compressed, the
+    budget bounds bytes instead, by evicting the oldest rows: see packed.py)."""
+    if replay.memory is None or replay.compress is not None:
         return train.buffer_size
     return min(
         train.buffer_size,
@@ -350,3 +427,23 @@ def replay_capacity(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> 
             replay.memory, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
         ),
     )
+
+
+def replay_bytes(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> int:
+    """The most bytes the recipe's replay buffer may hold: its arrays, or compressed, its budget
+    (replay.memory, else the bound that never evicts: see _packed_bound)."""
+    capacity = replay_capacity(train, replay, info)
+    if replay.compress is not None and replay.memory is not None:
+        return int(replay.memory)
+    fields = _layout(capacity, _normalize_shape(info.obs_shape), info.obs_dtype, info.n_actions, info.frame_stack)
+    if replay.compress is None:
+        return capacity * sum(math.prod(shape) * dtype.itemsize for shape, dtype in fields.values())
+    frame, dtype = fields["obs"]
+    return _packed_bound(capacity, frame, dtype, {name: spec for name, spec in fields.items() if name != "obs"})
+
+
+def build_replay(train: TrainConfig, replay: ReplayConfig, info: EnvInfo, seed: int | np.random.SeedSequence) -> ReplayBuffer:
+    """The replay buffer a recipe's train, replay and environment describe."""
+    return ReplayBuffer(replay_capacity(train, replay, info), info.obs_shape, info.obs_dtype, info.n_actions,
+                        seed, frame_stack=info.frame_stack, compress=replay.compress,
+                        memory=replay.memory if replay.compress is not None else None)

@@ -1,0 +1,292 @@
+"""Compressed frame rows (replay.compress): zstd per row, XOR against its group's key, a byte budget.
+
+Rows are grouped by index, ``GROUP`` consecutive rows to a group.  A group's first row (its key)
+is compressed on its own; every other row is XORed with the key's frame and then compressed, so
+what zstd sees is the change since the key (docs/replay-memory.md has the measurements behind
+the codec, the level and the group size).  Any row decodes from at most two zstd frames, so a
+batch decodes only the rows it needs, and the frames come out bit-identical.
+
+Rows are written in ring order, so a group's key is rewritten before the rest of the group.
+Until the ring has rewritten the whole group, its older rows still decode against the previous
+key, which is kept until then (those rows are flagged STALE).
+
+The byte budget: payloads vary in size, so the store counts the bytes it holds (payload plus a
+fixed allowance per Python object) and, when a write pushes it past ``budget_bytes``, evicts the
+oldest rows (the ones the ring would overwrite next), a whole group's tail at a time.  It returns
+the rows it evicted so the transition index can withdraw their transitions.  Nothing here is
+preallocated beyond one list slot and one byte per row, so resident memory follows what is held.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import zstandard
+
+from compress_dqn.errors import UserError
+from compress_dqn.replay.budget import format_bytes
+
+__all__ = ["CODEC", "GROUP", "LEVEL", "PackedFrames", "ROW_BYTES", "packed_state"]
+
+CODEC = "zstd"
+LEVEL = 3  # zstd level: higher levels saved little on Atari frames and cost several times the time
+GROUP = 8  # rows per key frame: one more decode per stack, for a delta against a near neighbour
+_NAME = f"{CODEC}-{LEVEL}/xor-key-{GROUP}"  # saved with the state: a different layout is refused
+
+# Bits of the per-row kind byte; 0 = nothing stored (never written or evicted).
+FILLED = np.uint8(1)
+DELTA = np.uint8(2)  # payload is the frame XOR its group's key
+STALE = np.uint8(4)  # ...and that key is the group's previous one, kept in _old_keys
+RAW = np.uint8(8)  # payload is uncompressed (zstd did not make it smaller)
+
+# What a stored payload costs beyond its length: the bytes object's header (sys.getsizeof(b"")
+# is 33) rounded up to the allocator's 16-byte granularity, plus its share of an allocation header.
+_OBJECT_BYTES = 64
+# What each row costs whatever it holds: a list slot (a pointer) and the kind byte.
+ROW_BYTES = 8 + 1
+
+_STATE = ("frame_codec", "frame_kind", "frame_sizes", "frame_payload", "frame_old_groups", "frame_old_kinds",
+          "frame_old_sizes", "frame_old_payload", "frame_budget")
+
+
+def packed_state(state: Mapping[str, np.ndarray]) -> bool:
+    """Whether a replay state_dict holds compressed frame rows (else an ``obs`` array)."""
+    return "frame_payload" in state
+
+
+class PackedFrames:
+    """``capacity`` compressed rows of one frame each, read back as numpy arrays.
+
+    :param frame_shape: shape of one row's frame; ``dtype`` its dtype.
+    :param budget_bytes: most bytes the whole buffer may hold, of which ``fixed_bytes`` go to its
+        other per-row arrays; past the rest (payloads, their allowance and the per-row bytes here)
+        the oldest rows are evicted.
+    :param protect: rows before the write position that eviction must never reach (the newest
+        transition's stacks need them).
+    :raises UserError: if the budget cannot hold the per-row bytes plus ``protect`` raw frames.
+    """
+
+    def __init__(self, capacity: int, frame_shape: tuple[int, ...], dtype: np.dtype, budget_bytes: int,
+                 fixed_bytes: int, protect: int) -> None:
+        self.shape = (capacity, *frame_shape)
+        self.dtype = np.dtype(dtype)
+        self.capacity = capacity
+        self.frame_bytes = math.prod(frame_shape) * self.dtype.itemsize
+        self.bound = int(budget_bytes)  # saved, so a loaded copy keeps the same budget
+        self.budget = self.bound - fixed_bytes
+        self.protect = protect + GROUP
+        floor = min(capacity * ROW_BYTES + 2 * self.protect * (self.frame_bytes + _OBJECT_BYTES),
+                    self.worst_case(capacity, self.frame_bytes))
+        if self.budget < floor:
+            raise UserError(
+                f"replay memory budget of {format_bytes(self.bound)} cannot hold a compressed buffer of "
+                f"{capacity} rows (needs at least {format_bytes(floor + fixed_bytes)}); raise replay.memory or lower "
+                "train.buffer_size"
+            )
+        self._rows: list[bytes | None] = [None] * capacity
+        self.kind = np.zeros(capacity, np.uint8)
+        self._old_keys: dict[int, tuple[bytes, int]] = {}  # group -> (payload, kind) of its previous key
+        self._key: tuple[int, np.ndarray] | None = None  # (row, bytes) of the newest key, for encoding
+        self.held = capacity * ROW_BYTES  # bytes counted against the budget
+        self.evicted = 0  # rows evicted to stay within the budget, since construction
+        self._cctx = zstandard.ZstdCompressor(level=LEVEL)
+        self._dctx = zstandard.ZstdDecompressor()
+
+    # ----------------------------------------------------------------- sizes
+
+    @staticmethod
+    def worst_case(capacity: int, frame_bytes: int) -> int:
+        """Bytes ``capacity`` rows can hold at most: every frame stored raw, every group's previous
+        key kept. A budget this large never evicts."""
+        stored = frame_bytes + _OBJECT_BYTES
+        return capacity * (ROW_BYTES + stored) + -(-capacity // GROUP) * stored
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: payloads with their allowance, the kind bytes and the row slots."""
+        return self.held
+
+    @property
+    def payload_bytes(self) -> int:
+        """Compressed bytes alone (no allowance): what a checkpoint's frame payload holds."""
+        rows = sum(len(b) for b in self._rows if b is not None)
+        return rows + sum(len(b) for b, _ in self._old_keys.values())
+
+    # --------------------------------------------------------------- writing
+
+    def _encode(self, data: np.ndarray) -> tuple[bytes, int]:
+        blob = self._cctx.compress(data)
+        if len(blob) >= self.frame_bytes:
+            return data.tobytes(), int(RAW | FILLED)
+        return blob, int(FILLED)
+
+    def _drop(self, row: int) -> None:
+        blob = self._rows[row]
+        if blob is not None:
+            self.held -= len(blob) + _OBJECT_BYTES
+        self._rows[row] = None
+        self.kind[row] = 0
+
+    def _drop_old_key(self, group: int) -> None:
+        old = self._old_keys.pop(group, None)
+        if old is not None:
+            self.held -= len(old[0]) + _OBJECT_BYTES
+
+    def _group_end(self, g0: int) -> int:
+        return min(g0 + GROUP, self.capacity)
+
+    def _key_bytes(self, g0: int) -> np.ndarray | None:
+        """The bytes of group g0's current key (None if it holds none), from the cache if it is there."""
+        if self._key is not None and self._key[0] == g0:
+            return self._key[1]
+        if not self.kind[g0]:
+            return None
+        return self._decode_plain(self._rows[g0], int(self.kind[g0]))  # type: ignore[arg-type]
+
+    def write(self, j: int, frame: np.ndarray) -> list[int]:
+        """Store ``frame`` in row ``j`` (the ring's write position); return the rows evicted to
+        stay within the budget, oldest first."""
+        data = np.ascontiguousarray(frame, dtype=self.dtype).reshape(-1).view(np.uint8)
+        g0 = j - j % GROUP
+        end = self._group_end(g0)
+        if j == g0:
+            later = self.kind[j + 1 : end]
+            if self.kind[j] and later.any():  # the group's older rows keep decoding against this key
+                self._old_keys[g0] = (self._rows[j], int(self.kind[j]))  # type: ignore[assignment]
+                self.held += len(self._rows[j]) + _OBJECT_BYTES  # type: ignore[arg-type]
+                later[later != 0] |= STALE
+            self._drop(j)
+            blob, kind = self._encode(data)
+            self._key = (j, data.copy())
+        else:
+            self._drop(j)
+            key = self._key_bytes(g0)
+            blob, kind = self._encode(data if key is None else np.bitwise_xor(data, key))
+            if key is not None:  # a delta; stored raw, it is the frame itself, not the XOR
+                blob, kind = (data.tobytes(), kind) if kind & RAW else (blob, kind | int(DELTA))
+            if j + 1 >= end or not self.kind[j + 1] & STALE:
+                self._drop_old_key(g0)  # no row decodes against the previous key any more
+        self._rows[j] = blob
+        self.kind[j] = kind
+        self.held += len(blob) + _OBJECT_BYTES
+        return self._evict_past_budget(j)
+
+    def _evict_past_budget(self, j: int) -> list[int]:
+        """Evict the oldest rows (those after ``j``, in ring order), a group's tail at a time,
+        until the held bytes fit the budget again."""
+        evicted: list[int] = []
+        r = j + 1 if j + 1 < self.capacity else 0
+        while self.held > self.budget:
+            if (j - r) % self.capacity < self.protect:
+                raise RuntimeError("replay compression evicted up to the newest rows; the budget floor is wrong")
+            g0 = r - r % GROUP
+            for row in range(r, self._group_end(g0)):
+                if self.kind[row]:
+                    self._drop(row)
+                    evicted.append(row)
+            self._drop_old_key(g0)
+            if self._key is not None and self._key[0] == g0:
+                self._key = None
+            r = self._group_end(g0) % self.capacity
+        self.evicted += len(evicted)
+        return evicted
+
+    # --------------------------------------------------------------- reading
+
+    def _decode_plain(self, blob: bytes, kind: int) -> np.ndarray:
+        """A key's (or stand-alone row's) bytes, as a flat uint8 array."""
+        if kind & RAW:
+            return np.frombuffer(blob, np.uint8)
+        return np.frombuffer(self._dctx.decompress(blob), np.uint8)
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Frames of ``rows`` (any int array shape), decoded: each distinct row and key once."""
+        flat = np.asarray(rows, dtype=np.int64).reshape(-1)
+        unique, inverse = np.unique(flat, return_inverse=True)
+        out = np.zeros((unique.size, self.frame_bytes), np.uint8)  # unwritten rows read as zeros, as in RAM
+        keys: dict[tuple[int, bool], np.ndarray] = {}
+        rows_, kinds = self._rows, self.kind
+        for n, row in enumerate(unique.tolist()):
+            kind = int(kinds[row])
+            if not kind:
+                continue
+            blob = rows_[row]
+            if not kind & DELTA:
+                out[n] = self._decode_plain(blob, kind)  # type: ignore[arg-type]
+                continue
+            g0, stale = row - row % GROUP, bool(kind & STALE)
+            key = keys.get((g0, stale))
+            if key is None:
+                key_blob, key_kind = self._old_keys[g0] if stale else (rows_[g0], int(kinds[g0]))
+                key = keys[(g0, stale)] = self._decode_plain(key_blob, key_kind)  # type: ignore[arg-type]
+            np.bitwise_xor(np.frombuffer(self._dctx.decompress(blob), np.uint8), key, out=out[n])  # type: ignore[arg-type]
+        return out[inverse].view(self.dtype).reshape(*np.shape(rows), *self.shape[1:])
+
+    def __getitem__(self, rows: np.ndarray | int) -> np.ndarray:
+        return self.take(np.asarray(rows))
+
+    # ----------------------------------------------------------- checkpoints
+
+    @property
+    def state_keys(self) -> tuple[str, ...]:
+        return _STATE
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The rows as plain arrays: sizes, kinds and one concatenated payload (a copy), plus the
+        previous keys still in use and the codec's name, so a loader can refuse another layout."""
+        sizes = np.fromiter((len(b) if b is not None else 0 for b in self._rows), np.uint32, self.capacity)
+        groups = np.array(sorted(self._old_keys), dtype=np.int64)
+        old = [self._old_keys[g] for g in groups.tolist()]
+        return {
+            "frame_codec": np.array(_NAME),
+            "frame_kind": self.kind.copy(),
+            "frame_sizes": sizes,
+            "frame_payload": np.frombuffer(b"".join(b for b in self._rows if b is not None), np.uint8),
+            "frame_old_groups": groups,
+            "frame_old_kinds": np.array([k for _, k in old], dtype=np.uint8),
+            "frame_old_sizes": np.array([len(b) for b, _ in old], dtype=np.uint32),
+            "frame_old_payload": np.frombuffer(b"".join(b for b, _ in old), np.uint8),
+            "frame_budget": np.array(self.bound, dtype=np.int64),
+        }
+
+    def check_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Raise ValueError unless ``state`` is this layout's, for this many rows, self-consistent."""
+        codec = str(np.asarray(state["frame_codec"])[()])
+        if codec != _NAME:
+            raise ValueError(f"replay state's frames are packed as {codec!r}; this version reads {_NAME!r}")
+        kind, sizes = np.asarray(state["frame_kind"]), np.asarray(state["frame_sizes"])
+        if kind.shape != (self.capacity,) or sizes.shape != (self.capacity,):
+            raise ValueError(f"replay state holds {kind.shape[0]} compressed rows, this buffer has {self.capacity}")
+        if int(sizes.sum(dtype=np.int64)) != np.asarray(state["frame_payload"]).size:
+            raise ValueError("replay state's frame sizes do not add up to its payload")
+        if not np.array_equal(kind != 0, sizes != 0):
+            raise ValueError("replay state's frame kinds and sizes disagree on which rows hold a frame")
+        if int(np.asarray(state["frame_old_sizes"]).sum(dtype=np.int64)) != np.asarray(state["frame_old_payload"]).size:
+            raise ValueError("replay state's previous-key sizes do not add up to their payload")
+        stale = np.flatnonzero(kind & STALE)
+        if not set((stale - stale % GROUP).tolist()) <= set(np.asarray(state["frame_old_groups"]).tolist()):
+            raise ValueError("replay state has rows that decode against a previous key it does not hold")
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore the rows of a checked ``state`` (the budget stays this buffer's own)."""
+        self.check_state(state)
+        sizes = np.asarray(state["frame_sizes"]).astype(np.int64)
+        payload = np.asarray(state["frame_payload"]).tobytes()
+        ends = np.cumsum(sizes).tolist()
+        starts = [e - s for e, s in zip(ends, sizes.tolist())]
+        self._rows = [payload[a:b] if b > a else None for a, b in zip(starts, ends)]
+        self.kind = np.asarray(state["frame_kind"]).astype(np.uint8).copy()
+        old = np.asarray(state["frame_old_payload"]).tobytes()
+        old_ends = np.cumsum(np.asarray(state["frame_old_sizes"]).astype(np.int64)).tolist()
+        old_starts = [0, *old_ends[:-1]]
+        self._old_keys = {
+            int(g): (old[a:b], int(k))
+            for g, k, a, b in zip(np.asarray(state["frame_old_groups"]).tolist(),
+                                  np.asarray(state["frame_old_kinds"]).tolist(), old_starts, old_ends)
+        }
+        self._key = None
+        self.held = self.capacity * ROW_BYTES + sum(len(b) + _OBJECT_BYTES for b in self._rows if b is not None)
+        self.held += sum(len(b) + _OBJECT_BYTES for b, _ in self._old_keys.values())
+
