@@ -196,33 +196,44 @@ class PackedFrames:
     # --------------------------------------------------------------- reading
 
     def _decode_plain(self, blob: bytes, kind: int) -> np.ndarray:
-        """A key's (or stand-alone row's) bytes, as a flat uint8 array."""
+        """One key's (or stand-alone row's) bytes, as a flat uint8 array (encoding's key)."""
         if kind & RAW:
             return np.frombuffer(blob, np.uint8)
         return np.frombuffer(self._dctx.decompress(blob), np.uint8)
 
+    def _decode_many(self, blobs: list[bytes | None], kinds: list[int]) -> np.ndarray:
+        """Payloads decoded into one writable (n, frame_bytes) uint8 array: RAW ones as they are,
+        missing ones (unwritten rows) as zeros, as an uncompressed ring holds them."""
+        decompress, zeros = self._dctx.decompress, bytes(self.frame_bytes)
+        joined = bytearray().join(
+            zeros if not kind else blob if kind & RAW else decompress(blob)  # type: ignore[misc]
+            for blob, kind in zip(blobs, kinds)
+        )
+        return np.frombuffer(joined, np.uint8).reshape(len(blobs), self.frame_bytes)
+
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """Frames of ``rows`` (any int array shape), decoded: each distinct row and key once."""
+        """Frames of ``rows`` (any int array shape): every row decompressed into one array, then
+        one XOR with its key's frame (a zero frame for rows that are not deltas); each key a
+        batch needs is decoded once."""
         flat = np.asarray(rows, dtype=np.int64).reshape(-1)
-        unique, inverse = np.unique(flat, return_inverse=True)
-        out = np.zeros((unique.size, self.frame_bytes), np.uint8)  # unwritten rows read as zeros, as in RAM
-        keys: dict[tuple[int, bool], np.ndarray] = {}
-        rows_, kinds = self._rows, self.kind
-        for n, row in enumerate(unique.tolist()):
-            kind = int(kinds[row])
-            if not kind:
-                continue
-            blob = rows_[row]
-            if not kind & DELTA:
-                out[n] = self._decode_plain(blob, kind)  # type: ignore[arg-type]
-                continue
-            g0, stale = row - row % GROUP, bool(kind & STALE)
-            key = keys.get((g0, stale))
-            if key is None:
-                key_blob, key_kind = self._old_keys[g0] if stale else (rows_[g0], int(kinds[g0]))
-                key = keys[(g0, stale)] = self._decode_plain(key_blob, key_kind)  # type: ignore[arg-type]
-            np.bitwise_xor(np.frombuffer(self._dctx.decompress(blob), np.uint8), key, out=out[n])  # type: ignore[arg-type]
-        return out[inverse].view(self.dtype).reshape(*np.shape(rows), *self.shape[1:])
+        kinds = self.kind[flat]
+        delta = (kinds & DELTA) != 0
+        # A key is its group's first row, or (STALE) the group's previous key: number them.
+        key_ids = np.where(delta, (flat - flat % GROUP) * 2 + ((kinds & STALE) != 0), -1)
+        unique_keys, key_index = np.unique(key_ids, return_inverse=True)  # -1 first: the zero frame
+        stored = self._rows
+        key_blobs: list[bytes | None] = [None]
+        key_kinds = [0]
+        for key in unique_keys[unique_keys >= 0].tolist():
+            blob, kind = self._old_keys[key >> 1] if key & 1 else (stored[key >> 1], int(self.kind[key >> 1]))
+            key_blobs.append(blob)
+            key_kinds.append(kind)
+        if unique_keys[0] >= 0:  # no row without a key: drop the zero frame, keep the numbering
+            key_blobs, key_kinds = key_blobs[1:], key_kinds[1:]
+        out = self._decode_many([stored[row] for row in flat.tolist()], (kinds & ~STALE & ~DELTA).tolist())
+        if delta.any():
+            np.bitwise_xor(out, self._decode_many(key_blobs, key_kinds)[key_index], out=out)
+        return out.view(self.dtype).reshape(*np.shape(rows), *self.shape[1:])
 
     def __getitem__(self, rows: np.ndarray | int) -> np.ndarray:
         return self.take(np.asarray(rows))
