@@ -11,8 +11,8 @@ written.  It reports:
 
 - bytes_per_transition: the filled buffer's bytes (payload + allowance per stored object +
   per-row fields: ReplayBuffer.nbytes, not a preallocated budget) over its sampleable transitions;
-- rss_bytes / rss_added_bytes: the process's resident memory after filling, and what filling
-  added to it (buffer plus whatever the allocator keeps);
+- rss_bytes / rss_added_bytes: the process's resident memory after filling, and what building and
+  filling the buffer added to it (the environment is made before the first reading);
 - sample_us: median wall time of one batch of 32 four-frame stacks with their next stacks
   (ReplayBuffer.gather on pre-drawn indices, decoding included: it runs on the caller's thread);
 - with --compress, unless --no-compare: an uncompressed buffer with the same rows (decoded from
@@ -27,6 +27,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -41,18 +42,17 @@ ATARI = {"noop_max": 30, "frame_skip": 4, "screen_size": 84, "terminal_on_life_l
 BATCH = 32
 
 
-def fill(buf: ReplayBuffer, game: str, seed: int) -> int:
+def fill(buf: ReplayBuffer, env: Any, seed: int) -> int:
     """Play random actions into buf until every row is written; the env steps taken."""
-    env = make_env(f"ALE/{game}-v5", atari=ATARI, frame_stack=buf.frame_stack)
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
     steps = 0
     while buf.size < buf.capacity or steps < buf.capacity:
-        nxt, reward, terminated, truncated, _ = env.step(int(rng.integers(env.action_space.n)))
-        buf.add(obs, int(rng.integers(env.action_space.n)) % buf.n_actions, float(reward), nxt, terminated, truncated)
+        action = int(rng.integers(env.action_space.n))
+        nxt, reward, terminated, truncated, _ = env.step(action)
+        buf.add(obs, action, float(reward), nxt, terminated, truncated)
         steps += 1
         obs = env.reset()[0] if terminated or truncated else nxt
-    env.close()
     return steps
 
 
@@ -90,13 +90,16 @@ def main() -> None:
         parser.error("--game and --capacity are required (or --smoke)")
     codec = None if args.compress is None else (CODEC if args.compress == "default" else args.compress)
 
+    env = make_env(f"ALE/{args.game}-v5", atari=ATARI, frame_stack=4)  # before the first RSS reading
+    n_actions = int(env.action_space.n)
     proc = psutil.Process()
     rss_before = proc.memory_info().rss
-    buf = ReplayBuffer(args.capacity, (84, 84, 4), np.uint8, 18, seed=args.seed, frame_stack=4, compress=codec)
+    buf = ReplayBuffer(args.capacity, (84, 84, 4), np.uint8, n_actions, seed=args.seed, frame_stack=4, compress=codec)
     t0 = time.perf_counter()
-    steps = fill(buf, args.game, args.seed)
+    steps = fill(buf, env, args.seed)
     fill_seconds = time.perf_counter() - t0
     rss_after = proc.memory_info().rss
+    env.close()
     indices = [buf.sample_indices(BATCH) for _ in range(args.batches)]
     row = {
         "game": args.game, "capacity": buf.capacity, "codec": codec or "none", "env_steps": steps,
@@ -108,7 +111,7 @@ def main() -> None:
     if codec is None or args.no_compare:
         (row["sample_us"],), _ = time_batches([buf], indices)
     else:
-        plain = ReplayBuffer(buf.capacity, (84, 84, 4), np.uint8, 18, seed=0, frame_stack=4)
+        plain = ReplayBuffer(buf.capacity, (84, 84, 4), np.uint8, n_actions, seed=0, frame_stack=4)
         plain.load_state_dict(buf.uncompressed_state_dict())
         (row["sample_us"], row["uncompressed_sample_us"]), row["identical"] = time_batches([buf, plain], indices)
         row["uncompressed_bytes_per_transition"] = round(plain.nbytes / plain.num_transitions, 1)

@@ -43,6 +43,9 @@ from compress_dqn.replay.packed import CODEC, PackedFrames, packed_state
 from compress_dqn.replay.ring import Ring
 from compress_dqn.replay.writer import TransitionWriter
 
+# What validate quotes beside a compressed buffer's allowance: benchmarks/replay_memory.py's figures.
+ATARI_FRAME_BYTES = "84x84 Atari frames took 95-460 B a row in the benchmark's five games"
+
 __all__ = ["Batch", "ReplayBuffer", "VALID", "TERMINATED", "TRUNCATED", "START", "format_bytes"]
 
 
@@ -447,3 +450,23 @@ def build_replay(train: TrainConfig, replay: ReplayConfig, info: EnvInfo, seed: 
     return ReplayBuffer(replay_capacity(train, replay, info), info.obs_shape, info.obs_dtype, info.n_actions,
                         seed, frame_stack=info.frame_stack, compress=replay.compress,
                         memory=replay.memory if replay.compress is not None else None)
+
+
+def replay_expectation(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> str | None:
+    """What a compressed buffer is expected to hold, for validate (None when uncompressed): the
+    average compressed frame size up to which all its rows fit in its budget, beside what Atari
+    frames measured (docs/replay-memory.md); past it the oldest rows are evicted."""
+    if replay.compress is None:
+        return None
+    capacity = replay_capacity(train, replay, info)
+    fields = _layout(capacity, _normalize_shape(info.obs_shape), info.obs_dtype, info.n_actions, info.frame_stack)
+    frame, dtype = fields["obs"]
+    frame_bytes = math.prod(frame) * dtype.itemsize
+    fixed = capacity * sum(math.prod(shape) * dt.itemsize for name, (shape, dt) in fields.items() if name != "obs")
+    bound = replay_bytes(train, replay, info)
+    allowance = PackedFrames.frame_allowance(capacity, frame_bytes, bound - fixed)
+    fits = "all of them fit" if allowance >= frame_bytes else (
+        f"all fit while a frame compresses to {max(0.0, allowance):.0f} B or less on average" if allowance > 0
+        else "the per-row fields alone exceed it")
+    return (f"replay: {replay.compress}-compressed {capacity} rows within {format_bytes(bound, 1)}: {fits}; "
+            f"{ATARI_FRAME_BYTES} (docs/replay-memory.md); past the budget the oldest rows are evicted")

@@ -98,10 +98,17 @@ class PackedFrames:
 
     @staticmethod
     def worst_case(capacity: int, frame_bytes: int) -> int:
-        """Bytes ``capacity`` rows can hold at most: every frame stored raw, every group's previous
-        key kept. A budget this large never evicts."""
+        """Bytes ``capacity`` rows can hold at most: every frame stored raw, plus previous keys (rows
+        are written in order, so only the group being rewritten keeps one; two for margin). A
+        budget this large never evicts."""
         stored = frame_bytes + _OBJECT_BYTES
-        return capacity * (ROW_BYTES + stored) + -(-capacity // GROUP) * stored
+        return capacity * (ROW_BYTES + stored) + 2 * stored
+
+    @staticmethod
+    def frame_allowance(capacity: int, frame_bytes: int, budget: int) -> float:
+        """Average compressed bytes per frame that ``budget`` (after the per-row bytes here) holds
+        for all ``capacity`` rows: frames that compress to less never cause an eviction."""
+        return (budget - 2 * (frame_bytes + _OBJECT_BYTES)) / capacity - ROW_BYTES - _OBJECT_BYTES
 
     @property
     def nbytes(self) -> int:
@@ -117,7 +124,10 @@ class PackedFrames:
     # --------------------------------------------------------------- writing
 
     def _encode(self, data: np.ndarray) -> tuple[bytes, int]:
-        blob = self._cctx.compress(data)
+        # zstd returns its output buffer (sized for the worst case) shrunk in place; kept, each
+        # one pins a frame-sized malloc chunk that later payloads cannot reuse, and resident memory
+        # grows by about a raw frame per row. An exact-size copy lets that chunk be freed and reused.
+        blob = memoryview(self._cctx.compress(data)).tobytes()
         if len(blob) >= self.frame_bytes:
             return data.tobytes(), int(RAW | FILLED)
         return blob, int(FILLED)
