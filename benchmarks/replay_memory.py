@@ -15,6 +15,10 @@ written.  It reports:
   filling the buffer added to it (the environment is made before the first reading);
 - sample_us: median wall time of one batch of 32 four-frame stacks with their next stacks
   (ReplayBuffer.gather on pre-drawn indices, decoding included: it runs on the caller's thread);
+- with --codecs instead: for the first `capacity` frames of play, the mean bytes a frame compresses
+  to and the microseconds to compress and decompress one, for the codecs this choice was made
+  among (zstd levels, lz4, blosc2 where installed; each frame alone or XORed with its group's key,
+  as replay.compress stores it), and RLlib's LZ4 packing of a transition's two stacks;
 - with --compress, unless --no-compare: an uncompressed buffer with the same rows (decoded from
   the compressed one after the RSS reading), timed back to back on the same indices
   (uncompressed_sample_us, sample_ratio), and whether every timed batch was bit-identical.
@@ -35,8 +39,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from compress_dqn.envs.environment import make_env  # noqa: E402
-from compress_dqn.replay.buffer import ReplayBuffer  # noqa: E402
-from compress_dqn.replay.packed import CODEC  # noqa: E402
+from compress_dqn.replay.buffer import ReplayBuffer, uncompressed_state  # noqa: E402
+from compress_dqn.replay.packed import CODEC, GROUP  # noqa: E402
 
 ATARI = {"noop_max": 30, "frame_skip": 4, "screen_size": 84, "terminal_on_life_loss": False}  # recipes/pong.yaml
 BATCH = 32
@@ -73,6 +77,79 @@ def time_batches(buffers: list[ReplayBuffer], indices: list[np.ndarray]) -> tupl
     return [float(np.median(t)) for t in times], identical
 
 
+def play_frames(env: Any, n: int, seed: int) -> np.ndarray:
+    """The first n frames of random play, (n, 84, 84): each stack's newest frame, resets included."""
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    frames = [obs[..., -1]]
+    while len(frames) < n:
+        obs, _, terminated, truncated, _ = env.step(int(rng.integers(env.action_space.n)))
+        if terminated or truncated:
+            obs, _ = env.reset()
+        frames.append(obs[..., -1])
+    return np.stack(frames)
+
+
+def _codecs() -> dict[str, tuple[Any, Any]]:
+    """name -> (compress, decompress) of one frame's bytes; lz4 and blosc2 only where installed."""
+    import zstandard
+
+    found = {}
+    for level in (1, 3, 6):
+        cctx, dctx = zstandard.ZstdCompressor(level=level), zstandard.ZstdDecompressor()
+        found[f"zstd-{level}"] = (cctx.compress, dctx.decompress)
+    try:
+        import lz4.block
+
+        found["lz4"] = (lambda b: lz4.block.compress(b, store_size=False),
+                        lambda b: lz4.block.decompress(b, uncompressed_size=84 * 84))
+    except ImportError:
+        pass
+    try:
+        import blosc2
+
+        found["blosc2-zstd-5"] = (lambda b: blosc2.compress(b, typesize=1, clevel=5, codec=blosc2.Codec.ZSTD),
+                                  blosc2.decompress)
+    except ImportError:
+        pass
+    return found
+
+
+def codec_rows(game: str, frames: np.ndarray, group: int) -> list[dict[str, Any]]:
+    """Bytes and microseconds per frame for each codec, frames alone and XORed with their group's key."""
+    keyed = frames ^ frames[(np.arange(len(frames)) // group) * group]
+    keyed[::group] = frames[::group]
+    rows = []
+    for name, (compress, decompress) in _codecs().items():
+        for layout, data in (("alone", frames), (f"xor-key-{group}", keyed)):
+            t0 = time.perf_counter()
+            blobs = [compress(f.tobytes()) for f in data]
+            t1 = time.perf_counter()
+            for blob in blobs:
+                decompress(blob)
+            t2 = time.perf_counter()
+            rows.append({"game": game, "codec": name, "layout": layout, "frames": len(data),
+                         "bytes_per_frame": round(float(np.mean([len(b) for b in blobs])), 1),
+                         "compress_us": round((t1 - t0) / len(data) * 1e6, 1),
+                         "decompress_us": round((t2 - t1) / len(data) * 1e6, 1)})
+    return rows
+
+
+def rllib_bytes(frames: np.ndarray) -> dict[str, Any] | None:
+    """A transition as RLlib's compress_observations packs it (ray.rllib.utils.compression.pack:
+    LZ4 frame, then base64), obs and new_obs stacks both; None without lz4."""
+    try:
+        import base64
+
+        import lz4.frame
+    except ImportError:
+        return None
+    stacks = (np.ascontiguousarray(np.moveaxis(frames[i : i + 4], 0, -1)) for i in range(len(frames) - 3))
+    packed = [len(base64.b64encode(lz4.frame.compress(s.tobytes()))) for s in stacks]
+    return {"codec": "rllib-lz4-base64", "layout": "stack", "bytes_per_stack": round(float(np.mean(packed)), 1),
+            "bytes_per_transition_obs_and_next": round(2 * float(np.mean(packed)), 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--game", default=None, help="ALE game, e.g. Breakout (ALE/<game>-v5); Pong with --smoke")
@@ -80,6 +157,7 @@ def main() -> None:
     parser.add_argument("--compress", default=None, help=f"codec ({CODEC}) or 'default'; omitted: frames uncompressed")
     parser.add_argument("--no-compare", action="store_true", help="skip the uncompressed buffer (it needs 7 KB a row)")
     parser.add_argument("--batches", type=int, default=300, help="timed batches of 32")
+    parser.add_argument("--codecs", action="store_true", help="compare codecs on the first --capacity frames instead")
     parser.add_argument("--smoke", action="store_true", help="Pong, 3,000 rows, compressed: checks the script runs")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -91,6 +169,12 @@ def main() -> None:
     codec = None if args.compress is None else (CODEC if args.compress == "default" else args.compress)
 
     env = make_env(f"ALE/{args.game}-v5", atari=ATARI, frame_stack=4)  # before the first RSS reading
+    if args.codecs:
+        frames = play_frames(env, args.capacity, args.seed)
+        for row in [*codec_rows(args.game, frames, GROUP), rllib_bytes(frames)]:
+            if row is not None:
+                print(json.dumps({"game": args.game, **row}))
+        return
     n_actions = int(env.action_space.n)
     proc = psutil.Process()
     rss_before = proc.memory_info().rss
@@ -105,14 +189,14 @@ def main() -> None:
         "game": args.game, "capacity": buf.capacity, "codec": codec or "none", "env_steps": steps,
         "num_transitions": buf.num_transitions, "nbytes": buf.nbytes,
         "bytes_per_transition": round(buf.nbytes / buf.num_transitions, 1),
-        "rss_bytes": rss_after, "rss_added_bytes": rss_after - rss_before, "evicted_rows": buf.evicted,
+        "rss_bytes": rss_after, "rss_added_bytes": rss_after - rss_before, "evicted_rows": buf.packed.evicted if buf.packed else 0,
         "fill_seconds": round(fill_seconds, 1),
     }
     if codec is None or args.no_compare:
         (row["sample_us"],), _ = time_batches([buf], indices)
     else:
         plain = ReplayBuffer(buf.capacity, (84, 84, 4), np.uint8, n_actions, seed=0, frame_stack=4)
-        plain.load_state_dict(buf.uncompressed_state_dict())
+        plain.load_state_dict(uncompressed_state(buf))
         (row["sample_us"], row["uncompressed_sample_us"]), row["identical"] = time_batches([buf, plain], indices)
         row["uncompressed_bytes_per_transition"] = round(plain.nbytes / plain.num_transitions, 1)
         row["sample_ratio"] = round(row["sample_us"] / row["uncompressed_sample_us"], 3)

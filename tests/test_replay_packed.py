@@ -16,7 +16,8 @@ import pytest
 from compress_dqn.errors import UserError
 from compress_dqn.recipe.schema import ReplayConfig, TrainConfig
 from compress_dqn.replay import packed
-from compress_dqn.replay.buffer import ReplayBuffer, build_replay, load_replay, replay_bytes, replay_capacity
+from compress_dqn.replay.buffer import (ReplayBuffer, build_replay, load_replay, replay_bytes, replay_capacity,
+                                        uncompressed_state)
 from test_replay_frames import K, N_ACTIONS, feed, make_stream
 
 BIG = (12, 8)
@@ -122,7 +123,7 @@ def test_checkpoint_mid_group_resumes_exactly(tmp_path):
     assert state["frame_old_groups"].size and int(state["position"]) % packed.GROUP
     np.savez(tmp_path / "replay.npz", **state)
     resumed = load_replay(tmp_path / "replay.npz", (*BIG, K), np.uint8, N_ACTIONS, frame_stack=K)
-    assert resumed.compress == "zstd" and resumed.memory == first.memory
+    assert resumed.packed is not None and resumed.packed.bound == first.packed.bound
     for buf in (plain, first, resumed):
         feed(buf, data[133:])
     assert_same(plain, resumed)
@@ -136,12 +137,12 @@ def test_a_tight_budget_evicts_the_oldest_rows_and_is_never_exceeded():
     for i in range(0, len(data), 10):
         feed(plain, data[i:i + 10])
         feed(tight, data[i:i + 10])
-        assert tight.nbytes <= tight.memory
+        assert tight.nbytes <= tight.packed.bound
         valid = np.flatnonzero(tight.state_dict()["flags"] & 1)
         assert np.all(plain.state_dict()["flags"][valid] & 1)  # eviction only withdraws transitions
         a, b = plain.gather(valid), tight.gather(valid)
         assert np.array_equal(a.observations, b.observations) and np.array_equal(a.next_observations, b.next_observations)
-    assert tight.evicted > 0 and 0 < tight.num_transitions < plain.num_transitions
+    assert tight.packed.evicted > 0 and 0 < tight.num_transitions < plain.num_transitions
 
 
 def test_refusals_are_one_line_user_errors():
@@ -179,13 +180,13 @@ def test_recipe_settings_build_a_compressed_buffer_within_its_budget():
     assert replay_capacity(train, replay, info) == 1000  # the budget bounds bytes, not rows
     assert replay_bytes(train, replay, info) == 2**20
     buf = build_replay(train, replay, info, seed=0)
-    assert buf.compress == "zstd" and buf.memory == 2**20 and buf.capacity == 1000
+    assert buf.packed is not None and buf.packed.bound == 2**20 and buf.capacity == 1000
     raw = replay_bytes(train, ReplayConfig(), info)
     assert raw == 1000 * (12 * 8 + 6)
     # by default, a bound no frame can push it past: every frame raw, every previous key kept
     assert replay_bytes(train, ReplayConfig(compress="zstd"), info) == build_replay(
-        train, ReplayConfig(compress="zstd"), info, seed=0).memory > raw
-    assert build_replay(train, ReplayConfig(), info, seed=0).compress is None
+        train, ReplayConfig(compress="zstd"), info, seed=0).packed.bound > raw
+    assert build_replay(train, ReplayConfig(), info, seed=0).packed is None
     with pytest.raises(ValueError):
         ReplayConfig(compress="gzip")
 
@@ -196,5 +197,5 @@ def test_an_uncompressed_copy_loads_into_a_plain_buffer():
     feed(plain, data)
     feed(other, data)
     copy = ReplayBuffer(40, (*BIG, K), np.uint8, N_ACTIONS, seed=9, frame_stack=K)
-    copy.load_state_dict(other.uncompressed_state_dict())
+    copy.load_state_dict(uncompressed_state(other))
     assert all(np.array_equal(v, copy.state_dict()[k]) for k, v in plain.state_dict().items() if k != "rng_state")

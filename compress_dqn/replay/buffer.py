@@ -39,7 +39,8 @@ from compress_dqn.errors import UserError
 from compress_dqn.replay.budget import check_bound, format_bytes, rows_for_budget
 from compress_dqn.replay.frames import Rows, frame_shape, pairs_at, stacks_at
 from compress_dqn.replay.index import START, TERMINATED, TRUNCATED, VALID, TransitionIndex, next_rows
-from compress_dqn.replay.packed import CODEC, PackedFrames, packed_state
+from compress_dqn.replay import packed_state
+from compress_dqn.replay.packed import CODEC, PackedFrames, frame_allowance, worst_case
 from compress_dqn.replay.ring import Ring
 from compress_dqn.replay.writer import TransitionWriter
 
@@ -133,14 +134,10 @@ class ReplayBuffer:
         (created or overwritten, left in place afterwards), trading RAM for disk and page cache:
         the OS keeps hot pages cached and evicts the rest.  Its disk space is reserved up front.
         Not a checkpoint: use :meth:`state_dict` for that.  Not with ``compress``.
-    :param compress: ``"zstd"`` keeps each row's frame compressed
-        (:mod:`compress_dqn.replay.packed`): same rows, same samples, bit-identical stacks, a
-        fraction of the memory for image frames.
-    :param memory: with ``compress``, the most bytes the buffer may hold (default: what it
-        would take uncompressed); past it the oldest rows are evicted, so fewer than ``capacity``
-        rows may be held.  Checked against available memory up front.
-    :raises UserError: if the buffer does not fit in available memory (or the memmap file does
-        not fit on its disk), or compress is asked with memmap_path.
+    :param compress: ``"zstd"``: frames kept compressed (:mod:`compress_dqn.replay.packed`), same
+        rows and samples, bit-identical stacks.  ``memory`` is then its byte budget (default: one
+        that never evicts); past it the oldest rows are evicted.
+    :raises UserError: if the buffer does not fit in available memory (or the memmap file on its disk).
     """
 
     def __init__(
@@ -154,21 +151,13 @@ class ReplayBuffer:
         self._obs_shape = _normalize_shape(obs_shape)
         fields = _layout(self._capacity, self._obs_shape, obs_dtype, self._n_actions, self._k)
         self._obs_dtype: np.dtype = fields["obs"][1]
-        self._packed: PackedFrames | None = None
-        if compress is None:
-            memmap = None if memmap_path is None else {"obs": Path(memmap_path)}
-            self._ring = Ring(self._capacity, fields, memmap)
-            self._obs: Rows = self._ring["obs"]
-        else:
-            self._ring, self._packed = _packed_layout(self._capacity, fields, self._k, compress, memory, memmap_path)
-            self._obs = self._packed
+        self._ring, self._packed = _storage(self._capacity, fields, self._k, memmap_path, compress, memory)
+        self._obs: Rows = self._ring["obs"] if self._packed is None else self._packed
         # The ring's arrays under short names: sampling reads them on every call.
         self._actions, self._rewards, self._flags = (self._ring[name] for name in ("actions", "rewards", "flags"))
         self._index = TransitionIndex(self._flags, self._k, seed)
         self._rng = self._index.rng  # the sampling generator
         self._writer = TransitionWriter(self._ring, self._index, self._obs_shape, self._n_actions, self._packed)
-
-    # ------------------------------------------------------------------ sizes
 
     @staticmethod
     def bytes_per_row(
@@ -183,24 +172,13 @@ class ReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the buffer's arrays (a memmap file's included); compressed, the frame
-        payloads as they stand, with a fixed allowance per stored object (see packed.py)."""
+        """Bytes held by the arrays (a memmap file's included) and the compressed rows (packed.py)."""
         return self._ring.nbytes + (self._packed.nbytes if self._packed is not None else 0)
 
     @property
-    def compress(self) -> str | None:
-        """The frame codec (None: frames stored as they are)."""
-        return None if self._packed is None else CODEC
-
-    @property
-    def memory(self) -> int | None:
-        """With compression, the byte budget the buffer stays within (None otherwise)."""
-        return None if self._packed is None else self._packed.bound
-
-    @property
-    def evicted(self) -> int:
-        """Rows evicted to stay within the compressed buffer's byte budget (0 uncompressed)."""
-        return 0 if self._packed is None else self._packed.evicted
+    def packed(self) -> PackedFrames | None:
+        """The compressed frame rows (their byte budget ``bound``, rows ``evicted``), or None."""
+        return self._packed
 
     @property
     def capacity(self) -> int:
@@ -328,41 +306,42 @@ class ReplayBuffer:
         """Everything needed to resume exactly, as plain numpy arrays for ``np.savez`` and
         ``np.load(..., allow_pickle=False)``. ``obs`` holds one frame per row when frame_stack > 1;
         compressed, the ``frame_*`` arrays hold the packed rows instead (their payload a copy)."""
-        packed = self._packed.state_dict() if self._packed is not None else {}
+        packed = packed_state.state_of(self._packed) if self._packed is not None else {}
         return {**self._ring.state_dict(), **self._index.state_dict(), **packed}
-
-    def uncompressed_state_dict(self) -> dict[str, np.ndarray]:
-        """:meth:`state_dict` with the frames decoded into an ``obs`` array, as an uncompressed
-        buffer of the same shape saves and loads it (its own state_dict if it is uncompressed)."""
-        if self._packed is None:
-            return self.state_dict()
-        obs = np.empty(self._packed.shape, self._obs_dtype)
-        for lo in range(0, self._capacity, 4096):  # a few MiB of decoded frames at a time
-            obs[lo : lo + 4096] = self._packed.take(np.arange(lo, min(lo + 4096, self._capacity)))
-        return {"obs": obs, **self._ring.state_dict(), **self._index.state_dict()}
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Restore from :meth:`state_dict` into this (same-shaped) buffer; everything is checked
         before anything changes, so a ValueError leaves the buffer as it was."""
-        saved = packed_state(state)
-        if saved != (self._packed is not None):
-            raise ValueError(f"replay state was saved {'compressed' if saved else 'uncompressed'} but this buffer is "
-                             f"{'uncompressed' if saved else 'compressed'}; build it with "
-                             f"compress={CODEC if saved else None!r}")
-        packed_keys = self._packed.state_keys if self._packed is not None else ()
-        missing = [k for k in (*self._ring.state_keys, *self._index.state_keys, *packed_keys) if k not in state]
-        if missing:
-            raise ValueError(f"replay state is missing {', '.join(missing)}")
-        self._index.check_frame_stack(state)
-        self._ring.check_state(state)
-        self._index.check_state(state)
-        if self._packed is not None:
-            self._packed.check_state(state)
-            self._packed.load_state_dict(state)
-        self._index.load_state_dict(state)
-        self._ring.load_state_dict(state)
+        _check_and_load(self._ring, self._index, self._packed, state)
         # The object is gone; the writer falls back to comparing values.
         self._writer.last_next_obs = None
+
+
+def uncompressed_state(replay: ReplayBuffer) -> dict[str, np.ndarray]:
+    """``replay.state_dict()`` with its frames decoded into an ``obs`` array, as an uncompressed
+    buffer of the same shape saves and loads it."""
+    if replay.packed is None:
+        return replay.state_dict()
+    return {"obs": replay.packed.decoded(), **replay._ring.state_dict(), **replay._index.state_dict()}
+
+
+def _check_and_load(ring: Ring, index: TransitionIndex, packed: PackedFrames | None, state: dict[str, np.ndarray]) -> None:
+    """ReplayBuffer.load_state_dict: check every part of ``state``, then load them."""
+    saved = packed_state.is_packed(state)
+    if saved != (packed is not None):
+        raise ValueError(f"replay state was saved {'compressed' if saved else 'uncompressed'} but this buffer is "
+                         f"{'uncompressed' if saved else 'compressed'}; build it with compress={CODEC if saved else None!r}")
+    packed_keys = packed_state.STATE_KEYS if packed is not None else ()
+    missing = [k for k in (*ring.state_keys, *index.state_keys, *packed_keys) if k not in state]
+    if missing:
+        raise ValueError(f"replay state is missing {', '.join(missing)}")
+    index.check_frame_stack(state)
+    ring.check_state(state)
+    index.check_state(state)
+    if packed is not None:
+        packed_state.load_state(packed, state)  # checks before it changes anything
+    index.load_state_dict(state)
+    ring.load_state_dict(state)
 
 
 @contextlib.contextmanager
@@ -382,16 +361,18 @@ def load_replay(path: Path, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike
     """A buffer of exactly the rows of a ReplayBuffer.state_dict() saved as .npz (no pickle), restored."""
     with np.load(path, allow_pickle=False) as data:
         state = {key: data[key] for key in data.files}
-    packed = {"compress": CODEC, "memory": int(state["frame_budget"])} if packed_state(state) else {}
+    packed = {"compress": CODEC, "memory": int(state["frame_budget"])} if packed_state.is_packed(state) else {}
     replay = ReplayBuffer(len(state["flags"]), obs_shape, obs_dtype, n_actions, seed=0, frame_stack=frame_stack, **packed)
     replay.load_state_dict(state)
     return replay
 
 
-def _packed_layout(capacity: int, fields: dict[str, Any], k: int, compress: str, memory: int | None,
-                   memmap_path: Any) -> tuple[Ring, PackedFrames]:
-    """The ring of per-row fields and the compressed frame rows of a compressed buffer, after
-    checking its byte bound (``memory``, or by default one that never evicts) fits in available memory."""
+def _storage(capacity: int, fields: dict[str, Any], k: int, memmap_path: Any, compress: str | None,
+             memory: int | None) -> tuple[Ring, PackedFrames | None]:
+    """The ring (with the frames, or without them beside the compressed rows); compressed, after
+    checking its byte bound (``memory``, or by default one that never evicts) fits in memory."""
+    if compress is None:
+        return Ring(capacity, fields, None if memmap_path is None else {"obs": Path(memmap_path)}), None
     if compress != CODEC:
         raise UserError(f"replay.compress: {compress!r} is not a codec this buffer has; use {CODEC!r} or null")
     if memmap_path is not None:
@@ -408,7 +389,7 @@ def _packed_bound(capacity: int, frame: tuple[int, ...], dtype: np.dtype, row_fi
     """The default bound of a compressed buffer: the most its rows can hold (no frame compressing),
     so by default nothing is evicted and it samples exactly as the uncompressed buffer."""
     fixed = sum(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in row_fields.values())
-    return capacity * fixed + PackedFrames.worst_case(capacity, math.prod(frame) * dtype.itemsize)
+    return capacity * fixed + worst_case(capacity, math.prod(frame) * dtype.itemsize)
 
 
 def capacity_for_budget(budget_bytes: int, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int, *,
@@ -464,7 +445,7 @@ def replay_expectation(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) 
     frame_bytes = math.prod(frame) * dtype.itemsize
     fixed = capacity * sum(math.prod(shape) * dt.itemsize for name, (shape, dt) in fields.items() if name != "obs")
     bound = replay_bytes(train, replay, info)
-    allowance = PackedFrames.frame_allowance(capacity, frame_bytes, bound - fixed)
+    allowance = frame_allowance(capacity, frame_bytes, bound - fixed)
     fits = "all of them fit" if allowance >= frame_bytes else (
         f"all fit while a frame compresses to {max(0.0, allowance):.0f} B or less on average" if allowance > 0
         else "the per-row fields alone exceed it")

@@ -20,7 +20,6 @@ preallocated beyond one list slot and one byte per row, so resident memory follo
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import numpy as np
 import zstandard
@@ -28,17 +27,18 @@ import zstandard
 from compress_dqn.errors import UserError
 from compress_dqn.replay.budget import format_bytes
 
-__all__ = ["CODEC", "GROUP", "LEVEL", "PackedFrames", "ROW_BYTES", "packed_state"]
+__all__ = ["CODEC", "DELTA", "GROUP", "LAYOUT", "LEVEL", "PackedFrames", "RAW", "ROW_BYTES", "STALE", "frame_allowance",
+           "worst_case"]
 
 CODEC = "zstd"
 LEVEL = 3  # zstd level: higher levels saved little on Atari frames and cost several times the time
 GROUP = 8  # rows per key frame: one more decode per stack, for a delta against a near neighbour
-_NAME = f"{CODEC}-{LEVEL}/xor-key-{GROUP}"  # saved with the state: a different layout is refused
+LAYOUT = f"{CODEC}-{LEVEL}/xor-key-{GROUP}"  # saved with the state: a different layout is refused
 
 # Bits of the per-row kind byte; 0 = nothing stored (never written or evicted).
 FILLED = np.uint8(1)
 DELTA = np.uint8(2)  # payload is the frame XOR its group's key
-STALE = np.uint8(4)  # ...and that key is the group's previous one, kept in _old_keys
+STALE = np.uint8(4)  # ...and that key is the group's previous one, kept in old_keys
 RAW = np.uint8(8)  # payload is uncompressed (zstd did not make it smaller)
 
 # What a stored payload costs beyond its length: the bytes object's header (sys.getsizeof(b"")
@@ -47,13 +47,18 @@ _OBJECT_BYTES = 64
 # What each row costs whatever it holds: a list slot (a pointer) and the kind byte.
 ROW_BYTES = 8 + 1
 
-_STATE = ("frame_codec", "frame_kind", "frame_sizes", "frame_payload", "frame_old_groups", "frame_old_kinds",
-          "frame_old_sizes", "frame_old_payload", "frame_budget")
+def worst_case(capacity: int, frame_bytes: int) -> int:
+    """Bytes ``capacity`` rows can hold at most: every frame stored raw, plus previous keys (rows
+    are written in order, so only the group being rewritten keeps one; two for margin). A
+    budget this large never evicts."""
+    stored = frame_bytes + _OBJECT_BYTES
+    return capacity * (ROW_BYTES + stored) + 2 * stored
 
 
-def packed_state(state: Mapping[str, np.ndarray]) -> bool:
-    """Whether a replay state_dict holds compressed frame rows (else an ``obs`` array)."""
-    return "frame_payload" in state
+def frame_allowance(capacity: int, frame_bytes: int, budget: int) -> float:
+    """Average compressed bytes per frame that ``budget`` (after the per-row bytes here) holds
+    for all ``capacity`` rows: frames that compress to less never cause an eviction."""
+    return (budget - 2 * (frame_bytes + _OBJECT_BYTES)) / capacity - ROW_BYTES - _OBJECT_BYTES
 
 
 class PackedFrames:
@@ -78,16 +83,16 @@ class PackedFrames:
         self.budget = self.bound - fixed_bytes
         self.protect = protect + GROUP
         floor = min(capacity * ROW_BYTES + 2 * self.protect * (self.frame_bytes + _OBJECT_BYTES),
-                    self.worst_case(capacity, self.frame_bytes))
+                    worst_case(capacity, self.frame_bytes))
         if self.budget < floor:
             raise UserError(
                 f"replay memory budget of {format_bytes(self.bound)} cannot hold a compressed buffer of "
                 f"{capacity} rows (needs at least {format_bytes(floor + fixed_bytes)}); raise replay.memory or lower "
                 "train.buffer_size"
             )
-        self._rows: list[bytes | None] = [None] * capacity
+        self.rows: list[bytes | None] = [None] * capacity
         self.kind = np.zeros(capacity, np.uint8)
-        self._old_keys: dict[int, tuple[bytes, int]] = {}  # group -> (payload, kind) of its previous key
+        self.old_keys: dict[int, tuple[bytes, int]] = {}  # group -> (payload, kind) of its previous key
         self._key: tuple[int, np.ndarray] | None = None  # (row, bytes) of the newest key, for encoding
         self.held = capacity * ROW_BYTES  # bytes counted against the budget
         self.evicted = 0  # rows evicted to stay within the budget, since construction
@@ -96,30 +101,10 @@ class PackedFrames:
 
     # ----------------------------------------------------------------- sizes
 
-    @staticmethod
-    def worst_case(capacity: int, frame_bytes: int) -> int:
-        """Bytes ``capacity`` rows can hold at most: every frame stored raw, plus previous keys (rows
-        are written in order, so only the group being rewritten keeps one; two for margin). A
-        budget this large never evicts."""
-        stored = frame_bytes + _OBJECT_BYTES
-        return capacity * (ROW_BYTES + stored) + 2 * stored
-
-    @staticmethod
-    def frame_allowance(capacity: int, frame_bytes: int, budget: int) -> float:
-        """Average compressed bytes per frame that ``budget`` (after the per-row bytes here) holds
-        for all ``capacity`` rows: frames that compress to less never cause an eviction."""
-        return (budget - 2 * (frame_bytes + _OBJECT_BYTES)) / capacity - ROW_BYTES - _OBJECT_BYTES
-
     @property
     def nbytes(self) -> int:
         """Bytes held: payloads with their allowance, the kind bytes and the row slots."""
         return self.held
-
-    @property
-    def payload_bytes(self) -> int:
-        """Compressed bytes alone (no allowance): what a checkpoint's frame payload holds."""
-        rows = sum(len(b) for b in self._rows if b is not None)
-        return rows + sum(len(b) for b, _ in self._old_keys.values())
 
     # --------------------------------------------------------------- writing
 
@@ -133,14 +118,14 @@ class PackedFrames:
         return blob, int(FILLED)
 
     def _drop(self, row: int) -> None:
-        blob = self._rows[row]
+        blob = self.rows[row]
         if blob is not None:
             self.held -= len(blob) + _OBJECT_BYTES
-        self._rows[row] = None
+        self.rows[row] = None
         self.kind[row] = 0
 
     def _drop_old_key(self, group: int) -> None:
-        old = self._old_keys.pop(group, None)
+        old = self.old_keys.pop(group, None)
         if old is not None:
             self.held -= len(old[0]) + _OBJECT_BYTES
 
@@ -153,7 +138,7 @@ class PackedFrames:
             return self._key[1]
         if not self.kind[g0]:
             return None
-        return self._decode_plain(self._rows[g0], int(self.kind[g0]))  # type: ignore[arg-type]
+        return self._decode_plain(self.rows[g0], int(self.kind[g0]))  # type: ignore[arg-type]
 
     def write(self, j: int, frame: np.ndarray) -> list[int]:
         """Store ``frame`` in row ``j`` (the ring's write position); return the rows evicted to
@@ -164,8 +149,8 @@ class PackedFrames:
         if j == g0:
             later = self.kind[j + 1 : end]
             if self.kind[j] and later.any():  # the group's older rows keep decoding against this key
-                self._old_keys[g0] = (self._rows[j], int(self.kind[j]))  # type: ignore[assignment]
-                self.held += len(self._rows[j]) + _OBJECT_BYTES  # type: ignore[arg-type]
+                self.old_keys[g0] = (self.rows[j], int(self.kind[j]))  # type: ignore[assignment]
+                self.held += len(self.rows[j]) + _OBJECT_BYTES  # type: ignore[arg-type]
                 later[later != 0] |= STALE
             self._drop(j)
             blob, kind = self._encode(data)
@@ -178,7 +163,7 @@ class PackedFrames:
                 blob, kind = (data.tobytes(), kind) if kind & RAW else (blob, kind | int(DELTA))
             if j + 1 >= end or not self.kind[j + 1] & STALE:
                 self._drop_old_key(g0)  # no row decodes against the previous key any more
-        self._rows[j] = blob
+        self.rows[j] = blob
         self.kind[j] = kind
         self.held += len(blob) + _OBJECT_BYTES
         return self._evict_past_budget(j)
@@ -231,11 +216,11 @@ class PackedFrames:
         # A key is its group's first row, or (STALE) the group's previous key: number them.
         key_ids = np.where(delta, (flat - flat % GROUP) * 2 + ((kinds & STALE) != 0), -1)
         unique_keys, key_index = np.unique(key_ids, return_inverse=True)  # -1 first: the zero frame
-        stored = self._rows
+        stored = self.rows
         key_blobs: list[bytes | None] = [None]
         key_kinds = [0]
         for key in unique_keys[unique_keys >= 0].tolist():
-            blob, kind = self._old_keys[key >> 1] if key & 1 else (stored[key >> 1], int(self.kind[key >> 1]))
+            blob, kind = self.old_keys[key >> 1] if key & 1 else (stored[key >> 1], int(self.kind[key >> 1]))
             key_blobs.append(blob)
             key_kinds.append(kind)
         if unique_keys[0] >= 0:  # no row without a key: drop the zero frame, keep the numbering
@@ -245,69 +230,18 @@ class PackedFrames:
             np.bitwise_xor(out, self._decode_many(key_blobs, key_kinds)[key_index], out=out)
         return out.view(self.dtype).reshape(*np.shape(rows), *self.shape[1:])
 
-    def __getitem__(self, rows: np.ndarray | int) -> np.ndarray:
-        return self.take(np.asarray(rows))
-
     # ----------------------------------------------------------- checkpoints
 
-    @property
-    def state_keys(self) -> tuple[str, ...]:
-        return _STATE
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """The rows as plain arrays: sizes, kinds and one concatenated payload (a copy), plus the
-        previous keys still in use and the codec's name, so a loader can refuse another layout."""
-        sizes = np.fromiter((len(b) if b is not None else 0 for b in self._rows), np.uint32, self.capacity)
-        groups = np.array(sorted(self._old_keys), dtype=np.int64)
-        old = [self._old_keys[g] for g in groups.tolist()]
-        return {
-            "frame_codec": np.array(_NAME),
-            "frame_kind": self.kind.copy(),
-            "frame_sizes": sizes,
-            "frame_payload": np.frombuffer(b"".join(b for b in self._rows if b is not None), np.uint8),
-            "frame_old_groups": groups,
-            "frame_old_kinds": np.array([k for _, k in old], dtype=np.uint8),
-            "frame_old_sizes": np.array([len(b) for b, _ in old], dtype=np.uint32),
-            "frame_old_payload": np.frombuffer(b"".join(b for b, _ in old), np.uint8),
-            "frame_budget": np.array(self.bound, dtype=np.int64),
-        }
-
-    def check_state(self, state: Mapping[str, np.ndarray]) -> None:
-        """Raise ValueError unless ``state`` is this layout's, for this many rows, self-consistent."""
-        codec = str(np.asarray(state["frame_codec"])[()])
-        if codec != _NAME:
-            raise ValueError(f"replay state's frames are packed as {codec!r}; this version reads {_NAME!r}")
-        kind, sizes = np.asarray(state["frame_kind"]), np.asarray(state["frame_sizes"])
-        if kind.shape != (self.capacity,) or sizes.shape != (self.capacity,):
-            raise ValueError(f"replay state holds {kind.shape[0]} compressed rows, this buffer has {self.capacity}")
-        if int(sizes.sum(dtype=np.int64)) != np.asarray(state["frame_payload"]).size:
-            raise ValueError("replay state's frame sizes do not add up to its payload")
-        if not np.array_equal(kind != 0, sizes != 0):
-            raise ValueError("replay state's frame kinds and sizes disagree on which rows hold a frame")
-        if int(np.asarray(state["frame_old_sizes"]).sum(dtype=np.int64)) != np.asarray(state["frame_old_payload"]).size:
-            raise ValueError("replay state's previous-key sizes do not add up to their payload")
-        stale = np.flatnonzero(kind & STALE)
-        if not set((stale - stale % GROUP).tolist()) <= set(np.asarray(state["frame_old_groups"]).tolist()):
-            raise ValueError("replay state has rows that decode against a previous key it does not hold")
-
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        """Restore the rows of a checked ``state`` (the budget stays this buffer's own)."""
-        self.check_state(state)
-        sizes = np.asarray(state["frame_sizes"]).astype(np.int64)
-        payload = np.asarray(state["frame_payload"]).tobytes()
-        ends = np.cumsum(sizes).tolist()
-        starts = [e - s for e, s in zip(ends, sizes.tolist())]
-        self._rows = [payload[a:b] if b > a else None for a, b in zip(starts, ends)]
-        self.kind = np.asarray(state["frame_kind"]).astype(np.uint8).copy()
-        old = np.asarray(state["frame_old_payload"]).tobytes()
-        old_ends = np.cumsum(np.asarray(state["frame_old_sizes"]).astype(np.int64)).tolist()
-        old_starts = [0, *old_ends[:-1]]
-        self._old_keys = {
-            int(g): (old[a:b], int(k))
-            for g, k, a, b in zip(np.asarray(state["frame_old_groups"]).tolist(),
-                                  np.asarray(state["frame_old_kinds"]).tolist(), old_starts, old_ends)
-        }
+    def adopt(self, rows: list[bytes | None], kind: np.ndarray, old_keys: dict[int, tuple[bytes, int]]) -> None:
+        """Hold these rows (from a checked checkpoint: see packed_state.py) instead of the current ones."""
+        self.rows, self.kind, self.old_keys = rows, kind, old_keys
         self._key = None
-        self.held = self.capacity * ROW_BYTES + sum(len(b) + _OBJECT_BYTES for b in self._rows if b is not None)
-        self.held += sum(len(b) + _OBJECT_BYTES for b, _ in self._old_keys.values())
+        self.held = self.capacity * ROW_BYTES + sum(len(b) + _OBJECT_BYTES for b in rows if b is not None)
+        self.held += sum(len(b) + _OBJECT_BYTES for b, _ in old_keys.values())
 
+    def decoded(self) -> np.ndarray:
+        """Every row's frame, decoded into one (capacity, *frame) array, a few MiB at a time."""
+        out = np.empty(self.shape, self.dtype)
+        for lo in range(0, self.capacity, 4096):
+            out[lo : lo + 4096] = self.take(np.arange(lo, min(lo + 4096, self.capacity)))
+        return out
