@@ -206,28 +206,33 @@ class PackedFrames:
         )
         return np.frombuffer(joined, np.uint8).reshape(len(blobs), self.frame_bytes)
 
+    def _key_frames(self, keys: list[int], out: np.ndarray, decoded_at: dict[int, int]) -> np.ndarray:
+        """Frames of keys numbered ``row * 2`` (+ 1: the group's previous key), after a zero frame:
+        copied from ``out`` where the batch decoded the key row itself, decoded otherwise."""
+        need = [key for key in keys if key not in decoded_at]
+        found = [self.old_keys[key >> 1] if key & 1 else (self.rows[key >> 1], int(self.kind[key >> 1])) for key in need]
+        fresh = iter(self._decode_many([blob for blob, _ in found], [kind for _, kind in found]))
+        frames = np.zeros((len(keys) + 1, self.frame_bytes), np.uint8)
+        for n, key in enumerate(keys, 1):
+            frames[n] = out[decoded_at[key]] if key in decoded_at else next(fresh)
+        return frames
+
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Frames of ``rows`` (any int array shape): every row decompressed into one array, then
         one XOR with its key's frame (a zero frame for rows that are not deltas); each key a
-        batch needs is decoded once."""
+        batch needs is decoded once, or not at all where the batch holds the key row itself."""
         flat = np.asarray(rows, dtype=np.int64).reshape(-1)
         kinds = self.kind[flat]
         delta = (kinds & DELTA) != 0
-        # A key is its group's first row, or (STALE) the group's previous key: number them.
-        key_ids = np.where(delta, (flat - flat % GROUP) * 2 + ((kinds & STALE) != 0), -1)
-        unique_keys, key_index = np.unique(key_ids, return_inverse=True)  # -1 first: the zero frame
-        stored = self.rows
-        key_blobs: list[bytes | None] = [None]
-        key_kinds = [0]
-        for key in unique_keys[unique_keys >= 0].tolist():
-            blob, kind = self.old_keys[key >> 1] if key & 1 else (stored[key >> 1], int(self.kind[key >> 1]))
-            key_blobs.append(blob)
-            key_kinds.append(kind)
-        if unique_keys[0] >= 0:  # no row without a key: drop the zero frame, keep the numbering
-            key_blobs, key_kinds = key_blobs[1:], key_kinds[1:]
-        out = self._decode_many([stored[row] for row in flat.tolist()], (kinds & ~STALE & ~DELTA).tolist())
+        out = self._decode_many([self.rows[row] for row in flat.tolist()], (kinds & ~STALE & ~DELTA).tolist())
         if delta.any():
-            np.bitwise_xor(out, self._decode_many(key_blobs, key_kinds)[key_index], out=out)
+            # A key is its group's first row, or (STALE) the group's previous key: number them.
+            key_ids = np.where(delta, (flat - flat % GROUP) * 2 + ((kinds & STALE) != 0), -1)
+            unique_keys, key_index = np.unique(key_ids, return_inverse=True)  # -1 first, if any
+            key_rows = (flat % GROUP == 0) & (kinds != 0) & ~delta
+            decoded_at = dict(zip((flat[key_rows] * 2).tolist(), np.flatnonzero(key_rows).tolist()))
+            keys = self._key_frames(unique_keys[unique_keys >= 0].tolist(), out, decoded_at)
+            np.bitwise_xor(out, keys[key_index + (unique_keys[0] >= 0)], out=out)
         return out.view(self.dtype).reshape(*np.shape(rows), *self.shape[1:])
 
     # ----------------------------------------------------------- checkpoints
