@@ -13,15 +13,17 @@ written.  It reports:
   per-row fields: ReplayBuffer.nbytes, not a preallocated budget) over its sampleable transitions;
 - rss_bytes / rss_added_bytes: the process's resident memory after filling, and what building and
   filling the buffer added to it (the environment is made before the first reading);
-- sample_us: median wall time of one batch of 32 four-frame stacks with their next stacks
-  (ReplayBuffer.gather on pre-drawn indices, decoding included: it runs on the caller's thread);
+- sample_us (and sample_us_min, the fastest batch): median wall time of one batch of 32 four-frame
+  stacks with their next stacks (ReplayBuffer.gather on pre-drawn indices, decoding included: it
+  runs on the caller's thread);
 - with --codecs instead: for the first `capacity` frames of play, the mean bytes a frame compresses
   to and the microseconds to compress and decompress one, for the codecs this choice was made
   among (zstd levels, lz4, blosc2 where installed; each frame alone or XORed with its group's key,
   as replay.compress stores it), and RLlib's LZ4 packing of a transition's two stacks;
 - with --compress, unless --no-compare: an uncompressed buffer with the same rows (decoded from
   the compressed one after the RSS reading), timed back to back on the same indices
-  (uncompressed_sample_us, sample_ratio), and whether every timed batch was bit-identical.
+  (uncompressed_sample_us, sample_ratio, and the same for the fastest batches), and whether every
+  timed batch was bit-identical.
 """
 
 from __future__ import annotations
@@ -60,9 +62,9 @@ def fill(buf: ReplayBuffer, env: Any, seed: int) -> int:
     return steps
 
 
-def time_batches(buffers: list[ReplayBuffer], indices: list[np.ndarray]) -> tuple[list[float], bool]:
-    """Median microseconds per batch of each buffer on the same indices, alternating buffers
-    batch by batch so both see the same machine load; and whether all batches were identical."""
+def time_batches(buffers: list[ReplayBuffer], indices: list[np.ndarray]) -> tuple[list[list[float]], bool]:
+    """Microseconds of each batch of each buffer on the same indices, alternating buffers batch by
+    batch so both see the same machine load; and whether all batches were identical."""
     times: list[list[float]] = [[] for _ in buffers]
     identical = True
     for idx in indices:
@@ -74,7 +76,13 @@ def time_batches(buffers: list[ReplayBuffer], indices: list[np.ndarray]) -> tupl
         first = batches[0]
         for other in batches[1:]:
             identical &= all(np.array_equal(a, b) for a, b in zip(first[:5], other[:5]))
-    return [float(np.median(t)) for t in times], identical
+    return times, identical
+
+
+def summary(name: str, times: list[float]) -> dict[str, float]:
+    """Median and fastest batch: on a shared machine a batch that loses its core mid-way inflates
+    the median, and more so for the longer (compressed) batches; the fastest is the cost itself."""
+    return {name: round(float(np.median(times)), 1), f"{name}_min": round(float(np.min(times)), 1)}
 
 
 def play_frames(env: Any, n: int, seed: int) -> np.ndarray:
@@ -193,14 +201,16 @@ def main() -> None:
         "fill_seconds": round(fill_seconds, 1),
     }
     if codec is None or args.no_compare:
-        (row["sample_us"],), _ = time_batches([buf], indices)
+        (times,), _ = time_batches([buf], indices)
+        row.update(summary("sample_us", times))
     else:
         plain = ReplayBuffer(buf.capacity, (84, 84, 4), np.uint8, n_actions, seed=0, frame_stack=4)
         plain.load_state_dict(uncompressed_state(buf))
-        (row["sample_us"], row["uncompressed_sample_us"]), row["identical"] = time_batches([buf, plain], indices)
+        (times, plain_times), row["identical"] = time_batches([buf, plain], indices)
+        row.update({**summary("sample_us", times), **summary("uncompressed_sample_us", plain_times)})
         row["uncompressed_bytes_per_transition"] = round(plain.nbytes / plain.num_transitions, 1)
         row["sample_ratio"] = round(row["sample_us"] / row["uncompressed_sample_us"], 3)
-    row["sample_us"] = round(row["sample_us"], 1)
+        row["sample_ratio_min"] = round(row["sample_us_min"] / row["uncompressed_sample_us_min"], 3)
     print(json.dumps(row))
 
 
