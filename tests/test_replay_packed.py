@@ -16,8 +16,8 @@ import pytest
 from compress_dqn.errors import UserError
 from compress_dqn.recipe.schema import ReplayConfig, TrainConfig
 from compress_dqn.replay import packed
-from compress_dqn.replay.buffer import (ReplayBuffer, build_replay, load_replay, replay_bytes, replay_capacity,
-                                        uncompressed_state)
+from compress_dqn.replay.buffer import (ATARI_ROW_BYTES, ReplayBuffer, build_replay, load_replay, replay_bytes,
+                                        replay_capacity, replay_expectation, uncompressed_state)
 from test_replay_frames import K, N_ACTIONS, feed, make_stream
 
 BIG = (12, 8)
@@ -199,3 +199,16 @@ def test_an_uncompressed_copy_loads_into_a_plain_buffer():
     copy = ReplayBuffer(40, (*BIG, K), np.uint8, N_ACTIONS, seed=9, frame_stack=K)
     copy.load_state_dict(uncompressed_state(other))
     assert all(np.array_equal(v, copy.state_dict()[k]) for k, v in plain.state_dict().items() if k != "rng_state")
+
+
+def test_validate_says_what_a_compressed_buffer_is_expected_to_hold():
+    info = SimpleNamespace(obs_shape=(84, 84, 4), obs_dtype=np.uint8, n_actions=6, frame_stack=4)
+    train = TrainConfig(buffer_size=1_000_000)
+    assert replay_expectation(train, ReplayConfig(), info) is None
+    assert "all fit, whatever the frames" in replay_expectation(train, ReplayConfig(compress="zstd"), info)
+    roomy = replay_expectation(train, ReplayConfig(compress="zstd", memory="1GiB"), info)
+    assert "averages 1074 B or less" in roomy and "all of them expected to fit" in roomy
+    tight = replay_expectation(train, ReplayConfig(compress="zstd", memory="100MiB"), info)
+    lo, hi = ATARI_ROW_BYTES
+    per_row = (100 * 2**20 - 2 * (84 * 84 + 64)) / 1_000_000
+    assert f"{int(1_000_000 * per_row / hi)}-{int(1_000_000 * per_row / lo)} of them expected to fit" in tight

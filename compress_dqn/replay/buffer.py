@@ -40,12 +40,13 @@ from compress_dqn.replay.budget import check_bound, format_bytes, rows_for_budge
 from compress_dqn.replay.frames import Rows, frame_shape, pairs_at, stacks_at
 from compress_dqn.replay.index import START, TERMINATED, TRUNCATED, VALID, TransitionIndex, next_rows
 from compress_dqn.replay import packed_state
-from compress_dqn.replay.packed import CODEC, PackedFrames, frame_allowance, worst_case
+from compress_dqn.replay.packed import CODEC, PackedFrames, row_allowance, worst_case
 from compress_dqn.replay.ring import Ring
 from compress_dqn.replay.writer import TransitionWriter
 
-# What validate quotes beside a compressed buffer's allowance: benchmarks/replay_memory.py's figures.
-ATARI_FRAME_BYTES = "84x84 Atari frames took 95-460 B a row in the benchmark's five games"
+# Bytes a row took, compressed, in benchmarks/replay_memory.py's five Atari games (lowest, highest):
+# what validate quotes beside a compressed buffer's budget.
+ATARI_ROW_BYTES = (185, 566)
 
 __all__ = ["Batch", "ReplayBuffer", "VALID", "TERMINATED", "TRUNCATED", "START", "format_bytes"]
 
@@ -435,19 +436,19 @@ def build_replay(train: TrainConfig, replay: ReplayConfig, info: EnvInfo, seed: 
 
 def replay_expectation(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> str | None:
     """What a compressed buffer is expected to hold, for validate (None when uncompressed): the
-    average compressed frame size up to which all its rows fit in its budget, beside what Atari
-    frames measured (docs/replay-memory.md); past it the oldest rows are evicted."""
+    bytes a row may average for all rows to fit its budget, and how many rows fit at the sizes
+    Atari frames measured (docs/replay-memory.md); past the budget the oldest rows are evicted."""
     if replay.compress is None:
         return None
     capacity = replay_capacity(train, replay, info)
     fields = _layout(capacity, _normalize_shape(info.obs_shape), info.obs_dtype, info.n_actions, info.frame_stack)
     frame, dtype = fields["obs"]
-    frame_bytes = math.prod(frame) * dtype.itemsize
-    fixed = capacity * sum(math.prod(shape) * dt.itemsize for name, (shape, dt) in fields.items() if name != "obs")
     bound = replay_bytes(train, replay, info)
-    allowance = frame_allowance(capacity, frame_bytes, bound - fixed)
-    fits = "all of them fit" if allowance >= frame_bytes else (
-        f"all fit while a frame compresses to {max(0.0, allowance):.0f} B or less on average" if allowance > 0
-        else "the per-row fields alone exceed it")
-    return (f"replay: {replay.compress}-compressed {capacity} rows within {format_bytes(bound, 1)}: {fits}; "
-            f"{ATARI_FRAME_BYTES} (docs/replay-memory.md); past the budget the oldest rows are evicted")
+    per_row = row_allowance(capacity, math.prod(frame) * dtype.itemsize, bound)
+    if bound >= _packed_bound(capacity, frame, dtype, {name: spec for name, spec in fields.items() if name != "obs"}):
+        return f"replay: {replay.compress}-compressed, {capacity} rows within {format_bytes(bound, 1)}: all fit, whatever the frames"
+    held = [min(capacity, int(capacity * per_row / b)) for b in ATARI_ROW_BYTES]
+    expect = "all of them" if held[1] == capacity else f"{held[1]}-{held[0]} of them"
+    return (f"replay: {replay.compress}-compressed, {capacity} rows within {format_bytes(bound, 1)}: all fit while a row "
+            f"averages {max(0.0, per_row):.0f} B or less (past that the oldest are evicted); 84x84 Atari frames cost "
+            f"{ATARI_ROW_BYTES[0]}-{ATARI_ROW_BYTES[1]} B a row (docs/replay-memory.md): {expect} expected to fit")

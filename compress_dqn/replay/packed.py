@@ -27,7 +27,7 @@ import zstandard
 from compress_dqn.errors import UserError
 from compress_dqn.replay.budget import format_bytes
 
-__all__ = ["CODEC", "DELTA", "GROUP", "LAYOUT", "LEVEL", "PackedFrames", "RAW", "ROW_BYTES", "STALE", "frame_allowance",
+__all__ = ["CODEC", "DELTA", "GROUP", "LAYOUT", "LEVEL", "PackedFrames", "RAW", "ROW_BYTES", "STALE", "row_allowance",
            "worst_case"]
 
 CODEC = "zstd"
@@ -55,10 +55,10 @@ def worst_case(capacity: int, frame_bytes: int) -> int:
     return capacity * (ROW_BYTES + stored) + 2 * stored
 
 
-def frame_allowance(capacity: int, frame_bytes: int, budget: int) -> float:
-    """Average compressed bytes per frame that ``budget`` (after the per-row bytes here) holds
-    for all ``capacity`` rows: frames that compress to less never cause an eviction."""
-    return (budget - 2 * (frame_bytes + _OBJECT_BYTES)) / capacity - ROW_BYTES - _OBJECT_BYTES
+def row_allowance(capacity: int, frame_bytes: int, budget: int) -> float:
+    """Bytes a row may cost on average (compressed frame, its allowance, every per-row field) for
+    ``capacity`` rows to fit ``budget`` (the whole buffer's): rows that cost less are never evicted."""
+    return (budget - 2 * (frame_bytes + _OBJECT_BYTES)) / capacity
 
 
 class PackedFrames:
