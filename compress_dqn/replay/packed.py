@@ -47,6 +47,7 @@ _OBJECT_BYTES = 64
 # What each row costs whatever it holds: a list slot (a pointer) and the kind byte.
 ROW_BYTES = 8 + 1
 
+
 def worst_case(capacity: int, frame_bytes: int) -> int:
     """Bytes ``capacity`` rows can hold at most: every frame stored raw, plus previous keys (rows
     are written in order, so only the group being rewritten keeps one; two for margin). A
