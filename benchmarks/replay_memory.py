@@ -15,7 +15,8 @@ written.  It reports:
   filling the buffer added to it (the environment is made before the first reading);
 - sample_us (and sample_us_min, the fastest batch): median wall time of one batch of 32 four-frame
   stacks with their next stacks (ReplayBuffer.gather on pre-drawn indices, decoding included: it
-  runs on the caller's thread);
+  runs on the caller's thread); sample_cpu_us: its mean CPU time, which other jobs on a shared
+  machine do not inflate;
 - with --codecs instead: for the first `capacity` frames of play, the mean bytes a frame compresses
   to and the microseconds to compress and decompress one, for the codecs this choice was made
   among (zstd levels, lz4, blosc2 where installed; each frame alone or XORed with its group's key,
@@ -62,21 +63,25 @@ def fill(buf: ReplayBuffer, env: Any, seed: int) -> int:
     return steps
 
 
-def time_batches(buffers: list[ReplayBuffer], indices: list[np.ndarray]) -> tuple[list[list[float]], bool]:
-    """Microseconds of each batch of each buffer on the same indices, alternating buffers batch by
-    batch so both see the same machine load; and whether all batches were identical."""
+def time_batches(buffers: list[ReplayBuffer], indices: list[np.ndarray]) -> tuple[list[list[float]], list[float], bool]:
+    """Wall microseconds of each batch of each buffer on the same indices, alternating buffers
+    batch by batch so both see the same machine load; each buffer's mean CPU microseconds a batch
+    (this thread's, which a busy machine does not inflate by preempting it); and whether all
+    batches were identical."""
     times: list[list[float]] = [[] for _ in buffers]
+    cpu = [0.0 for _ in buffers]
     identical = True
     for idx in indices:
         batches = []
         for n, buf in enumerate(buffers):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             batches.append(buf.gather(idx))
             times[n].append((time.perf_counter() - t0) * 1e6)
+            cpu[n] += (time.thread_time() - c0) * 1e6 / len(indices)
         first = batches[0]
         for other in batches[1:]:
             identical &= all(np.array_equal(a, b) for a, b in zip(first[:5], other[:5]))
-    return times, identical
+    return times, cpu, identical
 
 
 def summary(name: str, times: list[float]) -> dict[str, float]:
@@ -201,13 +206,15 @@ def main() -> None:
         "fill_seconds": round(fill_seconds, 1),
     }
     if codec is None or args.no_compare:
-        (times,), _ = time_batches([buf], indices)
-        row.update(summary("sample_us", times))
+        (times,), (cpu,), _ = time_batches([buf], indices)
+        row.update({**summary("sample_us", times), "sample_cpu_us": round(cpu, 1)})
     else:
         plain = ReplayBuffer(buf.capacity, (84, 84, 4), np.uint8, n_actions, seed=0, frame_stack=4)
         plain.load_state_dict(uncompressed_state(buf))
-        (times, plain_times), row["identical"] = time_batches([buf, plain], indices)
-        row.update({**summary("sample_us", times), **summary("uncompressed_sample_us", plain_times)})
+        (times, plain_times), (cpu, plain_cpu), row["identical"] = time_batches([buf, plain], indices)
+        row.update({**summary("sample_us", times), **summary("uncompressed_sample_us", plain_times),
+                    "sample_cpu_us": round(cpu, 1), "uncompressed_sample_cpu_us": round(plain_cpu, 1),
+                    "sample_cpu_ratio": round(cpu / plain_cpu, 3)})
         row["uncompressed_bytes_per_transition"] = round(plain.nbytes / plain.num_transitions, 1)
         row["sample_ratio"] = round(row["sample_us"] / row["uncompressed_sample_us"], 3)
         row["sample_ratio_min"] = round(row["sample_us_min"] / row["uncompressed_sample_us_min"], 3)

@@ -38,7 +38,7 @@ def test_replay_memory_compresses_real_atari_frames_and_samples_them_identically
     assert 0 < row["num_transitions"] < row["capacity"] <= row["env_steps"]
     assert row["bytes_per_transition"] < row["uncompressed_bytes_per_transition"] / 4  # far below one 7 KB frame
     assert row["uncompressed_bytes_per_transition"] > 84 * 84
-    assert 0 < row["sample_us_min"] <= row["sample_us"] and row["uncompressed_sample_us"] > 0 and row["rss_bytes"] > row["rss_added_bytes"] > 0
+    assert 0 < row["sample_us_min"] <= row["sample_us"] and 0 < row["sample_cpu_us"] and row["uncompressed_sample_us"] > 0 and row["rss_bytes"] > row["rss_added_bytes"] > 0
 
 
 def test_verdict_calibration_gives_shares_per_case():

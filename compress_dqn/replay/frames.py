@@ -53,19 +53,20 @@ def stack(frames_newest_first: list[np.ndarray]) -> np.ndarray:
     return np.stack(frames_newest_first[::-1], axis=-1)
 
 
-def gather(obs: Rows, rows: list[np.ndarray]) -> list[np.ndarray]:
+def gather(obs: Rows, rows: list[np.ndarray], scratch: bool = False) -> list[np.ndarray]:
     """The frames of each array of row indices; compressed rows are decoded in one pass, so a
-    key or a row shared by several stacks is decoded once."""
+    key or a row shared by several stacks is decoded once. ``scratch``: the caller copies the
+    frames out before the next gather (the compressed store may then reuse its arrays)."""
     if isinstance(obs, np.ndarray):
         return [obs[r] for r in rows]
-    return list(obs.take(np.stack(rows)))
+    return list(obs.take(np.stack(rows), scratch=scratch))
 
 
 def stacks_at(obs: Rows, flags: np.ndarray, idx: np.ndarray, k: int) -> np.ndarray:
     """Observations of rows ``idx`` (copies): the rows themselves, or their rebuilt stacks."""
     if k == 1:
         return gather(obs, [idx])[0]
-    return stack(gather(obs, stack_rows(flags, idx, k)))
+    return stack(gather(obs, stack_rows(flags, idx, k), scratch=True))
 
 
 def pairs_at(
@@ -79,7 +80,7 @@ def pairs_at(
     if k == 1:
         first, second = gather(obs, [idx, next_idx])
         return first, second
-    nxt, *frames = gather(obs, [next_idx, *stack_rows(flags, idx, k)])
+    nxt, *frames = gather(obs, [next_idx, *stack_rows(flags, idx, k)], scratch=True)
     return stack(frames), stack([nxt, *frames[:-1]])
 
 

@@ -97,6 +97,7 @@ class PackedFrames:
         self._key: tuple[int, np.ndarray] | None = None  # (row, bytes) of the newest key, for encoding
         self.held = capacity * ROW_BYTES  # bytes counted against the budget
         self.evicted = 0  # rows evicted to stay within the budget, since construction
+        self._scratches = [np.empty((0, self.frame_bytes), np.uint8)] * 2  # see _scratch
         self._cctx = zstandard.ZstdCompressor(level=LEVEL)
         self._dctx = zstandard.ZstdDecompressor()
 
@@ -197,15 +198,33 @@ class PackedFrames:
             return np.frombuffer(blob, np.uint8)
         return np.frombuffer(self._dctx.decompress(blob), np.uint8)
 
-    def _decode_many(self, blobs: list[bytes | None], kinds: list[int]) -> np.ndarray:
-        """Payloads decoded into one writable (n, frame_bytes) uint8 array: RAW ones as they are,
-        missing ones (unwritten rows) as zeros, as an uncompressed ring holds them."""
-        decompress, zeros = self._dctx.decompress, bytes(self.frame_bytes)
-        joined = bytearray().join(
-            zeros if not kind else blob if kind & RAW else decompress(blob)  # type: ignore[misc]
-            for blob, kind in zip(blobs, kinds)
-        )
-        return np.frombuffer(joined, np.uint8).reshape(len(blobs), self.frame_bytes)
+    def _scratch(self, slot: int, n: int) -> np.ndarray:
+        """A reused (n, frame_bytes) array: fresh batch-sized arrays cost page faults on every batch."""
+        if self._scratches[slot].shape[0] < n:
+            self._scratches[slot] = np.empty((n, self.frame_bytes), np.uint8)
+        return self._scratches[slot][:n]
+
+    def _decode_many(self, blobs: list[bytes | None], kinds: list[int], out: np.ndarray | None = None) -> np.ndarray:
+        """Payloads decoded into one (n, frame_bytes) uint8 array: RAW ones as they are, missing
+        ones (unwritten rows) as zeros, as an uncompressed ring holds them.
+
+        Each frame is copied into place as soon as it is decoded, so one frame-sized temporary is
+        reused throughout: joining all decoded frames at the end kept n of them alive at once and
+        cost several times the decoding itself."""
+        size = self.frame_bytes
+        out = np.empty((len(blobs), size), np.uint8) if out is None else out
+        if not blobs:
+            return out
+        into = memoryview(out).cast("B")
+        decompress = self._dctx.decompress
+        for n, (blob, kind) in enumerate(zip(blobs, kinds)):
+            if kind == FILLED:
+                into[n * size : (n + 1) * size] = decompress(blob)  # type: ignore[arg-type]
+            elif kind:
+                into[n * size : (n + 1) * size] = blob  # type: ignore[assignment]
+            else:
+                out[n] = 0
+        return out
 
     def _key_frames(self, keys: list[int], out: np.ndarray, decoded_at: dict[int, int]) -> np.ndarray:
         """Frames of keys numbered ``row * 2`` (+ 1: the group's previous key), after a zero frame:
@@ -218,14 +237,18 @@ class PackedFrames:
             frames[n] = out[decoded_at[key]] if key in decoded_at else next(fresh)
         return frames
 
-    def take(self, rows: np.ndarray) -> np.ndarray:
+    def take(self, rows: np.ndarray, scratch: bool = False) -> np.ndarray:
         """Frames of ``rows`` (any int array shape): every row decompressed into one array, then
         one XOR with its key's frame (a zero frame for rows that are not deltas); each key a
-        batch needs is decoded once, or not at all where the batch holds the key row itself."""
+        batch needs is decoded once, or not at all where the batch holds the key row itself.
+
+        :param scratch: decode into arrays this store reuses (the result is valid until the next
+            take), for callers that copy the frames out at once (into stacks)."""
         flat = np.asarray(rows, dtype=np.int64).reshape(-1)
         kinds = self.kind[flat]
         delta = (kinds & DELTA) != 0
-        out = self._decode_many([self.rows[row] for row in flat.tolist()], (kinds & ~STALE & ~DELTA).tolist())
+        out = self._decode_many([self.rows[row] for row in flat.tolist()], (kinds & ~STALE & ~DELTA).tolist(),
+                                self._scratch(0, flat.size) if scratch else None)
         if delta.any():
             # A key is its group's first row, or (STALE) the group's previous key: number them.
             key_ids = np.where(delta, (flat - flat % GROUP) * 2 + ((kinds & STALE) != 0), -1)
@@ -233,7 +256,9 @@ class PackedFrames:
             key_rows = (flat % GROUP == 0) & (kinds != 0) & ~delta
             decoded_at = dict(zip((flat[key_rows] * 2).tolist(), np.flatnonzero(key_rows).tolist()))
             keys = self._key_frames(unique_keys[unique_keys >= 0].tolist(), out, decoded_at)
-            np.bitwise_xor(out, keys[key_index + (unique_keys[0] >= 0)], out=out)
+            which = key_index + (unique_keys[0] >= 0)
+            np.bitwise_xor(out, np.take(keys, which, axis=0, out=self._scratch(1, flat.size)) if scratch else keys[which],
+                           out=out)
         return out.view(self.dtype).reshape(*np.shape(rows), *self.shape[1:])
 
     # ----------------------------------------------------------- checkpoints
