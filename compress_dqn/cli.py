@@ -265,6 +265,7 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
     """Check a recipe and its environment without training (and without importing TensorFlow)."""
     loaded = _load(recipe, seed, overrides)
     from compress_dqn.envs.environment import probe_env
+    from compress_dqn.replay.buffer import replay_expectation
     from compress_dqn.run import resources
 
     info = probe_env(loaded.env)
@@ -275,6 +276,8 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
         f"{needed.replay_bytes / 2**20:.1f} MiB; needs ~{needed.memory_bytes / 2**30:.1f} GiB of memory and "
         f"~{needed.disk_bytes / 2**30:.2f} GiB of disk per seed"
     )
+    if (expectation := replay_expectation(loaded.train, loaded.replay, info)) is not None:
+        click.echo(expectation)
     try:  # the recipe is valid; whether this machine can run it is a warning, not an error
         resources.check(needed, Path("runs") / loaded.name)
     except UserError as exc:

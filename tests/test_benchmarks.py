@@ -29,14 +29,16 @@ def bench(name: str, *args: str, cwd: Path = ROOT, timeout: float = 600) -> list
     return [json.loads(line) for line in lines]
 
 
-def test_replay_memory_stores_one_frame_per_transition():
-    """It crashed at zip(*batch) once Batch grew an n-step field that is None for 1-step batches."""
+def test_replay_memory_compresses_real_atari_frames_and_samples_them_identically():
+    """Smoke size: 3,000 rows of Pong, compressed, timed against the uncompressed buffer on the
+    same indices. It crashed at zip(*batch) once, when Batch grew an n-step field."""
     (row,) = bench("replay_memory")
-    assert row["capacity"] == 5000 and row["frame_stack"] == 4 and row["frame_bytes"] == 84 * 84
-    assert row["nbytes"] == row["capacity"] * (row["frame_bytes"] + row["overhead_bytes"])
-    assert row["ratio_vs_frame_plus_fields"] == 1.0
-    assert abs(row["bytes_per_transition"] / row["frame_bytes"] - 1) < 0.02  # one frame, not k or 2k
-    assert 0 < row["num_transitions"] < row["capacity"] and row["rss_bytes"] > row["rss_before_bytes"]
+    assert row["game"] == "Pong" and row["capacity"] == 3000 and row["codec"] == "zstd"
+    assert row["identical"] is True and row["evicted_rows"] == 0
+    assert 0 < row["num_transitions"] < row["capacity"] <= row["env_steps"]
+    assert row["bytes_per_transition"] < row["uncompressed_bytes_per_transition"] / 4  # far below one 7 KB frame
+    assert row["uncompressed_bytes_per_transition"] > 84 * 84
+    assert 0 < row["sample_us_min"] <= row["sample_us"] and 0 < row["sample_cpu_us"] and row["uncompressed_sample_us"] > 0 and row["rss_bytes"] > row["rss_added_bytes"] > 0
 
 
 def test_verdict_calibration_gives_shares_per_case():

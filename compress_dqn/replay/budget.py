@@ -13,7 +13,7 @@ import psutil
 
 from compress_dqn.errors import UserError
 
-__all__ = ["MEMORY_MARGIN", "check_disk", "check_memory", "format_bytes", "rows_for_budget"]
+__all__ = ["MEMORY_MARGIN", "check_bound", "check_disk", "check_memory", "format_bytes", "rows_for_budget"]
 
 # Keep this share of available memory free when checking the allocation, so
 # the buffer does not push the machine into swap or the OOM killer.
@@ -44,6 +44,21 @@ def check_memory(rows: int, row_bytes: int) -> None:
             f"but only {format_bytes(available)} of memory is available "
             f"(at most {MEMORY_MARGIN:.0%} of it is used); "
             "lower train.buffer_size or set replay.memory"
+        )
+
+
+def check_bound(bound: int) -> None:
+    """Refuse a compressed buffer whose byte bound does not fit in the margin of available memory:
+    its frames are not allocated up front, so the bound is what is promised not to be exceeded.
+
+    :raises UserError: naming the bound and the setting that lowers it.
+    """
+    available = psutil.virtual_memory().available
+    if bound > MEMORY_MARGIN * available:
+        raise UserError(
+            f"compressed replay buffer may grow to {format_bytes(bound)} but only {format_bytes(available)} "
+            f"of memory is available (at most {MEMORY_MARGIN:.0%} of it is used); set replay.memory "
+            "(what it may hold) or lower train.buffer_size"
         )
 
 

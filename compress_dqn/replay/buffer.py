@@ -35,11 +35,18 @@ import numpy.typing as npt
 
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.recipe.schema import ReplayConfig, TrainConfig
-from compress_dqn.replay.budget import format_bytes, rows_for_budget
-from compress_dqn.replay.frames import frame_shape, pairs_at, stacks_at
+from compress_dqn.errors import UserError
+from compress_dqn.replay.budget import check_bound, format_bytes, rows_for_budget
+from compress_dqn.replay.frames import Rows, frame_shape, pairs_at, stacks_at
 from compress_dqn.replay.index import START, TERMINATED, TRUNCATED, VALID, TransitionIndex, next_rows
+from compress_dqn.replay import packed_state
+from compress_dqn.replay.packed import CODEC, PackedFrames, row_allowance, worst_case
 from compress_dqn.replay.ring import Ring
 from compress_dqn.replay.writer import TransitionWriter
+
+# Bytes a row took, compressed, in benchmarks/replay_memory.py's five Atari games (lowest, highest):
+# what validate quotes beside a compressed buffer's budget.
+ATARI_ROW_BYTES = (185, 566)
 
 __all__ = ["Batch", "ReplayBuffer", "VALID", "TERMINATED", "TRUNCATED", "START", "format_bytes"]
 
@@ -127,14 +134,17 @@ class ReplayBuffer:
     :param memmap_path: if set, the observation/frame array is an ``np.memmap`` scratch file there
         (created or overwritten, left in place afterwards), trading RAM for disk and page cache:
         the OS keeps hot pages cached and evicts the rest.  Its disk space is reserved up front.
-        Not a checkpoint: use :meth:`state_dict` for that.
-    :raises UserError: if the buffer does not fit in available memory (or the memmap file does
-        not fit on its disk).
+        Not a checkpoint: use :meth:`state_dict` for that.  Not with ``compress``.
+    :param compress: ``"zstd"``: frames kept compressed (:mod:`compress_dqn.replay.packed`), same
+        rows and samples, bit-identical stacks.  ``memory`` is then its byte budget (default: one
+        that never evicts); past it the oldest rows are evicted.
+    :raises UserError: if the buffer does not fit in available memory (or the memmap file on its disk).
     """
 
     def __init__(
         self, capacity: int, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int,
         seed: int | np.random.SeedSequence, *, frame_stack: int = 1, memmap_path: str | os.PathLike[str] | None = None,
+        compress: str | None = None, memory: int | None = None,
     ) -> None:
         self._capacity = _check_positive_int("capacity", capacity, 2)
         self._n_actions = _check_positive_int("n_actions", n_actions, 1)
@@ -142,15 +152,13 @@ class ReplayBuffer:
         self._obs_shape = _normalize_shape(obs_shape)
         fields = _layout(self._capacity, self._obs_shape, obs_dtype, self._n_actions, self._k)
         self._obs_dtype: np.dtype = fields["obs"][1]
-        memmap = None if memmap_path is None else {"obs": Path(memmap_path)}
-        self._ring = Ring(self._capacity, fields, memmap)
+        self._ring, self._packed = _storage(self._capacity, fields, self._k, memmap_path, compress, memory)
+        self._obs: Rows = self._ring["obs"] if self._packed is None else self._packed
         # The ring's arrays under short names: sampling reads them on every call.
-        self._obs, self._actions, self._rewards, self._flags = (self._ring[name] for name in fields)
+        self._actions, self._rewards, self._flags = (self._ring[name] for name in ("actions", "rewards", "flags"))
         self._index = TransitionIndex(self._flags, self._k, seed)
         self._rng = self._index.rng  # the sampling generator
-        self._writer = TransitionWriter(self._ring, self._index, self._obs_shape, self._n_actions)
-
-    # ------------------------------------------------------------------ sizes
+        self._writer = TransitionWriter(self._ring, self._index, self._obs_shape, self._n_actions, self._packed)
 
     @staticmethod
     def bytes_per_row(
@@ -165,8 +173,13 @@ class ReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Exact bytes held by the buffer's arrays (a memmap file's included)."""
-        return self._ring.nbytes
+        """Bytes held by the arrays (a memmap file's included) and the compressed rows (packed.py)."""
+        return self._ring.nbytes + (self._packed.nbytes if self._packed is not None else 0)
+
+    @property
+    def packed(self) -> PackedFrames | None:
+        """The compressed frame rows (their byte budget ``bound``, rows ``evicted``), or None."""
+        return self._packed
 
     @property
     def capacity(self) -> int:
@@ -292,22 +305,44 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Everything needed to resume exactly, as plain numpy arrays for ``np.savez`` and
-        ``np.load(..., allow_pickle=False)``. ``obs`` holds one frame per row when frame_stack > 1."""
-        return {**self._ring.state_dict(), **self._index.state_dict()}
+        ``np.load(..., allow_pickle=False)``. ``obs`` holds one frame per row when frame_stack > 1;
+        compressed, the ``frame_*`` arrays hold the packed rows instead (their payload a copy)."""
+        packed = packed_state.state_of(self._packed) if self._packed is not None else {}
+        return {**self._ring.state_dict(), **self._index.state_dict(), **packed}
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Restore from :meth:`state_dict` into this (same-shaped) buffer; everything is checked
         before anything changes, so a ValueError leaves the buffer as it was."""
-        missing = [k for k in (*self._ring.state_keys, *self._index.state_keys) if k not in state]
-        if missing:
-            raise ValueError(f"replay state is missing {', '.join(missing)}")
-        self._index.check_frame_stack(state)
-        self._ring.check_state(state)
-        self._index.check_state(state)
-        self._index.load_state_dict(state)
-        self._ring.load_state_dict(state)
+        _check_and_load(self._ring, self._index, self._packed, state)
         # The object is gone; the writer falls back to comparing values.
         self._writer.last_next_obs = None
+
+
+def uncompressed_state(replay: ReplayBuffer) -> dict[str, np.ndarray]:
+    """``replay.state_dict()`` with its frames decoded into an ``obs`` array, as an uncompressed
+    buffer of the same shape saves and loads it."""
+    if replay.packed is None:
+        return replay.state_dict()
+    return {"obs": replay.packed.decoded(), **replay._ring.state_dict(), **replay._index.state_dict()}
+
+
+def _check_and_load(ring: Ring, index: TransitionIndex, packed: PackedFrames | None, state: dict[str, np.ndarray]) -> None:
+    """ReplayBuffer.load_state_dict: check every part of ``state``, then load them."""
+    saved = packed_state.is_packed(state)
+    if saved != (packed is not None):
+        raise ValueError(f"replay state was saved {'compressed' if saved else 'uncompressed'} but this buffer is "
+                         f"{'uncompressed' if saved else 'compressed'}; build it with compress={CODEC if saved else None!r}")
+    packed_keys = packed_state.STATE_KEYS if packed is not None else ()
+    missing = [k for k in (*ring.state_keys, *index.state_keys, *packed_keys) if k not in state]
+    if missing:
+        raise ValueError(f"replay state is missing {', '.join(missing)}")
+    index.check_frame_stack(state)
+    ring.check_state(state)
+    index.check_state(state)
+    if packed is not None:
+        packed_state.load_state(packed, state)  # checks before it changes anything
+    index.load_state_dict(state)
+    ring.load_state_dict(state)
 
 
 @contextlib.contextmanager
@@ -327,9 +362,35 @@ def load_replay(path: Path, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike
     """A buffer of exactly the rows of a ReplayBuffer.state_dict() saved as .npz (no pickle), restored."""
     with np.load(path, allow_pickle=False) as data:
         state = {key: data[key] for key in data.files}
-    replay = ReplayBuffer(len(state["obs"]), obs_shape, obs_dtype, n_actions, seed=0, frame_stack=frame_stack)
+    packed = {"compress": CODEC, "memory": int(state["frame_budget"])} if packed_state.is_packed(state) else {}
+    replay = ReplayBuffer(len(state["flags"]), obs_shape, obs_dtype, n_actions, seed=0, frame_stack=frame_stack, **packed)
     replay.load_state_dict(state)
     return replay
+
+
+def _storage(capacity: int, fields: dict[str, Any], k: int, memmap_path: Any, compress: str | None,
+             memory: int | None) -> tuple[Ring, PackedFrames | None]:
+    """The ring (with the frames, or without them beside the compressed rows); compressed, after
+    checking its byte bound (``memory``, or by default one that never evicts) fits in memory."""
+    if compress is None:
+        return Ring(capacity, fields, None if memmap_path is None else {"obs": Path(memmap_path)}), None
+    if compress != CODEC:
+        raise UserError(f"replay.compress: {compress!r} is not a codec this buffer has; use {CODEC!r} or null")
+    if memmap_path is not None:
+        raise UserError("replay: a compressed buffer lives in RAM; drop memmap_path or replay.compress")
+    frame, dtype = fields["obs"]
+    row_fields = {name: spec for name, spec in fields.items() if name != "obs"}
+    bound = _packed_bound(capacity, frame, dtype, row_fields) if memory is None else int(memory)
+    check_bound(bound)
+    ring = Ring(capacity, row_fields)
+    return ring, PackedFrames(capacity, frame, dtype, bound, ring.nbytes, protect=k + 2)
+
+
+def _packed_bound(capacity: int, frame: tuple[int, ...], dtype: np.dtype, row_fields: dict[str, Any]) -> int:
+    """The default bound of a compressed buffer: the most its rows can hold (no frame compressing),
+    so by default nothing is evicted and it samples exactly as the uncompressed buffer."""
+    fixed = sum(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in row_fields.values())
+    return capacity * fixed + worst_case(capacity, math.prod(frame) * dtype.itemsize)
 
 
 def capacity_for_budget(budget_bytes: int, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int, *,
@@ -341,8 +402,9 @@ def capacity_for_budget(budget_bytes: int, obs_shape: tuple[int, ...], obs_dtype
 
 
 def replay_capacity(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> int:
-    """Transitions the replay buffer will hold: train.buffer_size, bounded by replay.memory."""
-    if replay.memory is None:
+    """Rows of the replay buffer: train.buffer_size, bounded by replay.memory (compressed, the
+    budget bounds bytes instead, by evicting the oldest rows: see packed.py)."""
+    if replay.memory is None or replay.compress is not None:
         return train.buffer_size
     return min(
         train.buffer_size,
@@ -350,3 +412,43 @@ def replay_capacity(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> 
             replay.memory, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
         ),
     )
+
+
+def replay_bytes(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> int:
+    """The most bytes the recipe's replay buffer may hold: its arrays, or compressed, its budget
+    (replay.memory, else the bound that never evicts: see _packed_bound)."""
+    capacity = replay_capacity(train, replay, info)
+    if replay.compress is not None and replay.memory is not None:
+        return int(replay.memory)
+    fields = _layout(capacity, _normalize_shape(info.obs_shape), info.obs_dtype, info.n_actions, info.frame_stack)
+    if replay.compress is None:
+        return capacity * sum(math.prod(shape) * dtype.itemsize for shape, dtype in fields.values())
+    frame, dtype = fields["obs"]
+    return _packed_bound(capacity, frame, dtype, {name: spec for name, spec in fields.items() if name != "obs"})
+
+
+def build_replay(train: TrainConfig, replay: ReplayConfig, info: EnvInfo, seed: int | np.random.SeedSequence) -> ReplayBuffer:
+    """The replay buffer a recipe's train, replay and environment describe."""
+    return ReplayBuffer(replay_capacity(train, replay, info), info.obs_shape, info.obs_dtype, info.n_actions,
+                        seed, frame_stack=info.frame_stack, compress=replay.compress,
+                        memory=replay.memory if replay.compress is not None else None)
+
+
+def replay_expectation(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> str | None:
+    """What a compressed buffer is expected to hold, for validate (None when uncompressed): the
+    bytes a row may average for all rows to fit its budget, and how many rows fit at the sizes
+    Atari frames measured (docs/replay-memory.md); past the budget the oldest rows are evicted."""
+    if replay.compress is None:
+        return None
+    capacity = replay_capacity(train, replay, info)
+    fields = _layout(capacity, _normalize_shape(info.obs_shape), info.obs_dtype, info.n_actions, info.frame_stack)
+    frame, dtype = fields["obs"]
+    bound = replay_bytes(train, replay, info)
+    per_row = row_allowance(capacity, math.prod(frame) * dtype.itemsize, bound)
+    if bound >= _packed_bound(capacity, frame, dtype, {name: spec for name, spec in fields.items() if name != "obs"}):
+        return f"replay: {replay.compress}-compressed, {capacity} rows within {format_bytes(bound, 1)}: all fit, whatever the frames"
+    held = [min(capacity, int(capacity * per_row / b)) for b in ATARI_ROW_BYTES]
+    expect = "all of them" if held[1] == capacity else f"{held[1]}-{held[0]} of them"
+    return (f"replay: {replay.compress}-compressed, {capacity} rows within {format_bytes(bound, 1)}: all fit while a row "
+            f"averages {max(0.0, per_row):.0f} B or less (past that the oldest are evicted); 84x84 Atari frames cost "
+            f"{ATARI_ROW_BYTES[0]}-{ATARI_ROW_BYTES[1]} B a row (docs/replay-memory.md): {expect} expected to fit")

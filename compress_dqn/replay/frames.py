@@ -15,8 +15,11 @@ from collections.abc import Callable
 import numpy as np
 
 from compress_dqn.replay.index import START
+from compress_dqn.replay.packed import PackedFrames
 
-__all__ = ["frame_shape", "history_frames", "next_frame", "pairs_at", "stack", "stack_rows", "stacks_at"]
+Rows = np.ndarray | PackedFrames  # frames in RAM (or memmap), or compressed
+
+__all__ = ["Rows", "frame_shape", "gather", "history_frames", "next_frame", "pairs_at", "stack", "stack_rows", "stacks_at"]
 
 
 def frame_shape(obs_shape: tuple[int, ...], frame_stack: int) -> tuple[int, ...]:
@@ -50,15 +53,24 @@ def stack(frames_newest_first: list[np.ndarray]) -> np.ndarray:
     return np.stack(frames_newest_first[::-1], axis=-1)
 
 
-def stacks_at(obs: np.ndarray, flags: np.ndarray, idx: np.ndarray, k: int) -> np.ndarray:
+def gather(obs: Rows, rows: list[np.ndarray], scratch: bool = False) -> list[np.ndarray]:
+    """The frames of each array of row indices; compressed rows are decoded in one pass, so a
+    key or a row shared by several stacks is decoded once. ``scratch``: the caller copies the
+    frames out before the next gather (the compressed store may then reuse its arrays)."""
+    if isinstance(obs, np.ndarray):
+        return [obs[r] for r in rows]
+    return list(obs.take(np.stack(rows), scratch=scratch))
+
+
+def stacks_at(obs: Rows, flags: np.ndarray, idx: np.ndarray, k: int) -> np.ndarray:
     """Observations of rows ``idx`` (copies): the rows themselves, or their rebuilt stacks."""
     if k == 1:
-        return obs[idx]
-    return stack([obs[r] for r in stack_rows(flags, idx, k)])
+        return gather(obs, [idx])[0]
+    return stack(gather(obs, stack_rows(flags, idx, k), scratch=True))
 
 
 def pairs_at(
-    obs: np.ndarray, flags: np.ndarray, idx: np.ndarray, next_idx: np.ndarray, k: int
+    obs: Rows, flags: np.ndarray, idx: np.ndarray, next_idx: np.ndarray, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Observations of transitions starting at rows ``idx`` and of their next rows ``next_idx``.
 
@@ -66,9 +78,10 @@ def pairs_at(
     reads k + 1 frames, not 2k.
     """
     if k == 1:
-        return obs[idx], obs[next_idx]
-    frames = [obs[r] for r in stack_rows(flags, idx, k)]
-    return stack(frames), stack([obs[next_idx], *frames[:-1]])
+        first, second = gather(obs, [idx, next_idx])
+        return first, second
+    nxt, *frames = gather(obs, [next_idx, *stack_rows(flags, idx, k)], scratch=True)
+    return stack(frames), stack([nxt, *frames[:-1]])
 
 
 Equal = Callable[[np.ndarray, np.ndarray], bool]

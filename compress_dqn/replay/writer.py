@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.replay.frames import history_frames, next_frame, stacks_at
+from compress_dqn.replay.frames import Rows, history_frames, next_frame, stacks_at
 from compress_dqn.replay.index import TransitionIndex
+from compress_dqn.replay.packed import PackedFrames
 from compress_dqn.replay.ring import Ring
 
 __all__ = ["TransitionWriter"]
@@ -22,12 +23,15 @@ __all__ = ["TransitionWriter"]
 
 class TransitionWriter:
     """Writes transitions into ``ring`` (fields obs, actions, rewards, flags) and flags them in
-    ``index``; ``obs_shape`` is the full observation (a stack when ``index.k > 1``)."""
+    ``index``; ``obs_shape`` is the full observation (a stack when ``index.k > 1``). With
+    ``frames`` (compressed rows) the observations go there instead of the ring's obs field."""
 
-    def __init__(self, ring: Ring, index: TransitionIndex, obs_shape: tuple[int, ...], n_actions: int) -> None:
+    def __init__(self, ring: Ring, index: TransitionIndex, obs_shape: tuple[int, ...], n_actions: int,
+                 frames: PackedFrames | None = None) -> None:
         self._ring = ring
         self._index = index
-        self._obs, self._actions, self._rewards = ring["obs"], ring["actions"], ring["rewards"]
+        self._actions, self._rewards = ring["actions"], ring["rewards"]
+        self._obs: Rows = frames if frames is not None else ring["obs"]
         self._flags = ring["flags"]
         self._k = index.k
         self._obs_shape = obs_shape
@@ -47,7 +51,11 @@ class TransitionWriter:
         """Write an observation (or frame) into the next ring row and return its index."""
         j = self._ring.pos
         self._index.overwrite(j, start)
-        self._obs[j] = x
+        if isinstance(self._obs, np.ndarray):
+            self._obs[j] = x
+        else:  # rows evicted to keep the byte budget lose their transitions as overwritten ones do
+            for row in self._obs.write(j, x):
+                self._index.overwrite(row, start=False)
         self._ring.advance()
         return j
 

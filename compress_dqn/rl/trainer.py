@@ -39,7 +39,7 @@ from compress_dqn.errors import WriteRefused
 from compress_dqn.fileio import load_arrays, load_dict, refused_writes, save_arrays, write_text_atomic
 from compress_dqn.progress import Progress
 from compress_dqn.recipe.schema import EnvConfig, ReplayConfig, TrainConfig
-from compress_dqn.replay.buffer import ReplayBuffer, replay_capacity
+from compress_dqn.replay.buffer import ReplayBuffer, build_replay
 from compress_dqn.rl.callbacks import Interrupt, LoopCallbacks
 from compress_dqn.rl.networks import fold_dueling, make_actor, network_for
 from compress_dqn.rl.train_state import TrainState, latest_checkpoint, write_checkpoint_dir
@@ -141,9 +141,7 @@ class DQNTrainer:
         gym_env = make_env_from(env)
         info = env_info(gym_env, env.id)
         if initial_replay is None:
-            capacity = replay_capacity(cfg, replay or ReplayConfig(), info)
-            initial_replay = ReplayBuffer(capacity, info.obs_shape, info.obs_dtype, info.n_actions,
-                                          seed_streams(seed)[1], frame_stack=info.frame_stack)
+            initial_replay = build_replay(cfg, replay or ReplayConfig(), info, seed_streams(seed)[1])
         policy = mixed_precision_policy(cfg.mixed_precision, device_kind)
         model, target, optimizer = _networks(info, cfg, policy, initial_model, target_template, frozen_target)
         trainer = cls(model, target, optimizer, initial_replay, gym_env, cfg,

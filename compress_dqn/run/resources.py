@@ -18,7 +18,8 @@ from typing import Any
 import psutil
 
 from compress_dqn.errors import UserError
-from compress_dqn.replay.buffer import ReplayBuffer, format_bytes, replay_capacity
+from compress_dqn.replay.buffer import format_bytes, replay_capacity
+from compress_dqn.replay.buffer import replay_bytes as replay_bytes_of
 
 # TensorFlow, the environment and the interpreter, on top of the replay buffer and the networks.
 _PROCESS_OVERHEAD = 1 << 30
@@ -81,9 +82,7 @@ def _network_params(recipe: Any, info: Any) -> int:
 def plan(recipe: Any, info: Any) -> ResourcePlan:
     """Memory and disk a run of this recipe needs (see the module docstring for the model)."""
     capacity = replay_capacity(recipe.train, recipe.replay, info)
-    replay_bytes = capacity * ReplayBuffer.bytes_per_row(
-        info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
-    )
+    replay_bytes = replay_bytes_of(recipe.train, recipe.replay, info)  # compressed: its byte bound
     network_bytes = 5 * 4 * _network_params(recipe, info)  # online, target, 2 Adam moments, gradients
     return ResourcePlan(
         replay_capacity=capacity,
