@@ -273,7 +273,8 @@ def test_saved_model_with_the_wrong_signature_or_shape_is_refused(tmp_path):
 def test_no_pickle_no_eval_no_unsafe_yaml_in_the_package():
     import re
 
-    forbidden = re.compile(r"import pickle|allow_pickle=True|yaml\.load\(|yaml\.unsafe_load|(?<![\w.])(eval|exec)\(")
+    forbidden = re.compile(r"import pickle|allow_pickle=True|yaml\.load\(|yaml\.unsafe_load|yaml\.(Unsafe|Full)?Loader\b|"
+                           r"(?<![\w.])(eval|exec)\(")
     for path in (ROOT / "compress_dqn").rglob("*.py"):
         text = path.read_text()
         if path.relative_to(ROOT / "compress_dqn").as_posix() == "port/tensor_pickle.py":
@@ -365,3 +366,15 @@ def test_a_second_process_on_the_same_run_directory_is_refused(tmp_path):
     """)
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert other.returncode != 0 and "another compress-dqn process is using this run directory" in other.stderr
+
+
+def test_the_one_yaml_loader_of_our_own_is_a_safe_loader():
+    """RL Zoo configs hold python/ tags that safe_load refuses: port/sb3.py reads them with a SafeLoader
+    that turns those tags into plain data, and must never build an object."""
+    import yaml
+
+    from compress_dqn.port import sb3
+
+    assert issubclass(sb3._ZooLoader, yaml.SafeLoader)
+    text = "!!python/object/apply:os.system ['echo pwned']\n"
+    assert sb3._zoo_document(text) == ["echo pwned"]  # the tag's arguments as data; nothing ran

@@ -277,12 +277,22 @@ def _python_tag(loader: _ZooLoader, suffix: str, node: yaml.Node) -> Any:
 _ZooLoader.add_multi_constructor("tag:yaml.org,2002:python/", _python_tag)
 
 
+def _zoo_document(text: str) -> Any:
+    """One YAML document read by _ZooLoader, a SafeLoader: what yaml.load does, with no way to pass it
+    an unsafe loader (the package's rule is safe loading only; tests check every loader is a SafeLoader)."""
+    loader = _ZooLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def _zoo_yaml(path: Path) -> dict[str, Any]:
     try:
         data = path.read_bytes()
         if len(data) > _MAX_ZOO_FILE:
             raise UserError(f"baseline.from: {path}: over 1 MiB; not an RL Zoo config")
-        loaded = yaml.load(data.decode("utf-8"), Loader=_ZooLoader)  # noqa: S506 (a SafeLoader)
+        loaded = _zoo_document(data.decode("utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError, TypeError, ValueError) as exc:
         raise UserError(f"baseline.from: {path}: not a readable RL Zoo file ({str(exc).splitlines()[0][:100]}); "
                         "remove it or save it again") from None
