@@ -16,6 +16,7 @@ Timings are not compared: they vary from run to run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -23,10 +24,11 @@ from pathlib import Path
 
 TINY_SEARCH = ["seeds=[0, 1]", "search.students=[[8], [2]]", "search.student_quantize=float16",
                "search.student_fine_tune.steps=300", "eval.tolerance=1.0"]
-SMOKE = ["seeds=[0]", "train.total_timesteps=300", "eval.episodes=2", "measure.saved_model_memory=none",
+SMOKE = ["seeds=[0, 1]", "train.total_timesteps=300", "eval.episodes=2", "measure.saved_model_memory=none",
          "variants=[{name: ptq-float16, quantize: {mode: float16}}]"]
-"""--smoke: recipes/tiny.yaml on one seed with one quick variant, built in this process and in a pool;
-no TensorFlow memory probe (the comparison leaves memory out)."""
+"""--smoke: recipes/sweep.yaml's contract, shrunk: recipes/tiny.yaml on two seeds with one quick variant,
+on a 2-worker local pool and on a local Ray (where ray is installed; else in one process); no
+TensorFlow memory probe (the comparison leaves memory out)."""
 
 
 def main() -> None:
@@ -39,11 +41,11 @@ def main() -> None:
                         help="engines to compare: local, ray, or local:N (the local pool with N workers; "
                              "local:1 runs every unit in one process, one after another)")
     parser.add_argument("--smoke", action="store_true",
-                        help="recipes/tiny.yaml, one seed, one variant, on local:1 and local:2: checks the script runs")
+                        help="recipes/tiny.yaml, two seeds, one variant, on local:2 and ray (local:1 without ray)")
     args = parser.parse_args()
     if args.smoke:
         args.recipe = str(Path(__file__).resolve().parent.parent / "recipes" / "tiny.yaml")
-        args.engines = ["local:1", "local:2"]
+        args.engines = ["local:2", "ray" if importlib.util.find_spec("ray") else "local:1"]
         args.overrides = [*SMOKE, *args.overrides]
     if args.search:
         args.overrides = [*TINY_SEARCH, *args.overrides]
@@ -72,7 +74,8 @@ def main() -> None:
     for seed in seeds:
         results = json.loads((Path(args.out) / first.replace(":", "-") / f"seed-{seed}" / "results.json").read_text())
         summary[seed] = {v["name"]: v["return"]["mean"] for v in results["variants"]}
-    print(json.dumps({"identical_per_seed_results": same, "mean_returns": summary}))
+    seeds_differ = None if recipe.search or len(seeds) < 2 else found[first][str(seeds[0])] != found[first][str(seeds[1])]
+    print(json.dumps({"identical_per_seed_results": same, "seeds_differ": seeds_differ, "mean_returns": summary}))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 """Executors: a local process pool and Ray run the same units and give the same results."""
 
-import json
 import operator
 import os
 import time
@@ -11,10 +10,9 @@ import pytest
 
 from compress_dqn.errors import UserError
 from compress_dqn.run.executors import map_units, start_local_pool, threads_per_worker, worker_count
-from compress_dqn.store.manifest import run_fingerprint
 from compress_dqn.recipe.schema import load_recipe
 
-from conftest import NO_TF_MEMORY, TINY
+from conftest import TINY
 
 
 def test_worker_count_is_bounded_by_units_and_request():
@@ -56,25 +54,6 @@ def test_unknown_executor_and_bad_ray_address_are_clear_errors():
         map_units(operator.mul, [(1, 2)], "dask")
     with pytest.raises(UserError, match="address: remove it|executor: ray"):
         load_recipe(TINY, ["address=auto"])
-
-
-@pytest.mark.slow
-def test_sweep_gives_the_same_per_seed_results_on_local_pool_and_ray(tmp_path):
-    """recipes/sweep.yaml's contract, shrunk: 2 seeds on a 2-worker pool and on a local 2-CPU Ray."""
-    pytest.importorskip("ray")
-    from compress_dqn.run.seeds import run_seeds
-
-    overrides = ["seeds=[0, 1]", "workers=2", "eval.episodes=3", NO_TF_MEMORY,
-                 "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}]"]
-    per_engine = {}
-    for executor in ("local", "ray"):
-        recipe = load_recipe(TINY, [*overrides, f"executor={executor}"])
-        run_seeds(recipe, tmp_path / executor, quiet=True, log=lambda m: None)
-        summary = json.loads((tmp_path / executor / "results.json").read_text())
-        assert summary["executor"] == {"kind": executor, "workers": 2, "intra_op_threads": 1}
-        per_engine[executor] = {seed: run_fingerprint(tmp_path / executor / f"seed-{seed}") for seed in (0, 1)}
-    assert per_engine["local"] == per_engine["ray"]
-    assert per_engine["local"][0] != per_engine["local"][1]  # the seeds really differ
 
 
 def test_pool_workers_exit_when_the_run_is_killed(tmp_path):
