@@ -245,9 +245,10 @@ def _notes(results: RunResults) -> list[str]:
         "size ratios compare gzip to gzip.",
         "MCU arena: the tensor arena TensorFlow Lite Micro needs for the policy, measured with its interpreter, "
         "plus a 25% margin (at least 1 KiB); the model's flash is the .tflite's size, and TFLite Micro's own code "
-        "adds about 16-22 KB of flash on a Cortex-M (TFLM's docs: 16 KB core runtime on a Cortex M3, 22 KB with a "
-        "keyword model's operators; not measured here). A 'fits' line counts the arena with margin against RAM "
-        "and the model plus 22 KB against flash. '-' where it does not run there (results.json's micro.reason says why).",
+        "adds 9,732 B of flash without any kernel (its memory_footprint README, Cortex-M3) to about 22 KB with a "
+        "keyword model's kernels (its original README); not measured here (`export --target c` measures a policy's "
+        "whole image). A 'fits' line counts the arena with margin against RAM and the model plus 22 KB against "
+        "flash. '-' where it does not run there (results.json's micro.reason says why).",
     ]
     if results.gpu and results.gpu != "visible":
         notes.append(f"GPU figures: {results.gpu}.")
