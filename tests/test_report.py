@@ -182,3 +182,13 @@ def test_the_table_and_the_csv_read_one_list_of_columns(tmp_path):
     md_header = next(line for line in (tmp_path / "report.md").read_text().splitlines() if line.startswith("| variant"))
     assert md_header == "| " + " | ".join(c.header for c in sorted(table, key=lambda c: c.table)) + " |"
     assert [c.header for c in table if c.colored] == ["verdict"]
+
+
+def test_the_report_says_which_atari_preprocessing_a_ported_agent_played_behind():
+    from compress_dqn.evaluation.results import PortCheck
+
+    note = "Atari preprocessing: SB3's AtariWrapper (noop_max 30, ...) with 4 stacked frames (a bare zip)."
+    check = PortCheck(format="a Stable-Baselines3 zip", checked=True, states=512, runtime="SB3 2.9.2",
+                      max_abs_q_diff=1e-7, action_agreement=1.0, notes=["VecNormalize folded in", note])
+    assert check.summary().endswith(note) and "VecNormalize" not in check.summary()
+    assert "Atari" not in PortCheck(format="an ONNX model", checked=False, states=1, reason="no runtime").summary()

@@ -60,6 +60,10 @@ class BaselineSource(OpenRecord):
     sha256: str | None = None
 
 
+ATARI_NOTE = "Atari preprocessing:"
+"""How a port's note that names the Atari preprocessing it plays behind begins (port/sb3.py writes it)."""
+
+
 class PortCheck(OpenRecord):
     """A policy brought from another framework: its ported Q-values against the source's own runtime.
 
@@ -77,11 +81,13 @@ class PortCheck(OpenRecord):
     action_agreement: float | None = None
 
     def summary(self) -> str:
-        """One line for the report."""
+        """One line for the report, with the Atari preprocessing a ported Atari agent played behind."""
         if not self.checked:
-            return f"Port from {self.format}: {self.reason}."
-        return (f"Port from {self.format} checked against {self.runtime} on {self.states} states: largest "
-                f"|dQ| {self.max_abs_q_diff:.2g}, greedy-action agreement {self.action_agreement:.3f}.")
+            line = f"Port from {self.format}: {self.reason}."
+        else:
+            line = (f"Port from {self.format} checked against {self.runtime} on {self.states} states: largest "
+                    f"|dQ| {self.max_abs_q_diff:.2g}, greedy-action agreement {self.action_agreement:.3f}.")
+        return " ".join([line, *(note for note in self.notes if note.startswith(ATARI_NOTE))])
 
 
 class TrainFigures(OpenRecord):
