@@ -13,7 +13,7 @@ import sys
 import tempfile
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from compress_dqn.deploy.micro.model import (
     ModelInfo,
@@ -118,7 +118,14 @@ def probe_worker() -> None:
         print(1 if ok else 0, flush=True)
 
 
-def measure_arena(data: bytes, label: str = "<bytes>", info: ModelInfo | None = None) -> dict[str, int]:
+class ArenaSize(NamedTuple):
+    """A measured tensor arena: the smallest that runs, and the allocation recorder's total (a lower bound)."""
+
+    arena_bytes: int
+    recorded_bytes: int
+
+
+def measure_arena(data: bytes, label: str = "<bytes>", info: ModelInfo | None = None) -> ArenaSize:
     """The smallest tensor arena with which TFLM allocates and invokes the model, in bytes.
 
     The allocation recorder's total is a lower bound (it leaves out the allocator's own objects and
@@ -143,7 +150,7 @@ def measure_arena(data: bytes, label: str = "<bytes>", info: ModelInfo | None = 
     try:
         low, step = max(recorded, 1), 256
         if probe.runs(low):
-            return {"arena_bytes": low, "recorded_bytes": recorded}
+            return ArenaSize(arena_bytes=low, recorded_bytes=recorded)
         high = low + step
         while not probe.runs(high):  # the recorder's total plus a little, doubling
             low, step = high, step * 2
@@ -155,7 +162,7 @@ def measure_arena(data: bytes, label: str = "<bytes>", info: ModelInfo | None = 
             low, high = (low, mid) if probe.runs(mid) else (mid, high)
     finally:
         probe.close()
-    return {"arena_bytes": high, "recorded_bytes": recorded}
+    return ArenaSize(arena_bytes=high, recorded_bytes=recorded)
 
 
 def with_margin(arena_bytes: int) -> int:
@@ -184,7 +191,7 @@ def micro_summary(tflite_path_or_bytes: str | Path | bytes) -> MicroFigures:
         data, label = read_tflite(tflite_path_or_bytes)
         info = inspect_model(data, label)
         ops = info.ops
-        arena = measure_arena(data, label, info)["arena_bytes"]
+        arena = measure_arena(data, label, info).arena_bytes
     except UserError as exc:
         return failed(flash_bytes=len(data), ops=ops, reason=str(exc))
     except Exception as exc:  # a report must not die on one artifact: say what went wrong instead

@@ -377,7 +377,7 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
         info = inspect_model(data, label)
     measured = measure_arena(data, label, info)
     deployed = MicroPolicy(data) if compressed else before
-    export = _Export(name=name, data=data, ops=info.ops, arena=measured["arena_bytes"], recorded=measured["recorded_bytes"],
+    export = _Export(name=name, data=data, ops=info.ops, arena=measured.arena_bytes, recorded=measured.recorded_bytes,
                      policy=deployed, source=policy.name if policy.parent == Path(".") else str(policy), compressed=compressed)
     padded = with_margin(export.arena)
     summary = MicroFigures(
