@@ -42,10 +42,11 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from compress_dqn.envs.environment import make_env  # noqa: E402
+from compress_dqn.recipe.schema import AtariConfig  # noqa: E402
 from compress_dqn.replay.buffer import ReplayBuffer, uncompressed_state  # noqa: E402
 from compress_dqn.replay.packed import CODEC, GROUP  # noqa: E402
 
-ATARI = {"noop_max": 30, "frame_skip": 4, "screen_size": 84, "terminal_on_life_loss": False}  # recipes/pong.yaml
+ATARI = AtariConfig(noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False)  # recipes/pong.yaml
 BATCH = 32
 
 

@@ -134,8 +134,7 @@ def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_step
 
     env = run_env(model, env_id)  # a run's own settings, kwargs too
     if env is None and model.is_file() and file_kind(model) == "sb3":  # an SB3 Atari agent: its AtariWrapper
-        found = atari_env(model, read_file(model), env_id)
-        env = EnvConfig(**found) if found else None
+        env = atari_env(model, read_file(model), env_id)
     env = env or EnvConfig(id=env_id, frame_stack=frame_stack)
     info = probe_env(env)
     layers = [layer.name for layer in weight_layers(load_model(model, info))]
@@ -440,7 +439,7 @@ def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str
 
     if out is not None and out.exists() and not out.is_dir():
         raise UserError(f"{out}: is a file; --out names the directory for the micro export")
-    click.echo(json.dumps(export_micro(policy, out, int8_io=int8_io, name=name, compress=tflm_compress)))
+    click.echo(json.dumps(export_micro(policy, out, int8_io=int8_io, name=name, compress=tflm_compress).to_dict()))
 
 
 def _export_c_or_onnx(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None,

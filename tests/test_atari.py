@@ -13,9 +13,10 @@ import hashlib
 import numpy as np
 import pytest
 
+from compress_dqn.envs.atari import AtariSettings
 from compress_dqn.envs.environment import check_env_id, env_info, make_env
 from compress_dqn.errors import UserError
-from compress_dqn.recipe.schema import EnvConfig
+from compress_dqn.recipe.schema import AtariConfig, EnvConfig
 from compress_dqn.replay.buffer import ReplayBuffer
 
 pytest.importorskip("ale_py")
@@ -35,7 +36,7 @@ def _compare(env_id: str, steps: int, seed: int = 0, **env_kwargs) -> dict[str, 
     pytest.importorskip("stable_baselines3")
     reference = _sb3_env(env_id, seed, **env_kwargs)
     expected = reference.reset()[0]
-    ours = [make_env(env_id, env_kwargs, atari={"preprocessing": "sb3"}, frame_stack=4, whole_games=whole)
+    ours = [make_env(env_id, env_kwargs, atari=AtariConfig(preprocessing="sb3"), frame_stack=4, whole_games=whole)
             for whole in (False, True)]
     observations = [env.reset(seed=seed)[0] for env in ours]
     rng = np.random.default_rng(seed)
@@ -88,9 +89,9 @@ def test_sb3_preprocessing_is_the_default_for_zoo_ids_only():
     assert not first[..., :3].any() and first[..., 3].any()  # SB3's stack starts from zeros
     ale = make_env("ALE/Pong-v5", frame_stack=4)
     assert env_info(ale, "ALE/Pong-v5").atari == "gymnasium"
-    chosen = make_env("ALE/Pong-v5", frame_stack=4, atari={"preprocessing": "sb3"})
+    chosen = make_env("ALE/Pong-v5", frame_stack=4, atari=AtariConfig(preprocessing="sb3"))
     assert env_info(chosen, "ALE/Pong-v5").atari == "sb3"
-    gym_pong = make_env("PongNoFrameskip-v4", frame_stack=4, atari={"preprocessing": "gymnasium"})
+    gym_pong = make_env("PongNoFrameskip-v4", frame_stack=4, atari=AtariConfig(preprocessing="gymnasium"))
     assert not np.array_equal(gym_pong.reset(seed=0)[0], first)  # the comparison above has teeth
     for env in (zoo, ale, chosen, gym_pong):
         env.close()
@@ -157,9 +158,9 @@ def test_a_zoo_zip_picks_sb3_preprocessing_and_refuses_what_cannot_be_matched(zo
     path = zoo_zip
     data = path.read_bytes()
     env = atari_env(path, data, "BreakoutNoFrameskip-v4")
-    assert env == {"id": "BreakoutNoFrameskip-v4", "frame_stack": 4,
-                   "atari": {"preprocessing": "sb3", "noop_max": 30, "frame_skip": 4, "screen_size": 84,
-                             "terminal_on_life_loss": True}}
+    assert env == EnvConfig(id="BreakoutNoFrameskip-v4", frame_stack=4,
+                            atari=AtariConfig(preprocessing="sb3", noop_max=30, frame_skip=4, screen_size=84,
+                                              terminal_on_life_loss=True))
     assert atari_env(path, data, "CartPole-v1") is None
     net = SB3Policy(path, data).ported((84, 84, 4), "sb3")
     assert any("SB3's AtariWrapper" in note and "bare zip" in note for note in net.notes)
@@ -173,8 +174,9 @@ def test_a_zoo_zip_picks_sb3_preprocessing_and_refuses_what_cannot_be_matched(zo
                       "    - - stable_baselines3.common.atari_wrappers.AtariWrapper:\n"
                       "          terminal_on_life_loss: false\n  - - frame_stack\n    - 4\n"
                       "  - - policy\n    - CnnPolicy\n")
-    assert atari_env(path, data, "BreakoutNoFrameskip-v4")["atari"]["terminal_on_life_loss"] is False
+    assert atari_env(path, data, "BreakoutNoFrameskip-v4").atari.terminal_on_life_loss is False
     played = env_info(make_env("BreakoutNoFrameskip-v4", frame_stack=4), "BreakoutNoFrameskip-v4").atari_settings
+    assert played == AtariSettings(noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=True)
     with pytest.raises(UserError, match="terminal_on_life_loss False .*set env.atari.terminal_on_life_loss: False"):
         SB3Policy(path, data).ported((84, 84, 4), "sb3", played)
     config.write_text("env_wrapper:\n  - gymnasium.wrappers.AtariPreprocessing\n")
@@ -186,4 +188,4 @@ def test_a_zoo_zip_picks_sb3_preprocessing_and_refuses_what_cannot_be_matched(zo
     for shape in ((3, 210, 160), (1, 84, 84), (4, 64, 64)):
         policy.obs_shape = shape
         with pytest.raises(UserError, match=rf"shape \({shape[0]}, {shape[1]}, {shape[2]}\).*cannot be matched"):
-            atari_shape(policy, {"screen_size": 84})
+            atari_shape(policy, AtariSettings(screen_size=84))

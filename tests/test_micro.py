@@ -91,16 +91,16 @@ def _cli(*args: str):
 @needs_tflm
 def test_summary_measures_flash_arena_and_ops(policies):
     summary = micro.micro_summary(policies["int8"])
-    assert summary["runs"] and summary["reason"] is None
-    assert summary["flash_bytes"] == policies["int8"].stat().st_size
-    assert 0 < summary["arena_bytes"] < summary["arena_bytes_with_margin"] <= 32 * 1024
-    assert summary["fits"] == {"32KB": True, "256KB": True}
-    assert {"QUANTIZE", "FULLY_CONNECTED", "ARG_MAX", "ADD", "DEQUANTIZE"} == set(summary["ops"])
+    assert summary.runs and summary.reason is None
+    assert summary.flash_bytes == policies["int8"].stat().st_size
+    assert 0 < summary.arena_bytes < summary.arena_bytes_with_margin <= 32 * 1024
+    assert summary.fits == {"32KB": True, "256KB": True}
+    assert {"QUANTIZE", "FULLY_CONNECTED", "ARG_MAX", "ADD", "DEQUANTIZE"} == set(summary.ops)
     # Measured, not guessed: TFLM runs in an arena of exactly that size and not in one byte less.
     data = policies["int8"].read_bytes()
     probe = micro.ArenaProbe(data, 1)
     try:
-        assert probe.runs(summary["arena_bytes"]) and not probe.runs(summary["arena_bytes"] - 1)
+        assert probe.runs(summary.arena_bytes) and not probe.runs(summary.arena_bytes - 1)
     finally:
         probe.close()
     assert micro.micro_summary(data) == summary  # bytes work as a path does
@@ -109,17 +109,17 @@ def test_summary_measures_flash_arena_and_ops(policies):
 @needs_tflm
 def test_summary_never_raises_for_models_tflm_cannot_run(policies, tmp_path):
     prod = micro.micro_summary(policies["prod"])
-    assert not prod["runs"] and "REDUCE_PROD" in prod["reason"] and "REDUCE_PROD" in prod["ops"]
-    assert prod["arena_bytes"] is None and prod["fits"] == {"32KB": False, "256KB": False}
+    assert not prod.runs and "REDUCE_PROD" in prod.reason and "REDUCE_PROD" in prod.ops
+    assert prod.arena_bytes is None and prod.fits == {"32KB": False, "256KB": False}
     dynamic = micro.micro_summary(policies["dynamic"])
-    assert not dynamic["runs"] and "FULLY_CONNECTED" in dynamic["reason"] and "int8" in dynamic["reason"]
+    assert not dynamic.runs and "FULLY_CONNECTED" in dynamic.reason and "int8" in dynamic.reason
     # The sparse format's kernels hold only their nonzero blocks: not damaged, but TFLM cannot expand them.
     sparse = micro.micro_summary(policies["sparse"])
-    assert not sparse["runs"] and "DENSIFY" in sparse["ops"], sparse
-    assert "damaged" not in sparse["reason"] and "prune.sparse_format: false" in sparse["reason"]
+    assert not sparse.runs and "DENSIFY" in sparse.ops, sparse
+    assert "damaged" not in sparse.reason and "prune.sparse_format: false" in sparse.reason
     (tmp_path / "junk.tflite").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
     junk = micro.micro_summary(tmp_path / "junk.tflite")
-    assert not junk["runs"] and "not a TFLite flatbuffer" in junk["reason"]
+    assert not junk.runs and "not a TFLite flatbuffer" in junk.reason
 
 
 class LiteRTBuiltin:
@@ -199,7 +199,7 @@ def test_int8_io_rewrites_a_qat_split_head_without_changing_actions(policies, tm
     assert report["ops"] == ["FULLY_CONNECTED", "ARG_MAX", "ADD"]  # the float ADD of the heads is int8 now
     assert report["int8_io"]["rewritten"] and report["q_values"]["dtype"] == "int8"
     assert report["int8_io"]["q_values_max_change"] <= report["q_values"]["scale"] / 2 + 1e-6
-    assert report["arena_bytes"] < micro.micro_summary(policies["qat"])["arena_bytes"]
+    assert report["arena_bytes"] < micro.micro_summary(policies["qat"]).arena_bytes
     deployed = tmp_path / "q" / f"{report['name']}.tflite"
     obs = np.random.default_rng(4).normal(0, 1, size=(1000, 4)).astype(np.float32)
     expected = micro.MicroPolicy(policies["qat"]).actions(obs)
@@ -322,7 +322,7 @@ def test_tflm_compression_kept_only_when_smaller_and_identical(policies, tmp_pat
     original = policies["clustered"].read_bytes()
     packed = micro.try_compression(original)
     assert packed.data is not None and len(packed.data) < len(original) / 2
-    assert packed.arena_bytes > micro.micro_summary(original)["arena_bytes"]  # decoded weights live in RAM
+    assert packed.arena_bytes > micro.micro_summary(original).arena_bytes  # decoded weights live in RAM
     obs = np.random.default_rng(3).normal(0, 2, size=(300, 4)).astype(np.float32)
     np.testing.assert_array_equal(micro.MicroPolicy(packed.data).q_values(obs), micro.MicroPolicy(original).q_values(obs))
     code, stdout, err = _cli("export", str(policies["clustered"]), "--out", str(tmp_path / "c"), "--compress")
@@ -344,7 +344,7 @@ def test_without_tflite_micro_the_command_says_how_to_install(monkeypatch, tmp_p
     for args in (["export", str(policy)], ["evaluate", str(policy), "--env", "CartPole-v1", "--runtime", "micro"]):
         code, _, err = _cli(*args)
         assert code == 2 and err.count("\n") == 1 and "pip install 'compress-dqn[micro]'" in err, err
-    assert micro.micro_summary(policy)["reason"].endswith("pip install 'compress-dqn[micro]'")
+    assert micro.micro_summary(policy).reason.endswith("pip install 'compress-dqn[micro]'")
 
 
 NORMALIZED_SCALES = np.array([2.0, 1.0, 0.05, 0.5], np.float32)
@@ -356,7 +356,7 @@ def test_a_normalized_policy_runs_on_tflm_from_raw_observations_and_its_int8_io_
     the header, example and README give the caller the mean, std, scale and zero point."""
     raw = (np.random.default_rng(6).normal(0, 1, size=(1000, 4)) * NORMALIZED_SCALES).astype(np.float32)
     summary = micro.micro_summary(policies["normalized"])
-    assert summary["ops"][:3] == ["SUB", "DIV", "QUANTIZE"]
+    assert summary.ops[:3] == ["SUB", "DIV", "QUANTIZE"]
     expected = LiteRTBuiltin(policies["normalized"]).actions(raw)
     assert len(set(expected.tolist())) == 2
     np.testing.assert_array_equal(micro.MicroPolicy(policies["normalized"]).actions(raw), expected)
@@ -392,10 +392,10 @@ def test_a_normalized_policy_runs_on_tflm_from_raw_observations_and_its_int8_io_
 @needs_tflm
 def test_the_summary_states_tflm_s_own_flash_and_what_fits_counts(policies):
     summary = micro.micro_summary(policies["int8"])
-    estimate = summary["runtime_flash_estimate"]
-    assert estimate["low_bytes"] == 9732 and estimate["high_bytes"] == 22 * 1024 and "memory_footprint" in estimate["source"]
-    assert summary["fits_flash"] == {budget: summary["flash_bytes"] + 22 * 1024 <= size
+    estimate = summary.runtime_flash_estimate
+    assert estimate.low_bytes == 9732 and estimate.high_bytes == 22 * 1024 and "memory_footprint" in estimate.source
+    assert summary.fits_flash == {budget: summary.flash_bytes + 22 * 1024 <= size
                                      for budget, size in micro.RAM_BUDGETS.items()}
-    assert "RAM" in summary["fits_counts"] and "flash" in summary["fits_counts"]
+    assert "RAM" in summary.fits_counts and "flash" in summary.fits_counts
     assert micro.flash_fits(10 * 1024) == {"32KB": True, "256KB": True}
     assert micro.flash_fits(11 * 1024) == {"32KB": False, "256KB": True}  # 11 KB + 22 KB of runtime > 32 KB

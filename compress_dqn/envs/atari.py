@@ -20,14 +20,36 @@ The same frames give two views of an episode:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
 from compress_dqn.errors import UserError
+from compress_dqn.recipe.schema import AtariConfig
 
-SB3_DEFAULTS = {"noop_max": 30, "frame_skip": 4, "screen_size": 84, "terminal_on_life_loss": True}
+
+class AtariSettings(NamedTuple):
+    """The AtariWrapper arguments this preprocessing reproduces; the defaults are SB3's."""
+
+    noop_max: int = 30
+    frame_skip: int = 4
+    screen_size: int = 84
+    terminal_on_life_loss: bool = True
+
+    @classmethod
+    def of(cls, config: AtariConfig | None) -> AtariSettings:
+        """The recipe's env.atari settings, SB3's defaults where it leaves one unset (None)."""
+        if config is None:
+            return cls()
+        return cls()._replace(**{name: getattr(config, name) for name in cls._fields if getattr(config, name) is not None})
+
+    def differing(self, other: AtariSettings) -> list[str]:
+        """The names of the settings whose values differ between the two, in field order."""
+        return [name for name, mine, theirs in zip(self._fields, self, other) if mine != theirs]
+
+
+SB3_DEFAULTS = AtariSettings()
 
 
 def _lives(env: gym.Env) -> int:
@@ -173,7 +195,7 @@ class SB3Stack(gym.Wrapper):
         super().__init__(env)
         size = env.observation_space.shape[0]
         self.k, self.whole_games, self._game, self._lives = int(k), whole_games, game, lives
-        self.settings: dict[str, Any] = {}  # the AtariWrapper arguments it plays with (sb3_atari sets them)
+        self.settings = SB3_DEFAULTS  # the AtariWrapper arguments it plays with (sb3_atari sets them)
         shape = (size, size) if self.k == 1 else (size, size, self.k)
         self.observation_space = gym.spaces.Box(0, 255, shape, dtype=np.uint8)
         self._stack = np.zeros((size, size, self.k), dtype=np.uint8)
@@ -215,36 +237,31 @@ class SB3Stack(gym.Wrapper):
         return self._push(frame, restart), reward, over and not cut, over and cut, info
 
 
-def sb3_atari(env: gym.Env, settings: dict[str, Any], frame_stack: int, whole_games: bool) -> gym.Env:
-    """Wrap a raw Atari game (one frame per step) as SB3's make_atari_env + VecFrameStack(frame_stack) would.
-
-    settings: noop_max, frame_skip, screen_size, terminal_on_life_loss (SB3_DEFAULTS where absent).
-    """
-    options = {**SB3_DEFAULTS, **{k: v for k, v in settings.items() if v is not None and k in SB3_DEFAULTS}}
+def sb3_atari(env: gym.Env, settings: AtariSettings, frame_stack: int, whole_games: bool) -> gym.Env:
+    """Wrap a raw Atari game (one frame per step) as SB3's make_atari_env + VecFrameStack(frame_stack) would."""
     meanings = env.unwrapped.get_action_meanings()
-    if options["noop_max"] > 0 and meanings[0] != "NOOP":
+    if settings.noop_max > 0 and meanings[0] != "NOOP":
         raise UserError(f"env.atari: SB3's no-op starts need action 0 to be NOOP, this game's is {meanings[0]}")
     if "FIRE" in meanings and (meanings[1] != "FIRE" or len(meanings) < 3):
         raise UserError(f"env.atari: SB3's FIRE reset needs FIRE as action 1 of 3 or more, this game has {meanings}")
     game = inner = GameMonitor(env)
-    if options["noop_max"] > 0:
-        inner = NoopReset(inner, int(options["noop_max"]))
-    if options["frame_skip"] > 1:
-        inner = MaxAndSkip(inner, int(options["frame_skip"]))
-    lives = EpisodicLife(inner) if options["terminal_on_life_loss"] else None
+    if settings.noop_max > 0:
+        inner = NoopReset(inner, int(settings.noop_max))
+    if settings.frame_skip > 1:
+        inner = MaxAndSkip(inner, int(settings.frame_skip))
+    lives = EpisodicLife(inner) if settings.terminal_on_life_loss else None
     inner = lives or inner
     if "FIRE" in meanings:
         inner = FireReset(inner)
-    inner = WarpFrame(inner, int(options["screen_size"]))
+    inner = WarpFrame(inner, int(settings.screen_size))
     stack = SB3Stack(inner, game, lives, frame_stack, whole_games)
-    stack.settings = options
+    stack.settings = settings
     return stack
 
 
-def describe(settings: dict[str, Any], frame_stack: int) -> str:
+def describe(settings: AtariSettings, frame_stack: int) -> str:
     """One line for notes and reports: which Atari preprocessing plays."""
-    options = {**SB3_DEFAULTS, **{k: v for k, v in settings.items() if v is not None and k in SB3_DEFAULTS}}
-    life = "a lost life ends a training episode" if options["terminal_on_life_loss"] else "episodes are whole games"
-    return (f"SB3's AtariWrapper (noop_max {options['noop_max']}, frame skip {options['frame_skip']} max-pooled, "
-            f"FIRE on reset, {options['screen_size']}x{options['screen_size']} grayscale, {life}; training rewards "
+    life = "a lost life ends a training episode" if settings.terminal_on_life_loss else "episodes are whole games"
+    return (f"SB3's AtariWrapper (noop_max {settings.noop_max}, frame skip {settings.frame_skip} max-pooled, "
+            f"FIRE on reset, {settings.screen_size}x{settings.screen_size} grayscale, {life}; training rewards "
             f"clipped to their sign) with {frame_stack} stacked frames from zeros; returns are whole games, unclipped")

@@ -26,9 +26,9 @@ import gymnasium as gym
 import numpy as np
 
 from compress_dqn._quiet import quiet_stderr
-from compress_dqn.envs.atari import SB3Stack, sb3_atari
+from compress_dqn.envs.atari import AtariSettings, SB3Stack, sb3_atari
 from compress_dqn.errors import UserError
-from compress_dqn.recipe.schema import atari_preprocessing, is_atari_id
+from compress_dqn.recipe.schema import AtariConfig, atari_preprocessing, is_atari_id
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,8 @@ class EnvInfo:
     """Integer observations are multiplied by this inside the network (1/255 for pixels)."""
     atari: str | None = None
     """Which Atari preprocessing plays: 'sb3' (SB3's AtariWrapper), 'gymnasium' or None (not Atari)."""
-    atari_settings: tuple[tuple[str, Any], ...] | None = None
-    """Under SB3's preprocessing, the AtariWrapper arguments it plays with (sorted name, value pairs)."""
+    atari_settings: AtariSettings | None = None
+    """Under SB3's preprocessing, the AtariWrapper arguments it plays with."""
 
 
 def _registered_ids() -> list[str]:
@@ -130,13 +130,13 @@ def make_env(
     env_id: str,
     kwargs: dict[str, Any] | None = None,
     max_episode_steps: int | None = None,
-    atari: dict[str, Any] | None = None,
+    atari: AtariConfig | None = None,
     frame_stack: int = 1,
     whole_games: bool = False,
 ) -> gym.Env:
     """Build an environment with its preprocessing and check it has a discrete action space.
 
-    atari: the recipe's env.atari settings for Atari ids (None: the defaults of the id's
+    atari: the recipe's env.atari section for Atari ids (None: the defaults of the id's
     preprocessing); the base environment is made with frameskip=1 because the wrapper skips.
     whole_games: episodes for evaluation (SB3's Atari preprocessing only: whole games with the
     game's own rewards; its default episodes are SB3's training ones, a life each, rewards clipped).
@@ -149,10 +149,9 @@ def make_env(
         options.setdefault("frameskip", 1)
     env = _make(env_id, options)
     if is_atari(env_id):
-        settings = dict(atari or {})
-        if atari_preprocessing(env_id, settings.pop("preprocessing", None)) == "sb3":
-            return sb3_atari(env, settings, frame_stack, whole_games)
-        env = _gymnasium_atari(env, settings)
+        if atari_preprocessing(env_id, atari.preprocessing if atari else None) == "sb3":
+            return sb3_atari(env, AtariSettings.of(atari), frame_stack, whole_games)
+        env = _gymnasium_atari(env, atari)
     if env.observation_space.dtype == np.bool_:
         env = BoolToUint8(env)
     if frame_stack > 1:
@@ -186,11 +185,12 @@ def _make(env_id: str, options: dict[str, Any]) -> gym.Env:
     return env
 
 
-def _gymnasium_atari(env: gym.Env, settings: dict[str, Any]) -> gym.Env:
+def _gymnasium_atari(env: gym.Env, atari: AtariConfig | None) -> gym.Env:
     """gymnasium's AtariPreprocessing with the recipe's settings (its own defaults where unset)."""
-    settings = {key: value for key, value in settings.items() if value is not None}
+    # the config's fields are AtariPreprocessing's keyword arguments, by design
+    arguments = atari.model_dump(exclude={"preprocessing"}, exclude_none=True) if atari is not None else {}
     try:
-        return gym.wrappers.AtariPreprocessing(env, **settings)
+        return gym.wrappers.AtariPreprocessing(env, **arguments)
     except (TypeError, ValueError) as exc:
         env.close()
         raise UserError(f"env.atari: AtariPreprocessing rejected it: {exc}") from None
@@ -201,8 +201,7 @@ def _gymnasium_atari(env: gym.Env, settings: dict[str, Any]) -> gym.Env:
 
 def make_env_from(cfg: Any, whole_games: bool = False) -> gym.Env:
     """make_env from a recipe's env section (an EnvConfig); whole_games for evaluation episodes."""
-    atari = cfg.atari.model_dump() if cfg.atari is not None else None
-    return make_env(cfg.id, cfg.kwargs, cfg.max_episode_steps, atari, cfg.frame_stack, whole_games)
+    return make_env(cfg.id, cfg.kwargs, cfg.max_episode_steps, cfg.atari, cfg.frame_stack, whole_games)
 
 
 def probe_env(cfg: Any) -> EnvInfo:
@@ -231,7 +230,7 @@ def env_info(env: gym.Env, env_id: str) -> EnvInfo:
         frame_stack=env.k if isinstance(env, (FrameStack, SB3Stack)) else 1,
         input_scale=input_scale,
         atari=atari,
-        atari_settings=tuple(sorted(env.settings.items())) if isinstance(env, SB3Stack) else None,
+        atari_settings=env.settings if isinstance(env, SB3Stack) else None,
     )
 
 

@@ -14,6 +14,10 @@ from typing import ClassVar
 from pydantic import (BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler, field_validator,
                       model_serializer)
 
+# results.json's micro block, re-exported from where it is measured
+from compress_dqn.deploy.micro_figures import FlashEstimate as FlashEstimate
+from compress_dqn.deploy.micro_figures import MicroFigures as MicroFigures
+
 
 class Record(BaseModel):
     """A block of results.json. `omit_unset` fields are left out of the JSON when a writer never set
@@ -167,32 +171,6 @@ class MemoryBlock(Record):
 
     cpu_rss: CpuMemory = Field(default_factory=CpuMemory)
     gpu_peak: int | None = None
-
-
-class FlashEstimate(Record):
-    """TFLite Micro's own code in flash, as its docs state it."""
-
-    low_bytes: int
-    high_bytes: int
-    source: str
-
-
-class MicroFigures(Record):
-    """What a policy costs on a microcontroller (deploy.micro.micro_summary), or why it was not
-    measured: without TFLite Micro installed only runs (None), reason and flash_bytes are written."""
-
-    omit_unset: ClassVar[frozenset[str]] = frozenset(
-        {"arena_bytes", "arena_bytes_with_margin", "ops", "runtime_flash_estimate", "fits", "fits_flash", "fits_counts"})
-    runs: bool | None
-    arena_bytes: int | None = None
-    arena_bytes_with_margin: int | None = None
-    flash_bytes: int
-    ops: list[str] = Field(default_factory=list)
-    reason: str | None = None
-    runtime_flash_estimate: FlashEstimate | None = None
-    fits: dict[str, bool] = Field(default_factory=dict)
-    fits_flash: dict[str, bool] = Field(default_factory=dict)
-    fits_counts: str | None = None
 
 
 class CandidatesPick(OpenRecord):

@@ -162,7 +162,7 @@ def _speed(base: VariantResult, keepers: list[VariantResult]) -> Speed | None:
 
 
 def _micro_fit(keepers: list[VariantResult]) -> MicroFit | None:
-    runtime = TFLM_RUNTIME_FLASH["high_bytes"]
+    runtime = TFLM_RUNTIME_FLASH.high_bytes
     on_micro = [v for v in keepers if micro_arena(v) is not None]
     for budget in MICRO_BUDGETS:
         fits = [v for v in on_micro if micro_arena(v) <= budget and micro_flash(v) + runtime <= budget]

@@ -9,6 +9,8 @@ other op is refused with its type and node named.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,29 @@ def _import_onnx() -> Any:
         raise UserError("baseline.from: reading an .onnx file needs the onnx package; "
                         "pip install 'compress-dqn[onnx]'") from None
     return onnx, numpy_helper
+
+
+@dataclass(frozen=True)
+class NodeAttrs:
+    """The node attributes the chain reads, with ONNX's defaults where a node leaves one out."""
+
+    value: Any = None
+    """A Constant's TensorProto."""
+    axis: int = 1
+    to: int | None = None
+    """A Cast's target element type."""
+    strides: Sequence[int] = (1, 1)
+    pads: Sequence[int] = (0,)
+    dilations: Sequence[int] = (1,)
+    group: int = 1
+    auto_pad: bytes = b"NOTSET"
+    transA: int = 0
+    transB: int = 0
+    alpha: float = 1.0
+    beta: float = 1.0
+
+
+_ATTR_NAMES = frozenset(f.name for f in fields(NodeAttrs))
 
 
 class OnnxChain:
@@ -65,15 +90,17 @@ class OnnxChain:
                             "data path, not a constant; not a plain feed-forward Q-network")
         return self.consts[name]
 
-    def _attrs(self, node: Any) -> dict[str, Any]:
-        return {a.name: self.onnx.helper.get_attribute_value(a) for a in node.attribute}
+    def _attrs(self, node: Any) -> NodeAttrs:
+        """The attributes the chain reads (no supported op depends on any other)."""
+        return NodeAttrs(**{a.name: self.onnx.helper.get_attribute_value(a) for a in node.attribute
+                            if a.name in _ATTR_NAMES})
 
     def walk(self) -> None:
         current = self.input_name
         for node in self.nodes:
             op, label = node.op_type, f"{node.op_type} node {node.name or '?'}"
             if op == "Constant":
-                value = self._attrs(node).get("value")
+                value = self._attrs(node).value
                 if value is None:
                     raise UserError(f"{self.label}: {label}: only tensor-valued Constants are read")
                 self.consts[node.output[0]] = self.helper.to_array(value)
@@ -100,8 +127,8 @@ class OnnxChain:
                 raise UserError(f"{self.label}: {label}: an activation must directly follow a Gemm/MatMul/Conv layer")
             last.activation = op.lower()
         elif op in ("Flatten", "Reshape"):
-            if op == "Flatten" and attrs.get("axis", 1) != 1:
-                raise UserError(f"{self.label}: {label}: Flatten with axis {attrs['axis']}; only axis 1 is ported")
+            if op == "Flatten" and attrs.axis != 1:
+                raise UserError(f"{self.label}: {label}: Flatten with axis {attrs.axis}; only axis 1 is ported")
             if op == "Reshape" and len(self._const(node.input[1], node)) != 2:
                 raise UserError(f"{self.label}: {label}: only a Reshape to (batch, features) is ported")
             return  # Dense layers flatten their input (the builder adds Flatten before the first)
@@ -117,7 +144,7 @@ class OnnxChain:
             else:
                 raise UserError(f"{self.label}: {label}: scaling after a {last.activation} activation is not ported")
         elif op == "Cast":
-            if attrs.get("to") not in (1, 11):  # FLOAT, DOUBLE
+            if attrs.to not in (1, 11):  # FLOAT, DOUBLE
                 raise UserError(f"{self.label}: {label}: a Cast to a non-float type is not ported")
         elif op == "Conv":
             self._conv(node, attrs, label)
@@ -128,22 +155,22 @@ class OnnxChain:
                 raise UserError(f"{self.label}: {label}: only a bias added to a MatMul (before its activation) is ported")
             last.bias = _bias(self._const(node.input[1], node), last.bias.shape[0], f"{self.label}: {label}")
 
-    def _conv(self, node: Any, attrs: dict[str, Any], label: str) -> None:
-        strides = list(attrs.get("strides", [1, 1]))
-        if (any(attrs.get("pads", [0])) or set(attrs.get("dilations", [1])) != {1} or attrs.get("group", 1) != 1
-                or len(set(strides)) != 1 or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID")):
+    def _conv(self, node: Any, attrs: NodeAttrs, label: str) -> None:
+        strides = list(attrs.strides)
+        if (any(attrs.pads) or set(attrs.dilations) != {1} or attrs.group != 1
+                or len(set(strides)) != 1 or attrs.auto_pad not in (b"NOTSET", b"VALID")):
             raise UserError(f"{self.label}: {label}: only unpadded, undilated, ungrouped convolutions with equal "
                             "strides are ported")
         weight = self._const(node.input[1], node)
         bias = self._const(node.input[2], node) if len(node.input) > 2 and node.input[2] else np.zeros(weight.shape[0])
         self.layers.append(Layer(conv_kernel(weight), bias.astype(np.float32), "linear", int(strides[0])))
 
-    def _dense(self, node: Any, op: str, attrs: dict[str, Any], label: str) -> None:
+    def _dense(self, node: Any, op: str, attrs: NodeAttrs, label: str) -> None:
         weight = np.asarray(self._const(node.input[1], node), dtype=np.float32)
         if op == "Gemm":
-            if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
+            if attrs.transA or attrs.alpha != 1.0 or attrs.beta != 1.0:
                 raise UserError(f"{self.label}: {label}: only Gemm with alpha = beta = 1 and no transA is ported")
-            kernel = weight.T if attrs.get("transB", 0) else weight
+            kernel = weight.T if attrs.transB else weight
             bias = self._const(node.input[2], node) if len(node.input) > 2 and node.input[2] else np.zeros(kernel.shape[1])
         else:
             kernel, bias = weight, np.zeros(weight.shape[1])

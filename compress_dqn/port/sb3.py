@@ -22,13 +22,14 @@ import json
 import re
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 import yaml
+from pydantic import JsonValue
 
-from compress_dqn.envs.atari import SB3_DEFAULTS, describe
+from compress_dqn.envs.atari import SB3_DEFAULTS, AtariSettings, describe
 from compress_dqn.envs.environment import is_atari
 from compress_dqn.errors import UserError
 from compress_dqn.port.spec import (
@@ -40,6 +41,7 @@ from compress_dqn.port.spec import (
     fold_input_normalization,
 )
 from compress_dqn.port.tensor_pickle import read_restricted_pickle, read_state_dict
+from compress_dqn.recipe.schema import AtariConfig, EnvConfig
 
 NATURE_CNN = ((8, 4), (4, 2), (3, 1))  # (kernel, stride) of NatureCNN's three convolutions
 _ACTIVATION_NAMES = {"ReLU": "relu", "Tanh": "tanh"}
@@ -134,11 +136,12 @@ class SB3Policy:
         """A CnnPolicy on 3-D uint8 frames: what an Atari agent is."""
         return self.is_image and bool(self.cnn)
 
-    def ported(self, env_shape: tuple[int, ...], atari: str | None = None, played: Any = None) -> PortedNet:
+    def ported(self, env_shape: tuple[int, ...], atari: str | None = None,
+               played: AtariSettings | None = None) -> PortedNet:
         """The Q-network for an environment giving `env_shape` observations; `atari` and `played`: the
         Atari preprocessing it plays behind and its settings (EnvInfo.atari, .atari_settings), checked
         against the ones it was trained with."""
-        atari_note = self._atari_note(atari, tuple(env_shape), dict(played or {}))
+        atari_note = self._atari_note(atari, tuple(env_shape), played)
         transposed = self.transposed_for(env_shape)
         layers: list[Layer] = []
         for (weight, bias), (kernel, stride) in zip(self.cnn, NATURE_CNN):
@@ -176,19 +179,21 @@ class SB3Policy:
                              f"+-{clip:g} standard deviations; the ported network does not)")
         return net
 
-    def _atari_note(self, atari: str | None, env_shape: tuple[int, ...], played: dict[str, Any]) -> str | None:
+    def _atari_note(self, atari: str | None, env_shape: tuple[int, ...], played: AtariSettings | None) -> str | None:
         """Which preprocessing plays, for the notes; refused where it is not the one SB3 trained with."""
         if atari is None or not self.is_atari_cnn:
             return None
-        settings, _, source = zoo_atari(self.path)
+        zoo = zoo_atari(self.path)
+        settings, source = zoo.settings, zoo.source
         if atari != "sb3":
             raise UserError(f"baseline.from: {self.path}: an SB3 Atari CnnPolicy, trained behind SB3's AtariWrapper; "
                             "set env.atari: {preprocessing: sb3} (compress-dqn compress picks it)")
-        differ = [key for key in SB3_DEFAULTS if key in played and played[key] != settings[key]]
+        differ = settings.differing(played) if played is not None else []
         if differ:
-            said = ", ".join(f"{key} {settings[key]} (the environment plays {played[key]})" for key in differ)
+            said = ", ".join(f"{key} {getattr(settings, key)} (the environment plays {getattr(played, key)})"
+                             for key in differ)
             raise UserError(f"baseline.from: {self.path}: trained with AtariWrapper {said}; set "
-                            + ", ".join(f"env.atari.{key}: {settings[key]}" for key in differ))
+                            + ", ".join(f"env.atari.{key}: {getattr(settings, key)}" for key in differ))
         k = atari_shape(self, settings)
         if env_shape != (*self.obs_shape[1:], k):
             raise UserError(f"baseline.from: {self.path}: SB3 stacked {k} frames of {self.obs_shape[1]}x{self.obs_shape[2]}, "
@@ -277,7 +282,7 @@ def _python_tag(loader: _ZooLoader, suffix: str, node: yaml.Node) -> Any:
 _ZooLoader.add_multi_constructor("tag:yaml.org,2002:python/", _python_tag)
 
 
-def _zoo_document(text: str) -> Any:
+def _zoo_document(text: str) -> JsonValue:
     """One YAML document read by _ZooLoader, a SafeLoader: what yaml.load does, with no way to pass it
     an unsafe loader (the package's rule is safe loading only; tests check every loader is a SafeLoader)."""
     loader = _ZooLoader(text)
@@ -287,7 +292,8 @@ def _zoo_document(text: str) -> Any:
         loader.dispose()
 
 
-def _zoo_yaml(path: Path) -> dict[str, Any]:
+def _zoo_yaml(path: Path) -> dict[str, JsonValue]:
+    """A config.yml / args.yml as the raw document it holds ({} for one that is no mapping)."""
     try:
         data = path.read_bytes()
         if len(data) > _MAX_ZOO_FILE:
@@ -299,7 +305,7 @@ def _zoo_yaml(path: Path) -> dict[str, Any]:
     return loaded if isinstance(loaded, dict) else {}
 
 
-def _wrappers(value: Any) -> list[tuple[str, dict[str, Any]]]:
+def _wrappers(value: JsonValue) -> list[tuple[str, dict[str, JsonValue]]]:
     """env_wrapper as (name, kwargs) pairs: the Zoo writes a name, a list of names, or {name: kwargs} items."""
     items = value if isinstance(value, list) else [value]
     pairs = []
@@ -311,17 +317,29 @@ def _wrappers(value: Any) -> list[tuple[str, dict[str, Any]]]:
     return pairs
 
 
-def zoo_atari(path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
+class ZooAtari(NamedTuple):
+    """What the RL Zoo's files beside a zip say about the environment an Atari agent was trained in."""
+
+    settings: AtariSettings
+    frame_stack: JsonValue
+    """The Zoo's frame_stack as written (None: not written)."""
+    env_kwargs: JsonValue
+    """The Zoo's env_kwargs for gymnasium.make, as written (None: not written)."""
+    source: str
+    """Where the settings came from, for the notes."""
+
+
+def zoo_atari(path: Path) -> ZooAtari:
     """The AtariWrapper settings, env_kwargs and frame_stack the RL Zoo's config.yml / args.yml beside
-    the zip record (settings, extras, where they came from); SB3's defaults for a bare zip.
+    the zip record; SB3's defaults for a bare zip.
 
     Refuses in one line an env_wrapper other than SB3's AtariWrapper, or settings this
     preprocessing does not reproduce (rewards left unclipped, SB3's own sticky actions)."""
     files = [d / name for d in (path.parent, path.parent / path.stem) for name in ("config.yml", "args.yml")]
     found = [f for f in files if f.is_file()]
     if not found:
-        return dict(SB3_DEFAULTS), {}, "a bare zip, taken as SB3's AtariWrapper with its defaults"
-    settings, extras = dict(SB3_DEFAULTS), {}
+        return ZooAtari(SB3_DEFAULTS, None, None, "a bare zip, taken as SB3's AtariWrapper with its defaults")
+    settings, frame_stack, env_kwargs = SB3_DEFAULTS, None, None
     for file in found:
         data = _zoo_yaml(file)
         hyper = data.get("hyperparams") if isinstance(data.get("hyperparams"), dict) else {}
@@ -330,15 +348,17 @@ def zoo_atari(path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
                 if name.rsplit(".", 1)[-1] != "AtariWrapper":
                     raise UserError(f"baseline.from: {path}: {file.name} names env_wrapper {name}; only SB3's "
                                     f"AtariWrapper ({ATARI_WRAPPER}) is reproduced, so it cannot be evaluated as trained")
-                settings.update(_wrapper_settings(file, kwargs))
-            for key in ("frame_stack", "env_kwargs"):
-                if source.get(key) not in (None, {}):
-                    extras[key] = source[key]
-    return settings, extras, f"as {', '.join(f.name for f in found)} beside the zip say"
+                settings = _wrapper_settings(file, kwargs, settings)
+            if source.get("frame_stack") not in (None, {}):
+                frame_stack = source["frame_stack"]
+            if source.get("env_kwargs") not in (None, {}):
+                env_kwargs = source["env_kwargs"]
+    return ZooAtari(settings, frame_stack, env_kwargs, f"as {', '.join(f.name for f in found)} beside the zip say")
 
 
-def _wrapper_settings(file: Path, kwargs: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(kwargs) - set(SB3_DEFAULTS) - {"clip_reward", "action_repeat_probability"})
+def _wrapper_settings(file: Path, kwargs: dict[str, JsonValue], settings: AtariSettings) -> AtariSettings:
+    """`settings` with the AtariWrapper arguments the Zoo file gives; refused where they are not reproduced."""
+    unknown = sorted(set(kwargs) - set(AtariSettings._fields) - {"clip_reward", "action_repeat_probability"})
     if unknown:
         raise UserError(f"baseline.from: {file}: AtariWrapper argument {', '.join(unknown)} is not reproduced")
     if kwargs.get("clip_reward", True) is not True:
@@ -347,12 +367,12 @@ def _wrapper_settings(file: Path, kwargs: dict[str, Any]) -> dict[str, Any]:
     if float(kwargs.get("action_repeat_probability", 0.0) or 0.0) > 0.0:
         raise UserError(f"baseline.from: {file}: AtariWrapper's own sticky actions are not reproduced; "
                         "use the ALE's (env kwargs repeat_action_probability, an ALE/...-v5 id)")
-    return {key: kwargs[key] for key in SB3_DEFAULTS if key in kwargs}
+    return settings._replace(**{key: kwargs[key] for key in AtariSettings._fields if key in kwargs})
 
 
-def atari_shape(policy: SB3Policy, settings: dict[str, Any]) -> int:
+def atari_shape(policy: SB3Policy, settings: AtariSettings) -> int:
     """The frame stack of an Atari CnnPolicy: its observations must be k x S x S (S the screen size)."""
-    size = int(settings.get("screen_size", 84))
+    size = int(settings.screen_size)
     shape = policy.obs_shape
     if len(shape) != 3 or shape[0] < 2 or shape[1:] != (size, size):
         raise UserError(f"baseline.from: {policy.path}: SB3 saved observations of shape {shape}; SB3's AtariWrapper "
@@ -361,7 +381,7 @@ def atari_shape(policy: SB3Policy, settings: dict[str, Any]) -> int:
     return int(shape[0])
 
 
-def atari_env(path: Path, data: bytes, env_id: str) -> dict[str, Any] | None:
+def atari_env(path: Path, data: bytes, env_id: str) -> EnvConfig | None:
     """The recipe's env section for an SB3 Atari CnnPolicy zip on an Atari id (SB3's preprocessing, its
     settings and frame stack), or None when the zip holds another policy or the id is no Atari game."""
     if not is_atari(env_id):
@@ -369,12 +389,11 @@ def atari_env(path: Path, data: bytes, env_id: str) -> dict[str, Any] | None:
     policy = SB3Policy(path, data)
     if not policy.is_atari_cnn:
         return None
-    settings, extras, _ = zoo_atari(path)
-    k = atari_shape(policy, settings)
-    if int(extras.get("frame_stack", k)) != k:
-        raise UserError(f"baseline.from: {path}: the RL Zoo config says frame_stack {extras['frame_stack']}, the zip's "
+    zoo = zoo_atari(path)
+    k = atari_shape(policy, zoo.settings)
+    if zoo.frame_stack is not None and int(zoo.frame_stack) != k:
+        raise UserError(f"baseline.from: {path}: the RL Zoo config says frame_stack {zoo.frame_stack}, the zip's "
                         f"observations stack {k} frames")
-    env: dict[str, Any] = {"id": env_id, "frame_stack": k, "atari": {"preprocessing": "sb3", **settings}}
-    if isinstance(extras.get("env_kwargs"), dict):
-        env["kwargs"] = extras["env_kwargs"]
-    return env
+    kwargs = zoo.env_kwargs if isinstance(zoo.env_kwargs, dict) else {}
+    return EnvConfig(id=env_id, frame_stack=k, kwargs=kwargs,
+                     atari=AtariConfig(preprocessing="sb3", **zoo.settings._asdict()))

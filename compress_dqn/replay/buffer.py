@@ -92,20 +92,47 @@ def _normalize_shape(obs_shape: Any) -> tuple[int, ...]:
     return shape
 
 
-def _fields(frame: tuple[int, ...], obs_dtype: np.dtype, action_dtype: np.dtype) -> dict[str, Any]:
-    """The ring's arrays as name -> (shape of one row, dtype): obs (or one frame), action, reward,
-    flags. One place, so the ring and bytes_per_row cannot disagree."""
-    return {
-        "obs": (frame, obs_dtype),
-        "actions": ((), action_dtype),
-        "rewards": ((), np.dtype(np.float32)),
-        "flags": ((), np.dtype(np.uint8)),
-    }
+class FieldSpec(NamedTuple):
+    """One array of the ring: the shape of one row, and its dtype."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def row_bytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+class RowLayout(NamedTuple):
+    """The ring's arrays, in state_dict order: obs (or one frame), action, reward, flags."""
+
+    obs: FieldSpec
+    actions: FieldSpec
+    rewards: FieldSpec
+    flags: FieldSpec
+
+    def fields(self, frames: bool = True) -> dict[str, FieldSpec]:
+        """The arrays by name, as Ring takes them; without obs where compressed frames hold them apart."""
+        return {name: spec for name, spec in zip(self._fields, self) if frames or name != "obs"}
+
+    def row_bytes(self, frames: bool = True) -> int:
+        """Bytes one row costs in the ring (without obs: the fixed part beside compressed frames)."""
+        return sum(spec.row_bytes for spec in self.fields(frames).values())
+
+
+def _fields(frame: tuple[int, ...], obs_dtype: np.dtype, action_dtype: np.dtype) -> RowLayout:
+    """The ring's arrays. One place, so the ring and bytes_per_row cannot disagree."""
+    return RowLayout(
+        obs=FieldSpec(frame, obs_dtype),
+        actions=FieldSpec((), action_dtype),
+        rewards=FieldSpec((), np.dtype(np.float32)),
+        flags=FieldSpec((), np.dtype(np.uint8)),
+    )
 
 
 def _layout(
     capacity: int, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int, k: int
-) -> dict[str, Any]:
+) -> RowLayout:
     """The ring's fields for a buffer's checked arguments, refusing a capacity too small for one
     transition's stacks before anything is allocated."""
     frame = frame_shape(obs_shape, k)
@@ -151,7 +178,7 @@ class ReplayBuffer:
         self._k = _check_positive_int("frame_stack", frame_stack, 1)
         self._obs_shape = _normalize_shape(obs_shape)
         fields = _layout(self._capacity, self._obs_shape, obs_dtype, self._n_actions, self._k)
-        self._obs_dtype: np.dtype = fields["obs"][1]
+        self._obs_dtype: np.dtype = fields.obs.dtype
         self._ring, self._packed = _storage(self._capacity, fields, self._k, memmap_path, compress, memory)
         self._obs: Rows = self._ring["obs"] if self._packed is None else self._packed
         # The ring's arrays under short names: sampling reads them on every call.
@@ -168,8 +195,7 @@ class ReplayBuffer:
         k = _check_positive_int("frame_stack", frame_stack, 1)
         frame = frame_shape(_normalize_shape(obs_shape), k)
         action_dtype = _action_dtype(_check_positive_int("n_actions", n_actions, 1))
-        fields = _fields(frame, np.dtype(obs_dtype), action_dtype)
-        return sum(math.prod(shape) * dtype.itemsize for shape, dtype in fields.values())
+        return _fields(frame, np.dtype(obs_dtype), action_dtype).row_bytes()
 
     @property
     def nbytes(self) -> int:
@@ -368,29 +394,26 @@ def load_replay(path: Path, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike
     return replay
 
 
-def _storage(capacity: int, fields: dict[str, Any], k: int, memmap_path: Any, compress: str | None,
+def _storage(capacity: int, fields: RowLayout, k: int, memmap_path: Any, compress: str | None,
              memory: int | None) -> tuple[Ring, PackedFrames | None]:
     """The ring (with the frames, or without them beside the compressed rows); compressed, after
     checking its byte bound (``memory``, or by default one that never evicts) fits in memory."""
     if compress is None:
-        return Ring(capacity, fields, None if memmap_path is None else {"obs": Path(memmap_path)}), None
+        return Ring(capacity, fields.fields(), None if memmap_path is None else {"obs": Path(memmap_path)}), None
     if compress != CODEC:
         raise UserError(f"replay.compress: {compress!r} is not a codec this buffer has; use {CODEC!r} or null")
     if memmap_path is not None:
         raise UserError("replay: a compressed buffer lives in RAM; drop memmap_path or replay.compress")
-    frame, dtype = fields["obs"]
-    row_fields = {name: spec for name, spec in fields.items() if name != "obs"}
-    bound = _packed_bound(capacity, frame, dtype, row_fields) if memory is None else int(memory)
+    bound = _packed_bound(capacity, fields) if memory is None else int(memory)
     check_bound(bound)
-    ring = Ring(capacity, row_fields)
-    return ring, PackedFrames(capacity, frame, dtype, bound, ring.nbytes, protect=k + 2)
+    ring = Ring(capacity, fields.fields(frames=False))
+    return ring, PackedFrames(capacity, fields.obs.shape, fields.obs.dtype, bound, ring.nbytes, protect=k + 2)
 
 
-def _packed_bound(capacity: int, frame: tuple[int, ...], dtype: np.dtype, row_fields: dict[str, Any]) -> int:
+def _packed_bound(capacity: int, fields: RowLayout) -> int:
     """The default bound of a compressed buffer: the most its rows can hold (no frame compressing),
     so by default nothing is evicted and it samples exactly as the uncompressed buffer."""
-    fixed = sum(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in row_fields.values())
-    return capacity * fixed + worst_case(capacity, math.prod(frame) * dtype.itemsize)
+    return capacity * fields.row_bytes(frames=False) + worst_case(capacity, fields.obs.row_bytes)
 
 
 def capacity_for_budget(budget_bytes: int, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int, *,
@@ -422,9 +445,8 @@ def replay_bytes(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> int
         return int(replay.memory)
     fields = _layout(capacity, _normalize_shape(info.obs_shape), info.obs_dtype, info.n_actions, info.frame_stack)
     if replay.compress is None:
-        return capacity * sum(math.prod(shape) * dtype.itemsize for shape, dtype in fields.values())
-    frame, dtype = fields["obs"]
-    return _packed_bound(capacity, frame, dtype, {name: spec for name, spec in fields.items() if name != "obs"})
+        return capacity * fields.row_bytes()
+    return _packed_bound(capacity, fields)
 
 
 def build_replay(train: TrainConfig, replay: ReplayConfig, info: EnvInfo, seed: int | np.random.SeedSequence) -> ReplayBuffer:
@@ -442,10 +464,9 @@ def replay_expectation(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) 
         return None
     capacity = replay_capacity(train, replay, info)
     fields = _layout(capacity, _normalize_shape(info.obs_shape), info.obs_dtype, info.n_actions, info.frame_stack)
-    frame, dtype = fields["obs"]
     bound = replay_bytes(train, replay, info)
-    per_row = row_allowance(capacity, math.prod(frame) * dtype.itemsize, bound)
-    if bound >= _packed_bound(capacity, frame, dtype, {name: spec for name, spec in fields.items() if name != "obs"}):
+    per_row = row_allowance(capacity, fields.obs.row_bytes, bound)
+    if bound >= _packed_bound(capacity, fields):
         return f"replay: {replay.compress}-compressed, {capacity} rows within {format_bytes(bound, 1)}: all fit, whatever the frames"
     held = [min(capacity, int(capacity * per_row / b)) for b in ATARI_ROW_BYTES]
     expect = "all of them" if held[1] == capacity else f"{held[1]}-{held[0]} of them"

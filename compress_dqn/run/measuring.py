@@ -88,4 +88,4 @@ def micro_figures(tflite: Path) -> MicroFigures:
     runs), or why that was not measured."""
     if not micro.available():
         return MicroFigures(runs=None, reason=micro.INSTALL_HINT, flash_bytes=tflite.stat().st_size)
-    return MicroFigures.model_validate(micro.micro_summary(tflite))
+    return micro.micro_summary(tflite)

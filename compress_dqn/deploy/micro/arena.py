@@ -11,8 +11,9 @@ import re
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from compress_dqn.deploy.micro.model import (
     ModelInfo,
@@ -25,6 +26,7 @@ from compress_dqn.deploy.micro.model import (
     refuse_missing,
     tflm_runtime,
 )
+from compress_dqn.deploy.micro_figures import FlashEstimate, MicroFigures
 from compress_dqn.deploy.policy import read_tflite
 from compress_dqn.errors import UserError
 
@@ -32,13 +34,13 @@ RAM_BUDGETS = {"32KB": 32 * 1024, "256KB": 256 * 1024}
 ARENA_MARGIN = 0.25
 """Margin on the measured arena: 25%, at least 1 KiB (kernel scratch buffers differ per port)."""
 ARENA_MARGIN_MIN = 1024
-TFLM_RUNTIME_FLASH = {
-    "low_bytes": 9732, "high_bytes": 22 * 1024,
-    "source": "low: TFLM's framework alone (interpreter, memory planner; no kernel), 9,732 B of text on a Cortex-M3 "
-              "(STM32F103 'bluepill'), TFLM's memory_footprint README (github.com/tensorflow/tflite-micro, "
-              "tensorflow/lite/micro/examples/memory_footprint/README.md); high: 22 KB 'with enough operators to run "
-              "a speech keyword detection model' on a Cortex M3, TFLM's original README (16 KB 'core runtime')",
-}
+TFLM_RUNTIME_FLASH = FlashEstimate(
+    low_bytes=9732, high_bytes=22 * 1024,
+    source="low: TFLM's framework alone (interpreter, memory planner; no kernel), 9,732 B of text on a Cortex-M3 "
+           "(STM32F103 'bluepill'), TFLM's memory_footprint README (github.com/tensorflow/tflite-micro, "
+           "tensorflow/lite/micro/examples/memory_footprint/README.md); high: 22 KB 'with enough operators to run "
+           "a speech keyword detection model' on a Cortex M3, TFLM's original README (16 KB 'core runtime')",
+)
 """TFLM's own code in flash, which the model array does not count: figures TFLM publishes, not measured
 here. The low one has no kernel at all (a policy needs FULLY_CONNECTED, QUANTIZE, ARG_MAX, ...); the high
 one has a keyword model's kernels. `export --target c` measures a policy's whole image instead."""
@@ -116,7 +118,14 @@ def probe_worker() -> None:
         print(1 if ok else 0, flush=True)
 
 
-def measure_arena(data: bytes, label: str = "<bytes>", info: ModelInfo | None = None) -> dict[str, int]:
+class ArenaSize(NamedTuple):
+    """A measured tensor arena: the smallest that runs, and the allocation recorder's total (a lower bound)."""
+
+    arena_bytes: int
+    recorded_bytes: int
+
+
+def measure_arena(data: bytes, label: str = "<bytes>", info: ModelInfo | None = None) -> ArenaSize:
     """The smallest tensor arena with which TFLM allocates and invokes the model, in bytes.
 
     The allocation recorder's total is a lower bound (it leaves out the allocator's own objects and
@@ -141,7 +150,7 @@ def measure_arena(data: bytes, label: str = "<bytes>", info: ModelInfo | None = 
     try:
         low, step = max(recorded, 1), 256
         if probe.runs(low):
-            return {"arena_bytes": low, "recorded_bytes": recorded}
+            return ArenaSize(arena_bytes=low, recorded_bytes=recorded)
         high = low + step
         while not probe.runs(high):  # the recorder's total plus a little, doubling
             low, step = high, step * 2
@@ -153,7 +162,7 @@ def measure_arena(data: bytes, label: str = "<bytes>", info: ModelInfo | None = 
             low, high = (low, mid) if probe.runs(mid) else (mid, high)
     finally:
         probe.close()
-    return {"arena_bytes": high, "recorded_bytes": recorded}
+    return ArenaSize(arena_bytes=high, recorded_bytes=recorded)
 
 
 def with_margin(arena_bytes: int) -> int:
@@ -164,37 +173,32 @@ def with_margin(arena_bytes: int) -> int:
 
 def flash_fits(model_bytes: int) -> dict[str, bool]:
     """Whether the model array plus TFLM's own code (its docs' high estimate) fits each flash budget."""
-    return {budget: model_bytes + TFLM_RUNTIME_FLASH["high_bytes"] <= size for budget, size in RAM_BUDGETS.items()}
+    return {budget: model_bytes + TFLM_RUNTIME_FLASH.high_bytes <= size for budget, size in RAM_BUDGETS.items()}
 
 
-def micro_summary(tflite_path_or_bytes: str | Path | bytes) -> dict[str, Any]:
+def micro_summary(tflite_path_or_bytes: str | Path | bytes) -> MicroFigures:
     """Whether TFLM runs this policy and what it costs; never raises for a model it cannot run.
 
-    Returns {"runs", "arena_bytes" (measured; None when it does not run), "arena_bytes_with_margin",
-    "flash_bytes" (the model array's length), "runtime_flash_estimate" (TFLM's own code, from its docs),
-    "ops", "reason", "fits": {"32KB", "256KB"}, "fits_flash": the same keys, "fits_counts"} where fits
-    compares the arena with margin against those RAM budgets and fits_flash the model array plus the
-    runtime's high estimate against flash of that size.
+    arena_bytes is measured (None when it does not run), flash_bytes is the model array's length,
+    fits compares the arena with margin against the RAM budgets and fits_flash the model array plus
+    the runtime's high estimate against flash of those sizes; reason says why it does not run.
     """
-    result: dict[str, Any] = {"runs": False, "arena_bytes": None, "arena_bytes_with_margin": None,
-                              "flash_bytes": 0, "ops": [], "reason": None, "runtime_flash_estimate": TFLM_RUNTIME_FLASH,
-                              "fits": {budget: False for budget in RAM_BUDGETS},
-                              "fits_flash": {budget: False for budget in RAM_BUDGETS}, "fits_counts": FITS_COUNTS}
+    failed = partial(MicroFigures, runs=False, arena_bytes=None, arena_bytes_with_margin=None, flash_bytes=0, ops=[],
+                     runtime_flash_estimate=TFLM_RUNTIME_FLASH, fits={budget: False for budget in RAM_BUDGETS},
+                     fits_flash={budget: False for budget in RAM_BUDGETS}, fits_counts=FITS_COUNTS)
+    data, ops = b"", []
     try:
         data, label = read_tflite(tflite_path_or_bytes)
-        result["flash_bytes"] = len(data)
         info = inspect_model(data, label)
-        result["ops"] = info.ops
-        arena = measure_arena(data, label, info)["arena_bytes"]
+        ops = info.ops
+        arena = measure_arena(data, label, info).arena_bytes
     except UserError as exc:
-        result["reason"] = str(exc)
-        return result
+        return failed(flash_bytes=len(data), ops=ops, reason=str(exc))
     except Exception as exc:  # a report must not die on one artifact: say what went wrong instead
-        result["reason"] = f"measuring it failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-        return result
+        reason = f"measuring it failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        return failed(flash_bytes=len(data), ops=ops, reason=reason)
     padded = with_margin(arena)
-    result.update(runs=True, arena_bytes=arena, arena_bytes_with_margin=padded,
-                  fits={budget: padded <= size for budget, size in RAM_BUDGETS.items()},
-                  fits_flash=flash_fits(len(data)))
-    return result
-
+    return MicroFigures(runs=True, arena_bytes=arena, arena_bytes_with_margin=padded, flash_bytes=len(data), ops=ops,
+                        reason=None, runtime_flash_estimate=TFLM_RUNTIME_FLASH,
+                        fits={budget: padded <= size for budget, size in RAM_BUDGETS.items()},
+                        fits_flash=flash_fits(len(data)), fits_counts=FITS_COUNTS)

@@ -237,7 +237,7 @@ def try_compression(data: bytes, label: str = "<bytes>") -> Compression:
         return Compression(None, len(packed), f"TFLM cannot run the compressed model ({exc})", chosen)
     if not same:
         return Compression(None, len(packed), "compressed model's outputs differ from the original's", chosen)
-    arena = measure_arena(packed, label)["arena_bytes"]
+    arena = measure_arena(packed, label).arena_bytes
     return Compression(packed, len(packed), f"{chosen} tensor(s) LUT-compressed, outputs identical; decoded "
                        f"weights need {arena} bytes of arena", chosen, arena)
 
