@@ -1,5 +1,6 @@
 # Two commands work on a fresh machine: `make demo` and `make test` (what CI runs).
 # `make test-fast` leaves out the tests marked slow (runs, training, subprocesses): for the edit loop.
+# Both run the tests on every CPU (pytest-xdist); PYTEST_WORKERS=0 runs them in this one process.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -27,11 +28,15 @@ install: $(STAMP)
 demo: $(DEMO_STAMP)
 	$(BIN)/compress-dqn run recipes/cartpole.yaml
 
+# pytest-xdist: one worker per CPU; the tests that share a session fixture (a finished run) run in
+# one worker (conftest.py's xdist_group marks), so each fixture is built once.
+PYTEST_WORKERS ?= auto
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadgroup
 
 clean:
 	rm -rf runs .pytest_cache

@@ -60,6 +60,7 @@ def finished_tiny_run(tmp_path_factory) -> Path:
 
 
 FINISHED_OVERRIDES: list[str] = []
+"""The recipe overrides of finished_tiny_run (a rerun of it must pass the same): none, the tiny recipe as shipped."""
 
 
 VARIANTS_RUN = ("variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 100}}, "
@@ -81,7 +82,6 @@ def tiny_variants_run(tmp_path_factory) -> Path:
     recipe = load_recipe(TINY, ["eval.episodes=3", "train.total_timesteps=600", NO_TF_MEMORY, VARIANTS_RUN])
     run(recipe, out, quiet=True, log=lambda m: None)
     return out
-"""The recipe overrides of finished_tiny_run (a rerun of it must pass the same): none, the tiny recipe as shipped."""
 
 
 SLOW_FIXTURES = {"trained_tiny", "finished_tiny_run", "tiny_variants_run"}
@@ -90,5 +90,9 @@ SLOW_FIXTURES = {"trained_tiny", "finished_tiny_run", "tiny_variants_run"}
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        used = SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if used:
             item.add_marker(pytest.mark.slow)
+            # With pytest-xdist (make test: -n auto --dist loadgroup) every worker would build its own
+            # copy of a session fixture; the tests that share one run in one worker, which builds it once.
+            item.add_marker(pytest.mark.xdist_group(sorted(used)[0]))
