@@ -86,7 +86,8 @@ def decode_many(decompress: Any, frame_bytes: int, blobs: list[bytes | None], ki
 
 
 class PackedFrames:
-    """``capacity`` compressed rows of one frame each, read back as numpy arrays.
+    """``capacity`` compressed rows of one frame each, read back as numpy arrays. One reader at a
+    time (as the buffer's sampling generator): batches decode into arrays the store reuses.
 
     :param frame_shape: shape of one row's frame; ``dtype`` its dtype.
     :param budget_bytes: most bytes the whole buffer may hold, of which ``fixed_bytes`` go to its
