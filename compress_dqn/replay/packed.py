@@ -20,6 +20,7 @@ preallocated beyond one list slot and one byte per row, so resident memory follo
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import zstandard
@@ -27,8 +28,8 @@ import zstandard
 from compress_dqn.errors import UserError
 from compress_dqn.replay.budget import format_bytes
 
-__all__ = ["CODEC", "DELTA", "GROUP", "LAYOUT", "LEVEL", "PackedFrames", "RAW", "ROW_BYTES", "STALE", "row_allowance",
-           "worst_case"]
+__all__ = ["CODEC", "DELTA", "GROUP", "LAYOUT", "LEVEL", "PackedFrames", "RAW", "ROW_BYTES", "STALE", "decode_many",
+           "row_allowance", "worst_case"]
 
 CODEC = "zstd"
 LEVEL = 3  # zstd level: higher levels saved little on Atari frames and cost several times the time
@@ -62,8 +63,31 @@ def row_allowance(capacity: int, frame_bytes: int, budget: int) -> float:
     return (budget - 2 * (frame_bytes + _OBJECT_BYTES)) / capacity
 
 
+def decode_many(decompress: Any, frame_bytes: int, blobs: list[bytes | None], kinds: list[int],
+                out: np.ndarray | None = None) -> np.ndarray:
+    """Payloads decoded into one (n, frame_bytes) uint8 array (``out`` if given): RAW ones as they
+    are, missing ones (unwritten rows) as zeros, as an uncompressed ring holds them.
+
+    Each frame is copied into place as soon as it is decoded, so one frame-sized temporary is
+    reused throughout: joining all decoded frames at the end kept n of them alive at once and
+    cost several times the decoding itself."""
+    out = np.empty((len(blobs), frame_bytes), np.uint8) if out is None else out
+    if not blobs:
+        return out
+    into = memoryview(out).cast("B")
+    for n, (blob, kind) in enumerate(zip(blobs, kinds)):
+        if kind == FILLED:
+            into[n * frame_bytes : (n + 1) * frame_bytes] = decompress(blob)
+        elif kind:
+            into[n * frame_bytes : (n + 1) * frame_bytes] = blob  # type: ignore[assignment]
+        else:
+            out[n] = 0
+    return out
+
+
 class PackedFrames:
-    """``capacity`` compressed rows of one frame each, read back as numpy arrays.
+    """``capacity`` compressed rows of one frame each, read back as numpy arrays. One reader at a
+    time (as the buffer's sampling generator): batches decode into arrays the store reuses.
 
     :param frame_shape: shape of one row's frame; ``dtype`` its dtype.
     :param budget_bytes: most bytes the whole buffer may hold, of which ``fixed_bytes`` go to its
@@ -204,34 +228,13 @@ class PackedFrames:
             self._scratches[slot] = np.empty((n, self.frame_bytes), np.uint8)
         return self._scratches[slot][:n]
 
-    def _decode_many(self, blobs: list[bytes | None], kinds: list[int], out: np.ndarray | None = None) -> np.ndarray:
-        """Payloads decoded into one (n, frame_bytes) uint8 array: RAW ones as they are, missing
-        ones (unwritten rows) as zeros, as an uncompressed ring holds them.
-
-        Each frame is copied into place as soon as it is decoded, so one frame-sized temporary is
-        reused throughout: joining all decoded frames at the end kept n of them alive at once and
-        cost several times the decoding itself."""
-        size = self.frame_bytes
-        out = np.empty((len(blobs), size), np.uint8) if out is None else out
-        if not blobs:
-            return out
-        into = memoryview(out).cast("B")
-        decompress = self._dctx.decompress
-        for n, (blob, kind) in enumerate(zip(blobs, kinds)):
-            if kind == FILLED:
-                into[n * size : (n + 1) * size] = decompress(blob)  # type: ignore[arg-type]
-            elif kind:
-                into[n * size : (n + 1) * size] = blob  # type: ignore[assignment]
-            else:
-                out[n] = 0
-        return out
-
     def _key_frames(self, keys: list[int], out: np.ndarray, decoded_at: dict[int, int]) -> np.ndarray:
         """Frames of keys numbered ``row * 2`` (+ 1: the group's previous key), after a zero frame:
         copied from ``out`` where the batch decoded the key row itself, decoded otherwise."""
         need = [key for key in keys if key not in decoded_at]
         found = [self.old_keys[key >> 1] if key & 1 else (self.rows[key >> 1], int(self.kind[key >> 1])) for key in need]
-        fresh = iter(self._decode_many([blob for blob, _ in found], [kind for _, kind in found]))
+        blobs, kinds = [blob for blob, _ in found], [kind for _, kind in found]
+        fresh = iter(decode_many(self._dctx.decompress, self.frame_bytes, blobs, kinds))
         frames = np.zeros((len(keys) + 1, self.frame_bytes), np.uint8)
         for n, key in enumerate(keys, 1):
             frames[n] = out[decoded_at[key]] if key in decoded_at else next(fresh)
@@ -247,8 +250,8 @@ class PackedFrames:
         flat = np.asarray(rows, dtype=np.int64).reshape(-1)
         kinds = self.kind[flat]
         delta = (kinds & DELTA) != 0
-        out = self._decode_many([self.rows[row] for row in flat.tolist()], (kinds & ~STALE & ~DELTA).tolist(),
-                                self._scratch(0, flat.size) if scratch else None)
+        out = decode_many(self._dctx.decompress, self.frame_bytes, [self.rows[row] for row in flat.tolist()],
+                          (kinds & ~STALE & ~DELTA).tolist(), self._scratch(0, flat.size) if scratch else None)
         if delta.any():
             # A key is its group's first row, or (STALE) the group's previous key: number them.
             key_ids = np.where(delta, (flat - flat % GROUP) * 2 + ((kinds & STALE) != 0), -1)
