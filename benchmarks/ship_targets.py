@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from compress_dqn.deploy.policy import TFLitePolicy
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -41,27 +43,6 @@ def _outsider(script: str, policy: Path, env_id: str, seed: int, episodes: int, 
     return json.loads(done.stdout)
 
 
-def _reference_actor(path: Path):
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
-    from compress_dqn.deploy.policy import TFLitePolicy
-
-    loaded = TFLitePolicy(path)
-    interp = Interpreter(model_path=str(path), experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
-    interp.allocate_tensors()
-    runner = interp.get_signature_runner("serving_default")
-    (inp,) = runner.get_input_details().values()
-    action = runner.get_output_details()["action"]["index"]
-    del runner
-
-    def act(observation) -> int:
-        interp.set_tensor(inp["index"], loaded._prepare(np.asarray(observation)[None]))
-        interp.invoke()
-        return int(interp.get_tensor(action)[0])
-
-    return act
-
-
 def c_figures(policy: Path, env, seeds: list[int], name: str) -> dict:
     from compress_dqn.deploy.c_export import generate_c
     from compress_dqn.deploy.c_measure import c_actor, compile_shared, export_c
@@ -70,7 +51,7 @@ def c_figures(policy: Path, env, seeds: list[int], name: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         figures = export_c(policy, Path(tmp) / "out", name=name)
         p = generate_c(policy, name)
-        c_act, ref_act = c_actor(compile_shared(p, Path(tmp)), p), _reference_actor(policy)
+        c_act, ref_act = c_actor(compile_shared(p, Path(tmp)), p), TFLitePolicy(policy, reference_kernels=True).act
         c_returns = run_episodes(c_act, env, seeds)
         differ = [0]
 

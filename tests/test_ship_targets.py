@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from compress_dqn.deploy.policy import TFLitePolicy
 
 HERE = Path(__file__).resolve().parent
 EPISODES = 3
@@ -25,28 +26,6 @@ def _policies(run: Path) -> dict[str, Path]:
     found = {p.parent.name: p for p in sorted(run.glob("*/**/policy.tflite"))}
     assert {"ptq-int8", "qat-int8", "student-qat", "ptq-dynamic", "ptq-float16", "baseline"} <= set(found), found
     return found
-
-
-def _reference(path: Path):
-    """act(observation) with LiteRT's reference kernels (BUILTIN_REF), the input prepared as compress-dqn's loader does."""
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
-    from compress_dqn.deploy.policy import TFLitePolicy
-
-    loaded = TFLitePolicy(path)
-    interp = Interpreter(model_path=str(path), experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
-    interp.allocate_tensors()
-    runner = interp.get_signature_runner("serving_default")
-    (inp,) = runner.get_input_details().values()
-    action = runner.get_output_details()["action"]["index"]
-    del runner
-
-    def act(observation) -> int:
-        interp.set_tensor(inp["index"], loaded._prepare(np.asarray(observation)[None]))
-        interp.invoke()
-        return int(interp.get_tensor(action)[0])
-
-    return act
 
 
 def _play_side_by_side(c_act, ref_act, env_id: str, seeds, states: np.ndarray) -> tuple[int, int]:
@@ -80,7 +59,7 @@ def test_the_c_policy_takes_the_reference_kernels_action_on_every_state(tiny_run
         folder = tmp_path / name
         folder.mkdir()
         act = c_actor(compile_shared(policy, folder), policy)
-        differ, steps = _play_side_by_side(act, _reference(path), "CartPole-v1", range(EPISODES), states)
+        differ, steps = _play_side_by_side(act, TFLitePolicy(path, reference_kernels=True).act, "CartPole-v1", range(EPISODES), states)
         assert differ == 0 and steps > len(states), (name, differ, steps)
         assert policy.integer == (name in ("ptq-int8", "qat-int8", "student-qat")), name
         if policy.integer:  # integer-only after the input's quantization: no float in the layers
@@ -123,7 +102,7 @@ def test_a_cnn_student_in_c_plays_as_the_reference_kernels(tmp_path):
     assert policy.integer and policy.obs_type == "uint8_t" and "int cnn_act(const uint8_t *observation);" in policy.header
     act = c_actor(compile_shared(policy, tmp_path), policy)
     states = np.random.default_rng(1).integers(0, 2, (1000, 10, 10, 4)).astype(np.uint8)
-    differ, steps = _play_side_by_side(act, _reference(path), "MinAtar/Breakout-v1", range(2), states)
+    differ, steps = _play_side_by_side(act, TFLitePolicy(path, reference_kernels=True).act, "MinAtar/Breakout-v1", range(2), states)
     assert differ == 0 and steps > len(states)
     assert len({act(s) for s in states[:200]}) > 1  # a policy that takes one action everywhere would prove nothing
 

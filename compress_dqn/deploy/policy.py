@@ -35,14 +35,18 @@ class Policy(Protocol):
 class TFLitePolicy:
     """A .tflite policy run by the LiteRT interpreter (XNNPACK on CPU)."""
 
-    def __init__(self, path: str | Path | bytes, num_threads: int = 1) -> None:
-        """path: a .tflite file, or the flatbuffer bytes themselves (checked before writing one)."""
+    def __init__(self, path: str | Path | bytes, num_threads: int = 1, reference_kernels: bool = False) -> None:
+        """path: a .tflite file, or the flatbuffer bytes themselves (checked before writing one).
+        reference_kernels: LiteRT's reference kernels instead of XNNPACK's (whose int8 rounding may
+        differ): what `export --target c` computes, action for action."""
         content, label = read_tflite(path)
-        from ai_edge_litert.interpreter import Interpreter
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
+        resolver = OpResolverType.BUILTIN_REF if reference_kernels else OpResolverType.AUTO
         try:
             with quiet_stderr():
-                self._interp = Interpreter(model_content=content, num_threads=num_threads)
+                self._interp = Interpreter(model_content=content, num_threads=num_threads,
+                                           experimental_op_resolver_type=resolver)
         except (ValueError, RuntimeError) as exc:
             raise UserError(f"{label}: the TFLite runtime cannot load it ({str(exc).splitlines()[0]}); is it truncated?") from None
         path = self._label = label
