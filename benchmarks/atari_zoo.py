@@ -110,11 +110,11 @@ def main() -> None:
     parser.add_argument("--rollout-steps", type=int, default=2_000, help="compress-dqn's calibration rollout")
     parser.add_argument("--tolerance", type=float, default=0.05, help="eval.tolerance of the verdict")
     parser.add_argument("--smoke", action="store_true",
-                        help="300 training steps, 2 episodes, 1 held-out episode: checks the script runs")
+                        help="300 training steps, 1 episode, 1 held-out episode: checks the script runs")
     args = parser.parse_args()
     overrides = [f"eval.tolerance={args.tolerance}"]
     if args.smoke:
-        args.train_steps, args.episodes, args.rollout_steps = 300, 2, 200
+        args.train_steps, args.episodes, args.rollout_steps = 300, 1, 200
         overrides.append("eval.heldout_episodes=1")
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)

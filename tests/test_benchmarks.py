@@ -105,7 +105,7 @@ def test_atari_zoo_plays_sb3s_returns_and_gets_a_verdict(tmp_path):
     pytest.importorskip("stable_baselines3")
     pytest.importorskip("ale_py")
     (row,) = bench("atari_zoo", "--out", str(tmp_path / "zoo"))
-    assert row["env_id"] == "SpaceInvadersNoFrameskip-v4" and row["seeds"] == [0, 1]
+    assert row["env_id"] == "SpaceInvadersNoFrameskip-v4" and row["seeds"] == [0]
     assert row["sb3_policy_on_compress_dqn_env"] == row["sb3_returns"] and row["env_equal"]
     assert row["compress_dqn_baseline_returns"] == row["sb3_returns"] and row["baseline_equal"]
     assert row["port_check"]["checked"] and row["port_check"]["action_agreement"] == 1.0
