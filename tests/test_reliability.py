@@ -344,12 +344,12 @@ def test_forget_missing_drops_only_what_was_built_on_the_lost_files(tmp_path):
                           ("memory:a", Outputs()), ("variant:b", artifacts("variants/b")), ("reference:200", Outputs()),
                           ("look:200:a", Outputs()), ("look:200:b", Outputs()), ("measure:a", Outputs())]:
         stages.finish(name, outputs)
-    assert stages.forget_missing(tmp_path) == []
+    assert stages.forget_missing() == []
     (tmp_path / "variants" / "a" / "policy.tflite").unlink()
-    assert stages.forget_missing(tmp_path) == ["variant:a", "memory:a", "look:200:a", "measure:a"]
+    assert stages.forget_missing() == ["variant:a", "memory:a", "look:200:a", "measure:a"]
     assert list(Stages(tmp_path).done) == ["train", "export", "variant:b", "reference:200", "look:200:b"]
     (tmp_path / "baseline" / "replay.npz").unlink()
-    assert stages.forget_missing(tmp_path) == ["train", "export", "variant:b", "reference:200", "look:200:b"]
+    assert stages.forget_missing() == ["train", "export", "variant:b", "reference:200", "look:200:b"]
 
 
 def test_a_second_process_on_the_same_run_directory_is_refused(tmp_path):

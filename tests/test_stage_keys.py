@@ -32,7 +32,7 @@ def test_a_deleted_variant_forgets_its_own_stages_only(tmp_path):
         stages.finish(keys.look(200, name), Outputs())
         stages.finish(keys.memory(name), Outputs())
     stages.finish(keys.reference(200), Outputs())
-    forgotten = stages.forget_missing(tmp_path)  # variants/a.b/ is gone
+    forgotten = stages.forget_missing()  # variants/a.b/ is gone
     assert sorted(forgotten) == sorted([keys.variant("a.b"), keys.look(200, "a.b"), keys.memory("a.b")])
     assert keys.look(200, "a") in stages.done and keys.reference(200) in stages.done
 

@@ -103,7 +103,7 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
     device = configure_device(recipe.device)  # a device that is not there: refused before anything is written
     resumed = prepare_run_dir(recipe, run_dir, log)
     stages = Stages(run_dir)  # as prepared: a rerun may have dropped variants' stages
-    if resumed and (forgotten := stages.forget_missing(run_dir)):
+    if resumed and (forgotten := stages.forget_missing()):
         log(f"{run_dir}: files of {len(forgotten)} finished stage(s) are missing ({', '.join(forgotten[:3])}"
             f"{', ...' if len(forgotten) > 3 else ''}); redoing them")
     return RunContext(recipe, run_dir, info, stages, log, quiet, device), resumed

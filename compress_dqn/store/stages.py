@@ -79,7 +79,7 @@ class Stages:
     def _save(self) -> None:
         write_text_atomic(self.path, json.dumps(self.done, indent=2))
 
-    def forget_missing(self, run_dir: Path) -> list[str]:
+    def forget_missing(self) -> list[str]:
         """Forget every finished stage whose files are gone (a variant folder deleted to rebuild it,
         a lost baseline), with the stages built on it, so that a resume redoes them instead of
         finishing a run whose results point at nothing. Returns the stages forgotten."""
@@ -87,7 +87,7 @@ class Stages:
             files = [self.layout.relative(f) for f in (self.layout.weights, self.layout.replay)] if name == "train" else []
             if isinstance(outputs, dict) and isinstance(outputs.get("artifacts"), dict):
                 files += [f for f in outputs["artifacts"].values() if isinstance(f, str)]
-            return any(not (run_dir / f).exists() for f in files)
+            return any(not (self.layout.root / f).exists() for f in files)
 
         gone = [name for name, outputs in self.done.items() if missing(name, outputs)]
         if not gone:
