@@ -123,3 +123,10 @@ def test_ship_targets_reports_c_onnx_and_q_values_per_policy():
         assert c["flash_ram"]["measured"] and set(c["flash_ram"]["targets"]) == {"cortex-m0plus", "cortex-m4f"}
         assert c["time_per_action"]["c_ns"] > 0 and c["time_per_action"]["litert_invoke_ns"] > 0
         assert row["onnx"]["identical"] and row["q_values"]["identical"] and row["q_values"]["steps_where_argmax_differs"] == 0
+
+
+def test_minatar_students_builds_a_float_student_on_a_minatar_baseline_and_decides_it(tmp_path):
+    (row,) = bench("minatar_students", "--run", str(tmp_path / "students"))
+    assert row["name"] == "smoke-c4-8" and row["verdict"] in ("within 1%", "worse", "better", "inconclusive")
+    assert row["params"] < 3000 and row["ratio"] > 1 and row["episodes"] == 5
+    assert [step for step, _ in row["curve"]] == [0, 100, 200]
