@@ -173,15 +173,25 @@ def test_findings_are_computed_apart_from_their_wording():
 def test_the_table_and_the_csv_read_one_list_of_columns(tmp_path):
     from compress_dqn.evaluation.report import COLUMNS
 
-    shutil.copy(FIXED, tmp_path / "results.json")
-    write_report(tmp_path)
-    header = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
-    assert header == [c.key for c in COLUMNS if c.key is not None]
-    table = [c for c in COLUMNS if c.header is not None]
-    assert sorted(c.table for c in table) == list(range(len(table)))  # each table column has its own place
-    md_header = next(line for line in (tmp_path / "report.md").read_text().splitlines() if line.startswith("| variant"))
-    assert md_header == "| " + " | ".join(c.header for c in sorted(table, key=lambda c: c.table)) + " |"
-    assert [c.header for c in table if c.colored] == ["verdict"]
+    data = json.loads(FIXED.read_text())
+    for with_c in (False, True):  # the C policy's columns only where some policy has C figures
+        if with_c:
+            data["variants"][1]["c_policy"] = {"translated": True, "integer_only": True, "counts": "what they count",
+                                               "flash_bytes": {"cortex-m0plus": 3948, "cortex-m4f": 2431},
+                                               "ram_bytes": {"cortex-m0plus": 284, "cortex-m4f": 236}}
+        (tmp_path / "results.json").write_text(json.dumps(data))
+        write_report(tmp_path)
+        columns = [c for c in COLUMNS if with_c or c.shown is None]
+        header = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
+        assert header == [c.key for c in columns if c.key is not None]
+        table = [c for c in columns if c.header is not None]
+        assert sorted(c.table for c in table) == list(range(len(table)))  # each table column has its own place
+        report = (tmp_path / "report.md").read_text()
+        md_header = next(line for line in report.splitlines() if line.startswith("| variant"))
+        assert md_header == "| " + " | ".join(c.header for c in sorted(table, key=lambda c: c.table)) + " |"
+        assert [c.header for c in table if c.colored] == ["verdict"]
+        assert ("| 3.9 KB / 284 B | 2.4 KB / 236 B |" in report) == with_c  # KB = 1,024 B
+        assert ("C M0+ / M4F flash / RAM: " in report) == with_c
 
 
 def test_the_report_says_which_atari_preprocessing_a_ported_agent_played_behind():

@@ -161,9 +161,20 @@ def test_export_c_writes_the_files_and_measures_cortex_m_flash_and_ram(tiny_run,
     assert report["time_per_action"]["c_ns"] > 0 and report["time_per_action"]["litert_invoke_ns"] > 0
     from compress_dqn.deploy.c_measure import c_summary
 
-    summary = c_summary(policy)  # the record a run can keep beside TFLM's micro summary
-    assert summary["translated"] and summary["integer_only"] and summary["flash_bytes"] == {
-        t: report["mcu"]["targets"][t]["flash_bytes"] for t in ("cortex-m0plus", "cortex-m4f")}
+    summary = c_summary(policy)  # the record the measure stage keeps beside TFLM's micro summary
+    assert summary.translated and summary.integer_only and summary.reason is None
+    for target in ("cortex-m0plus", "cortex-m4f"):
+        assert summary.on(target) == (report["mcu"]["targets"][target]["flash_bytes"], report["mcu"]["targets"][target]["ram_bytes"])
+    assert summary.counts == report["mcu"]["counts"]
+
+
+def test_a_policy_the_c_export_cannot_translate_gets_its_reason_not_an_error(tmp_path):
+    from compress_dqn.deploy.c_measure import c_summary
+
+    (tmp_path / "policy.tflite").write_bytes(b"not a flatbuffer at all")
+    summary = c_summary(tmp_path / "policy.tflite")
+    assert not summary.translated and summary.reason and summary.on("cortex-m4f") is None
+    assert summary.flash_bytes is None and summary.integer_only is None
 
 
 def _evaluate(policy: Path) -> list[float]:

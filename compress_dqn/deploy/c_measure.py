@@ -13,21 +13,26 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.c_export import CPolicy
+from compress_dqn.deploy.c_export import CPolicy, default_name, generate_c
+from compress_dqn.deploy.micro_figures import M0PLUS, M4F, CFigures
+from compress_dqn.errors import UserError
+from compress_dqn.fileio import write_text_atomic
 
 TARGETS = {
-    "cortex-m0plus": ["-target", "thumb-freestanding-eabi", "-mcpu=cortex_m0plus"],
-    "cortex-m4f": ["-target", "thumb-freestanding-eabihf", "-mcpu=cortex_m4+vfp4d16sp"],
+    M0PLUS: ["-target", "thumb-freestanding-eabi", "-mcpu=cortex_m0plus"],
+    M4F: ["-target", "thumb-freestanding-eabihf", "-mcpu=cortex_m4+vfp4d16sp"],
 }
 COUNTS = ("flash = text + rodata + data, RAM = data + bss + stack, of a minimal image (its _start calls NAME_act on "
           "a global observation) cross-compiled at -Os with zig cc and linked with --gc-sections; stack = the sum "
@@ -36,8 +41,26 @@ _FLAGS = ["-std=c99", "-Os", "-ffunction-sections", "-fdata-sections", "-fno-unw
           "-fno-asynchronous-unwind-tables", "-ffp-contract=off"]
 
 
+INSTALL_HINT = "needs the ziglang and pyelftools packages: pip install 'compress-dqn[c]'"
+
+
 def zig_available() -> bool:
     return importlib.util.find_spec("ziglang") is not None
+
+
+def available() -> bool:
+    """Whether flash and RAM can be measured here: zig cc (ziglang) and pyelftools, the `c` extra."""
+    return zig_available() and importlib.util.find_spec("elftools") is not None
+
+
+def _zig_command() -> list[str]:
+    """The ziglang package's zig binary itself where it has one; else `python -m ziglang`, a Python start more per call."""
+    spec = importlib.util.find_spec("ziglang")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        binary = Path(folder) / ("zig.exe" if os.name == "nt" else "zig")
+        if binary.is_file():
+            return [str(binary)]
+    return [sys.executable, "-m", "ziglang"]
 
 
 def _main_c(p: CPolicy) -> str:
@@ -53,8 +76,7 @@ def _write(p: CPolicy, folder: Path) -> None:
 
 
 def _zig(args: list[str], cwd: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "ziglang", "cc", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([*_zig_command(), "cc", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"zig cc {' '.join(args[:4])}...: {done.stderr.strip()[:400]}")
 
@@ -100,12 +122,21 @@ def section_sizes(elf: Path) -> dict[str, int]:
 
 
 def measure_mcu(p: CPolicy) -> dict[str, Any]:
-    """Flash and RAM on each target; {"measured": False, "reason"} where zig or pyelftools is missing."""
-    if not zig_available() or importlib.util.find_spec("elftools") is None:
-        return {"measured": False, "reason": "needs the ziglang and pyelftools packages (pip install ziglang pyelftools)"}
+    """Flash and RAM on each target; {"measured": False, "reason"} where zig or pyelftools is missing.
+
+    The targets build at once, each in a folder of its own: every zig cc call is a process of its
+    own, so the two targets' builds overlap on a machine with more than one core (the measure stage
+    waits on them for every policy of a run)."""
+    if not available():
+        return {"measured": False, "reason": INSTALL_HINT}
     with tempfile.TemporaryDirectory(prefix="compress-dqn-mcu-") as tmp:
+        folders = {target: Path(tmp) / target for target in TARGETS}
+        for folder in folders.values():
+            folder.mkdir()
         try:
-            targets = {target: measure_target(p, target, Path(tmp)) for target in TARGETS}
+            with ThreadPoolExecutor(len(TARGETS)) as pool:  # threads: each waits on its zig processes
+                futures = {target: pool.submit(measure_target, p, target, folder) for target, folder in folders.items()}
+                targets = {target: future.result() for target, future in futures.items()}
         except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
             return {"measured": False, "reason": str(exc)[:400]}
     return {"measured": True, "targets": targets, "counts": COUNTS}
@@ -198,9 +229,6 @@ def litert_invoke_ns(path: Path, observation: np.ndarray, calls: int = 20000) ->
 
 def export_c(policy: Path, out: Path | None = None, name: str | None = None, timing: bool = True) -> dict[str, Any]:
     """Write OUT/NAME.c and OUT/NAME.h for a .tflite policy; returns what they cost (flash, RAM, time per action)."""
-    from compress_dqn.deploy.c_export import default_name, generate_c
-    from compress_dqn.fileio import write_text_atomic
-
     policy = Path(policy)
     p = generate_c(policy, name or default_name(policy))
     out = Path(out) if out is not None else Path("c") / p.name
@@ -222,26 +250,19 @@ def export_c(policy: Path, out: Path | None = None, name: str | None = None, tim
     return result
 
 
-def c_summary(policy: Path | str) -> dict[str, Any]:
-    """The C export's cost for results.json (as micro_summary is TFLM's); never raises for a policy it cannot translate.
+def c_summary(policy: Path | str) -> CFigures:
+    """The C export's cost for results.json (as micro_summary is TFLM's): flash and RAM per target, or why
+    there are none (a policy it cannot translate, an image that did not build); never raises for those.
 
-    {"translated": bool, "reason": str | None, "integer_only": bool, "flash_bytes": {"cortex-m0plus": int,
-    "cortex-m4f": int} | None, "ram_bytes": the same | None, "counts": what flash and RAM count}."""
-    from compress_dqn.deploy.c_export import default_name, generate_c
-    from compress_dqn.errors import UserError
-
-    result: dict[str, Any] = {"translated": False, "reason": None, "integer_only": None, "flash_bytes": None,
-                              "ram_bytes": None, "counts": COUNTS}
+    No timing run (export_c has one): its many timed calls would cost more than the builds, and a run
+    times the policy under TFLite beside it."""
     try:
         p = generate_c(policy, default_name(Path(policy)))
     except UserError as exc:
-        result["reason"] = str(exc)
-        return result
-    result.update(translated=True, integer_only=p.integer)
+        return CFigures(translated=False, reason=str(exc), counts=COUNTS)
     mcu = measure_mcu(p)
     if not mcu["measured"]:
-        result["reason"] = mcu["reason"]
-        return result
-    result["flash_bytes"] = {t: f["flash_bytes"] for t, f in mcu["targets"].items()}
-    result["ram_bytes"] = {t: f["ram_bytes"] for t, f in mcu["targets"].items()}
-    return result
+        return CFigures(translated=True, integer_only=p.integer, reason=mcu["reason"], counts=COUNTS)
+    return CFigures(translated=True, integer_only=p.integer, counts=COUNTS,
+                    flash_bytes={t: f["flash_bytes"] for t, f in mcu["targets"].items()},
+                    ram_bytes={t: f["ram_bytes"] for t, f in mcu["targets"].items()})

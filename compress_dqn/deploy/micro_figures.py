@@ -1,9 +1,11 @@
-"""The record of what a policy costs on TFLite Micro, as results.json holds it (evaluation re-exports it).
+"""The records of what a policy costs on a microcontroller, as results.json holds them (evaluation re-exports them):
+under TFLite Micro (MicroFigures) and as generated C with no runtime (CFigures).
 
-It lives below evaluation so that deploy.micro's micro_summary returns it typed, and outside the
-micro package so that reading results.json does not import TFLM's tooling; its JSON is what runs
-wrote before the record existed: keys a writer never set (a run without TFLite Micro installed
-writes only runs, reason and flash_bytes) are left out, and a reader ignores keys a later release adds.
+They live below evaluation so that deploy.micro's micro_summary and deploy.c_measure's c_summary
+return them typed, and outside those modules so that reading results.json imports neither TFLM's
+tooling nor the C export; MicroFigures' JSON is what runs wrote before the record existed: keys a
+writer never set (a run without TFLite Micro installed writes only runs, reason and flash_bytes) are
+left out, and a reader ignores keys a later release adds.
 """
 
 from __future__ import annotations
@@ -55,6 +57,41 @@ class MicroFigures(BaseModel):
             for name in self.omit_unset - self.model_fields_set:
                 data.pop(name, None)
         return data
+
+    def to_dict(self) -> dict:
+        """The record as results.json holds it."""
+        return self.model_dump(mode="json")
+
+
+M0PLUS = "cortex-m0plus"
+M4F = "cortex-m4f"
+C_TARGETS = (M0PLUS, M4F)
+"""The parts the C policy's image is built for (deploy.c_measure.TARGETS), by their key in CFigures."""
+
+
+class CFigures(BaseModel):
+    """What the policy costs as generated C with no runtime (`export --target c`, c_measure.c_summary):
+    flash and RAM of a minimal Cortex-M image per target, measured by cross-compiling; or why there are none."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    translated: bool
+    """Whether the C export translates the policy (reason says why not)."""
+    reason: str | None = None
+    """Why flash and RAM are missing: the policy does not translate, or its image did not build."""
+    integer_only: bool | None = None
+    """No floating point after the input's quantization (an int8 policy); None where it did not translate."""
+    flash_bytes: dict[str, int] | None = None
+    """By target (C_TARGETS): text + rodata + data of the image."""
+    ram_bytes: dict[str, int] | None = None
+    """By target: data + bss + stack of the image."""
+    counts: str
+    """What flash and RAM count, in one sentence."""
+
+    def on(self, target: str) -> tuple[int, int] | None:
+        """(flash, RAM) bytes on `target`, or None where they were not measured."""
+        if self.flash_bytes is None or self.ram_bytes is None or target not in self.flash_bytes:
+            return None
+        return self.flash_bytes[target], self.ram_bytes[target]
 
     def to_dict(self) -> dict:
         """The record as results.json holds it."""

@@ -1,4 +1,5 @@
-"""Typed measurement blocks of results.json: returns, sizes, latency, memory, microcontroller figures, comparisons.
+"""Typed measurement blocks of results.json: returns, sizes, latency, memory, microcontroller figures (TFLite Micro's
+and the generated C policy's), comparisons.
 
 Each block is a pydantic record whose JSON is what a run wrote before the records existed (field
 aliases where a key is no Python name, such as `return`), so a results.json of an earlier release
@@ -14,7 +15,11 @@ from typing import ClassVar
 from pydantic import (BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler, field_validator,
                       model_serializer)
 
-# results.json's micro block, re-exported from where it is measured
+# results.json's micro and c_policy blocks, re-exported from where they are measured
+from compress_dqn.deploy.micro_figures import C_TARGETS as C_TARGETS
+from compress_dqn.deploy.micro_figures import M0PLUS as M0PLUS
+from compress_dqn.deploy.micro_figures import M4F as M4F
+from compress_dqn.deploy.micro_figures import CFigures as CFigures
 from compress_dqn.deploy.micro_figures import FlashEstimate as FlashEstimate
 from compress_dqn.deploy.micro_figures import MicroFigures as MicroFigures
 

@@ -1,5 +1,6 @@
 """What a run's figures say, apart from how the report words them: the smallest and fastest keepers, the open
-verdicts and the episodes that would decide them, what fits a microcontroller, the search winner, serving memory.
+verdicts and the episodes that would decide them, what fits a microcontroller (under TFLite Micro, and as C with no
+runtime), the search winner, serving memory.
 
 The report (evaluation.report) renders these; a finding is computed once here, so the markdown,
 the HTML page and a test read the same answer. No TensorFlow.
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from compress_dqn.deploy.micro import TFLM_RUNTIME_FLASH
-from compress_dqn.evaluation.figures import Comparison, Verdict
+from compress_dqn.evaluation.figures import M4F, Comparison, Verdict
 from compress_dqn.evaluation.results import RunResults, VariantResult
 from compress_dqn.evaluation.verdicts import episodes_to_decide
 
@@ -61,6 +62,16 @@ def micro_flash(v: VariantResult) -> int | None:
 def micro_arena(v: VariantResult) -> int | None:
     """The tensor arena with its margin, where TFLite Micro runs the policy."""
     return v.micro.arena_bytes_with_margin if v.micro is not None else None
+
+
+def c_flash_ram(v: VariantResult, target: str) -> tuple[int, int] | None:
+    """The generated C policy's measured (flash, RAM) bytes on `target`, where it has them."""
+    return v.c_policy.on(target) if v.c_policy is not None else None
+
+
+def has_c_figures(results: RunResults) -> bool:
+    """Whether some policy of the run has measured C figures (runs before them, or without the `c` extra, have none)."""
+    return any(v.c_policy is not None and v.c_policy.flash_bytes for v in results.variants)
 
 
 def difference(v: VariantResult) -> float:
@@ -148,6 +159,8 @@ class Findings:
     worse: list[str]
     undecided: list[Undecided]
     micro_fit: MicroFit | None
+    c_smallest: VariantResult | None
+    """The keeper whose generated C takes the least flash on a Cortex-M4F, where some keeper has C figures."""
     search_winner: str | None
     search_objective: str | None
     serving_memory: ServingMemory | None
@@ -196,6 +209,7 @@ def findings(results: RunResults) -> Findings:
         undecided=[Undecided(v.name, to_decide(v.return_vs_baseline)) for v in variants
                    if v.verdict is Verdict.INCONCLUSIVE],
         micro_fit=_micro_fit(keepers),
+        c_smallest=min((v for v in keepers if c_flash_ram(v, M4F)), key=lambda v: c_flash_ram(v, M4F)[0], default=None),
         search_winner=search.winner if search else None,
         search_objective=search.objective if search else None,
         serving_memory=_serving_memory(results),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation import findings as find
+from compress_dqn.evaluation.figures import M0PLUS, M4F
 from compress_dqn.evaluation.findings import Findings, findings, pareto_front
 from compress_dqn.evaluation.plots import make_plots, verdict_color
 from compress_dqn.evaluation.results import (RunResults, SearchSummary, SeedOutcome, SeedsResults, TrainFigures,
@@ -25,8 +26,8 @@ from compress_dqn.evaluation.results import (RunResults, SearchSummary, SeedOutc
 from compress_dqn.evaluation.verdicts import keeps_return
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 
-__all__ = ["COLUMNS", "Column", "NO_VARIANTS", "headline", "pareto_front", "render_aggregate_markdown", "render_html",
-           "render_markdown", "render_search_markdown", "rows", "write_report"]
+__all__ = ["COLUMNS", "Column", "NO_VARIANTS", "csv_columns", "headline", "kib", "pareto_front", "render_aggregate_markdown",
+           "render_html", "render_markdown", "render_search_markdown", "rows", "table_columns", "write_report"]
 
 Value = float | int | str | tuple[float, float] | None
 
@@ -47,6 +48,12 @@ class Column:
     fmt: str = "{}"
     colored: bool = False
     """The HTML page colours the cell by the policy's verdict."""
+    shown: Callable[[RunResults], bool] | None = None
+    """Whether a run's table and CSV have the column; None: always. A figure that older runs lack
+    (the C policy's) is left out where no policy has it, so their reports re-render as they were."""
+
+    def shows(self, results: RunResults) -> bool:
+        return self.shown is None or self.shown(results)
 
     def text(self, v: VariantResult, results: RunResults) -> str:
         if self.cell is not None:
@@ -74,6 +81,27 @@ def _episodes_cell(v: VariantResult, results: RunResults) -> str:
 
 def _opt(get: Callable[[VariantResult], Value]) -> Callable[[VariantResult, RunResults], Value]:
     return lambda v, _results: get(v)
+
+
+def kib(n: int) -> str:
+    """Bytes as a reader compares them with a part's datasheet: '236 B', '2.4 KB' (KB = 1,024 B)."""
+    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KB"
+
+
+def _c_cell(target: str) -> Callable[[VariantResult, RunResults], str]:
+    """'2.4 KB / 236 B': the C policy's flash / RAM on `target`, '-' where it has none."""
+    def cell(v: VariantResult, _results: RunResults) -> str:
+        figures = find.c_flash_ram(v, target)
+        return "-" if figures is None else f"{kib(figures[0])} / {kib(figures[1])}"
+    return cell
+
+
+def _c_bytes(target: str, which: int) -> Callable[[VariantResult, RunResults], Value]:
+    """The C policy's flash (which=0) or RAM (1) bytes on `target`; None where it has none."""
+    def value(v: VariantResult, _results: RunResults) -> Value:
+        figures = find.c_flash_ram(v, target)
+        return None if figures is None else figures[which]
+    return value
 
 
 COLUMNS: list[Column] = [
@@ -108,17 +136,30 @@ COLUMNS: list[Column] = [
     Column("saved_model_peak_rss", _opt(find.saved_model_peak_rss), "TF RSS MiB", 15, fmt="mib"),
     Column("micro_flash_bytes", _opt(find.micro_flash)),
     Column("micro_arena_bytes", _opt(find.micro_arena), "MCU arena B", 16, fmt="{:,}"),
+    Column(None, _c_bytes(M0PLUS, 0), "C M0+ flash / RAM", 17, cell=_c_cell(M0PLUS), shown=find.has_c_figures),
+    Column(None, _c_bytes(M4F, 0), "C M4F flash / RAM", 18, cell=_c_cell(M4F), shown=find.has_c_figures),
+    Column("c_m0plus_flash_bytes", _c_bytes(M0PLUS, 0), shown=find.has_c_figures),
+    Column("c_m0plus_ram_bytes", _c_bytes(M0PLUS, 1), shown=find.has_c_figures),
+    Column("c_m4f_flash_bytes", _c_bytes(M4F, 0), shown=find.has_c_figures),
+    Column("c_m4f_ram_bytes", _c_bytes(M4F, 1), shown=find.has_c_figures),
 ]
 """Every figure of the table and the CSV: the CSV holds those with a key in this order, the table
-those with a header in their `table` order."""
+those with a header in their `table` order (of each, those a run `shows`)."""
 
-TABLE = sorted((c for c in COLUMNS if c.header is not None), key=lambda c: c.table)
-CSV_COLUMNS = [c for c in COLUMNS if c.key is not None]
+
+def table_columns(results: RunResults) -> list[Column]:
+    """The table's columns for this run, in their table order."""
+    return sorted((c for c in COLUMNS if c.header is not None and c.shows(results)), key=lambda c: c.table)
+
+
+def csv_columns(results: RunResults) -> list[Column]:
+    """results.csv's columns for this run."""
+    return [c for c in COLUMNS if c.key is not None and c.shows(results)]
 
 
 def rows(results: RunResults) -> list[dict[str, Value]]:
     """One flat row per policy, by CSV column (results.csv)."""
-    return [{c.key: c.value(v, results) for c in CSV_COLUMNS} for v in results.variants]
+    return [{c.key: c.value(v, results) for c in csv_columns(results)} for v in results.variants]
 
 
 def _times(ratio: float) -> str:
@@ -159,6 +200,14 @@ def _keeper_lines(found: Findings) -> list[str]:
     return lines
 
 
+def _c_line(v: VariantResult) -> str:
+    """The keeper that takes least flash as generated C: its measured flash and RAM on each Cortex-M target."""
+    (flash, ram), m0 = find.c_flash_ram(v, M4F), find.c_flash_ram(v, M0PLUS)
+    return (f"Smallest as C with no runtime (`export --target c`) of the policies that keep the return: {v.name}, "
+            f"{kib(flash)} of flash and {kib(ram)} of RAM on a Cortex-M4F"
+            + (f" ({kib(m0[0])} and {kib(m0[1])} on a Cortex-M0+)" if m0 else "") + ", the whole image measured.")
+
+
 def headline(results: RunResults) -> list[str]:
     """The findings a reader should see first, as sentences."""
     found = findings(results)
@@ -196,6 +245,8 @@ def headline(results: RunResults) -> list[str]:
             f"(RAM: {find.micro_arena(fit.best):,} B tensor arena with margin; flash: {find.micro_flash(fit.best):,} B "
             f"model + ~{fit.runtime_bytes // 1024} KB TFLite Micro runtime, its docs' estimate)."
         )
+    if found.c_smallest is not None:
+        lines.append(_c_line(found.c_smallest))
     if found.search_winner:
         lines.append(f"Search winner (smallest by {found.search_objective} within tolerance on every training "
                      f"seed): {found.search_winner}.")
@@ -211,7 +262,7 @@ def headline(results: RunResults) -> list[str]:
 
 
 def _cells(v: VariantResult, results: RunResults) -> list[tuple[Column, str]]:
-    return [(c, c.text(v, results)) for c in TABLE]
+    return [(c, c.text(v, results)) for c in table_columns(results)]
 
 
 def _notes(results: RunResults) -> list[str]:
@@ -250,9 +301,25 @@ def _notes(results: RunResults) -> list[str]:
         "whole image). A 'fits' line counts the arena with margin against RAM and the model plus 22 KB against "
         "flash. '-' where it does not run there (results.json's micro.reason says why).",
     ]
+    notes += _c_notes(results)
     if results.gpu and results.gpu != "visible":
         notes.append(f"GPU figures: {results.gpu}.")
     return _baseline_notes(results.train, results) + notes + _candidate_notes(results)
+
+
+def _c_notes(results: RunResults) -> list[str]:
+    """What the C columns count, or (a run measured without the `c` extra) why there are none."""
+    if results.c_policy_note:
+        return [f"{results.c_policy_note}."]
+    records = [v.c_policy for v in results.variants if v.c_policy is not None]
+    counts = next((c.counts for c in records if c.flash_bytes), None)
+    if counts is None:
+        return [f"No C flash / RAM: {records[0].reason}"] if records else []
+    return [f"C M0+ / M4F flash / RAM: the policy as generated C with no runtime (`export --target c` writes it), "
+            f"measured on Cortex-M0+ and Cortex-M4F: {counts}. Unlike TFLite Micro's figures (the arena; the model "
+            "array, with the runtime's code not counted), these count the whole image that acts: code, constants, "
+            "buffers and stack. '-' where the C export does not translate the policy or its image did not build "
+            "(results.json's c_policy.reason says why)."]
 
 
 def _baseline_notes(train: TrainFigures, results: RunResults) -> list[str]:
@@ -291,8 +358,9 @@ def _candidate_notes(results: RunResults) -> list[str]:
 def render_markdown(results: RunResults, plots: Sequence[str]) -> str:
     lines = [f"# compress-dqn report: {results.env_id}", ""]
     lines += [f"- **{line}**" for line in headline(results)] + [""]
-    lines.append("| " + " | ".join(c.header for c in TABLE) + " |")
-    lines.append("|" + "---|" * len(TABLE))
+    table = table_columns(results)
+    lines.append("| " + " | ".join(c.header for c in table) + " |")
+    lines.append("|" + "---|" * len(table))
     lines += ["| " + " | ".join(text for _, text in _cells(v, results)) + " |" for v in results.variants]
     lines.append("")
     lines += [f"![{name}]({name})" for name in plots]
@@ -304,7 +372,7 @@ def render_html(results: RunResults, plots: dict[str, bytes]) -> str:
     """One self-contained page: headline, table, plots embedded as data URIs."""
     esc = html.escape
     head = "".join(f"<li>{esc(line)}</li>" for line in headline(results))
-    header = "".join(f"<th>{esc(c.header)}</th>" for c in TABLE)
+    header = "".join(f"<th>{esc(c.header)}</th>" for c in table_columns(results))
     body = ""
     for v in results.variants:
         color = verdict_color(v.verdict)
@@ -420,7 +488,7 @@ def write_report(run_dir: Path) -> list[Path]:
         return [run_dir / "report.md"]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\r\n")
-    writer.writerow([c.key for c in CSV_COLUMNS])
+    writer.writerow([c.key for c in csv_columns(results)])
     writer.writerows([row.values() for row in rows(results)])
     write_text_atomic(run_dir / "results.csv", buffer.getvalue())
     written = [run_dir / "results.csv"]

@@ -14,8 +14,8 @@ from typing import ClassVar
 from pydantic import ConfigDict, Field, ValidationError
 
 from compress_dqn.errors import UserError
-from compress_dqn.evaluation.figures import (Comparison, Compression, LatencyBlock, MemoryBlock, MicroFigures, OpenRecord,
-                                             Record, ReturnStats, SizeStats, Verdict)
+from compress_dqn.evaluation.figures import (CFigures, Comparison, Compression, LatencyBlock, MemoryBlock, MicroFigures,
+                                             OpenRecord, Record, ReturnStats, SizeStats, Verdict)
 from compress_dqn.fileio import write_text_atomic
 
 SCHEMA_VERSION = 2
@@ -117,7 +117,7 @@ class VariantResult(Record):
     """One policy's figures: the baseline (the reference) or a compressed variant."""
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
-    omit_none: ClassVar[frozenset[str]] = frozenset({"compression", "return_vs_baseline"})
+    omit_none: ClassVar[frozenset[str]] = frozenset({"compression", "return_vs_baseline", "c_policy"})
     name: str
     artifacts: dict[str, str]
     returns: ReturnStats = Field(alias="return")
@@ -127,6 +127,9 @@ class VariantResult(Record):
     latency_us: LatencyBlock = Field(default_factory=LatencyBlock)
     memory_bytes: MemoryBlock = Field(default_factory=MemoryBlock)
     micro: MicroFigures | None = None
+    c_policy: CFigures | None = None
+    """The policy as generated C with no runtime: flash and RAM per Cortex-M target, or why there are none;
+    None where the run was measured without the `c` extra (RunResults.c_policy_note)."""
     compression: Compression | None = None
     return_vs_baseline: Comparison | None = None
     """verdicts.paired_difference(): the non-inferiority verdict against the baseline (None for it)."""
@@ -156,13 +159,16 @@ class RunResults(Record):
     """One training seed's run: the baseline, its variants, and how they were evaluated."""
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
-    omit_none: ClassVar[frozenset[str]] = frozenset({"search"})
+    omit_none: ClassVar[frozenset[str]] = frozenset({"search", "c_policy_note"})
     schema_version: int = SCHEMA_VERSION
     env_id: str
     eval: EvalPlan
     random: RandomFigures
     train: TrainFigures = Field(default_factory=TrainFigures)
     gpu: str
+    c_policy_note: str | None = None
+    """Why no policy has C figures (c_policy): the `c` extra was not installed where the run was measured.
+    None where some have them, and in files written before C figures were measured."""
     variants: list[VariantResult] = Field(min_length=1)
     """The baseline first, then its variants."""
     search: SearchMark | None = None

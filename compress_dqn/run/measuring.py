@@ -1,15 +1,18 @@
-"""Measuring every policy of a run: batch-1 latency, inference memory per runtime, GPU and microcontroller figures."""
+"""Measuring every policy of a run: batch-1 latency, inference memory per runtime, GPU and microcontroller figures
+(TFLite Micro's, and the generated C policy's flash and RAM where the `c` extra is installed)."""
 
 from __future__ import annotations
 
 import subprocess
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 
-from compress_dqn.deploy import micro
+from compress_dqn.deploy import c_measure, micro
 from compress_dqn.deploy.policy import TFLitePolicy
-from compress_dqn.evaluation.figures import CpuLatency, GpuLatency, LatencyBlock, MemoryBlock, MicroFigures
+from compress_dqn.evaluation.figures import (M4F, CFigures, CpuLatency, GpuLatency, LatencyBlock, MemoryBlock,
+                                             MicroFigures)
 from compress_dqn.evaluation.measure import measure_latency, measure_memory
 from compress_dqn.export.saved_model import SavedModelPolicy, gpu_note, measure_gpu
 from compress_dqn.recipe.schema import Recipe
@@ -36,14 +39,17 @@ def measure_stage(name: str, ctx: RunContext) -> MeasureRecord:
     memory = ctx.stages.find(keys.memory(name), MemoryRecord) or probe_policy_memory(
         files, probes_saved_model(ctx.recipe, name))
     on_gpu = measure_gpu(files.saved_model, ctx.heldout, seconds=LATENCY_SECONDS)
+    in_c = c_figures(files.tflite)  # after the timings: its compiler processes would share the CPU with them
     tf_rss = memory.saved_model and f"{memory.saved_model.peak_rss / 2**20:.0f} MiB"
+    c_m4f = in_c and in_c.on(M4F)
     ctx.log(f"[{name}] TFLite p50 {latency.tflite.p50:.1f} us, peak RSS {memory.tflite.peak_rss / 2**20:.0f} MiB; "
             f"SavedModel p50 {latency.saved_model.p50:.0f} us, peak RSS "
-            f"{tf_rss or 'not probed (measure.saved_model_memory)'}")
+            f"{tf_rss or 'not probed (measure.saved_model_memory)'}"
+            + (f"; as C on a Cortex-M4F {c_m4f[0]:,} B flash, {c_m4f[1]:,} B RAM" if c_m4f else ""))
     return MeasureRecord(
         latency_us=LatencyBlock(cpu=latency, gpu=on_gpu and GpuLatency(saved_model=on_gpu.latency)),
         memory_bytes=MemoryBlock(cpu_rss=memory, gpu_peak=on_gpu and on_gpu.peak_bytes),
-        micro=micro_figures(files.tflite), gpu_note=gpu_note())
+        micro=micro_figures(files.tflite), c_policy=in_c, gpu_note=gpu_note())
 
 
 def probe_policy_memory(files: PolicyFiles, saved_model: bool) -> MemoryRecord:
@@ -89,3 +95,21 @@ def micro_figures(tflite: Path) -> MicroFigures:
     if not micro.available():
         return MicroFigures(runs=None, reason=micro.INSTALL_HINT, flash_bytes=tflite.stat().st_size)
     return micro.micro_summary(tflite)
+
+
+def c_figures(tflite: Path) -> CFigures | None:
+    """The policy's flash and RAM as generated C with no runtime (c_measure.c_summary: a policy the C export
+    cannot translate gets its reason); None where the `c` extra is not installed, which the report says once.
+
+    No timing run (`export --target c` has one): a few cross-compiles, the targets at once, are all it costs; the
+    first on a machine also builds zig's compiler-rt for each target, which zig caches for later runs."""
+    return c_measure.c_summary(tflite) if c_measure.available() else None
+
+
+C_NOT_MEASURED = ("No C flash / RAM: measuring a policy as generated C needs zig cc and pyelftools, the `c` extra "
+                  "(pip install 'compress-dqn[c]')")
+
+
+def c_policy_note(measured: Iterable[MeasureRecord]) -> str | None:
+    """Why no policy of a run has C figures (the `c` extra was missing where it was measured); None where some have."""
+    return None if any(m.c_policy is not None for m in measured) else C_NOT_MEASURED

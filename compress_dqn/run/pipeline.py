@@ -18,7 +18,7 @@ from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run.baseline_stages import train_baseline
 from compress_dqn.run.context import RunContext, open_run, run_stages
 from compress_dqn.run.looks import RANDOM, decide
-from compress_dqn.run.measuring import measure_stages, policy_names, probe_memory
+from compress_dqn.run.measuring import c_policy_note, measure_stages, policy_names, probe_memory
 from compress_dqn.run.rundir import RunOutcome
 from compress_dqn.run.variants import build_pool, build_variants, variant_workers
 from compress_dqn.store import stage_keys as keys
@@ -79,6 +79,7 @@ def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunRes
         random=RandomFigures(returns=summarize(episodes[RANDOM])),
         train=stages.get("train", TrainRecord),
         gpu=measured[BASELINE].gpu_note or "visible",
+        c_policy_note=c_policy_note(measured.values()),
         variants=variants,
     )
 
@@ -88,4 +89,5 @@ def _variant_result(name: str, built: ExportRecord | VariantRecord, episodes: li
     """One policy's results: its build's records, and its returns over every episode it played."""
     return VariantResult(name=name, artifacts=built.artifacts.to_dict(), returns=summarize(episodes), size=built.size,
                          action_agreement=agreement, action_agreement_decisive=decisive, latency_us=measured.latency_us,
-                         memory_bytes=measured.memory_bytes, micro=measured.micro, compression=compression)
+                         memory_bytes=measured.memory_bytes, micro=measured.micro, c_policy=measured.c_policy,
+                         compression=compression)

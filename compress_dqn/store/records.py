@@ -7,10 +7,12 @@ reader ignores keys that a later release adds.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
-from compress_dqn.evaluation.figures import (Compression, CpuMemory, LatencyBlock, MemoryBlock, MicroFigures, Record,
-                                             ReturnStats, SizeStats)
+from compress_dqn.evaluation.figures import (CFigures, Compression, CpuMemory, LatencyBlock, MemoryBlock, MicroFigures,
+                                             Record, ReturnStats, SizeStats)
 from compress_dqn.evaluation.results import TrainFigures
 
 TrainRecord = TrainFigures
@@ -72,9 +74,12 @@ MemoryRecord = CpuMemory
 class MeasureRecord(Record):
     """stage "measure:NAME": latency, memory, GPU and microcontroller figures of one policy."""
 
+    omit_none: ClassVar[frozenset[str]] = frozenset({"c_policy"})
     latency_us: LatencyBlock
     memory_bytes: MemoryBlock
     micro: MicroFigures
+    c_policy: CFigures | None = None
+    """The generated C policy's flash and RAM; None where the `c` extra was not installed."""
     gpu_note: str | None = None
     """None where TensorFlow sees a GPU, else why the GPU figures are missing."""
 
