@@ -5,8 +5,8 @@ observation in the environment's own layout and returns the greedy action, compu
 reference kernels compute (c_runtime.py says how each rounds), so it plays the same actions. An
 int8 policy is integer-only after its input's quantization; a float policy runs in float; a
 dynamic-range one runs LiteRT's hybrid kernels (int8 weights, its activations quantized per call,
-c_hybrid.py), in float and integers. Only the
-ops that lead to `action` are translated: the file has no other output.
+c_hybrid.py), in float and integers. Only the ops that lead to `action` are translated: the file
+has no other output.
 """
 
 from __future__ import annotations
