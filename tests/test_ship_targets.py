@@ -107,6 +107,171 @@ def test_a_cnn_student_in_c_plays_as_the_reference_kernels(tmp_path):
     assert len({act(s) for s in states[:200]}) > 1  # a policy that takes one action everywhere would prove nothing
 
 
+# Dynamic-range files: the tiny run's is float throughout (the converter keeps layers under 1,024 weights
+# in float), so these build files whose layers LiteRT runs with its hybrid kernels.
+
+def _dynamic_range_file(folder: Path, name: str, layers: list, obs_shape: tuple, dtype: type) -> Path:
+    """A `quantize: {mode: dynamic}` policy file of the given Keras layers (seeded, biases non-zero), split heads."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.compress.quantize import converter_setup
+    from compress_dqn.compress.rewrites import split_value_advantage
+    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.export.writers import convert_tflite, export_saved_model
+    from compress_dqn.recipe.schema import QuantizeConfig
+
+    tf_keras.utils.set_random_seed(0)
+    model = tf_keras.Sequential([tf_keras.Input(obs_shape), *layers])
+    rng = np.random.default_rng(0)
+    for layer in model.layers:
+        if layer.get_weights():
+            kernel, bias = layer.get_weights()
+            layer.set_weights([kernel, rng.normal(0, 0.1, bias.shape).astype(np.float32)])
+    saved = export_saved_model(split_value_advantage(model), obs_shape, dtype, folder / f"{name}_saved")
+    path = folder / f"{name}.tflite"
+    path.write_bytes(with_float_q_values(convert_tflite(saved, converter_setup(QuantizeConfig(mode="dynamic")))))
+    return path
+
+
+def _hybrid_form(path: Path, symmetric: bool, per_tensor: bool) -> Path:
+    """The file with its hybrid ops switched to LiteRT's other hybrid paths: symmetric input quantization
+    (asymmetric_quantize_inputs off) and one weight scale (FULLY_CONNECTED: one scale; CONV_2D: equal scales)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    from compress_dqn.deploy.tflite_metadata import pack_model
+
+    model = schema.ModelT.InitFromPackedBuf(bytearray(path.read_bytes()), 0)
+    graph, ops = model.subgraphs[0], schema.BuiltinOperator
+    for op in graph.operators:
+        code = model.operatorCodes[op.opcodeIndex]
+        kind = max(code.builtinCode, code.deprecatedBuiltinCode)
+        weights = graph.tensors[op.inputs[1]] if kind in (ops.FULLY_CONNECTED, ops.CONV_2D) else None
+        if weights is None or weights.type != schema.TensorType.INT8:
+            continue
+        if symmetric and kind == ops.FULLY_CONNECTED:
+            op.builtinOptions.asymmetricQuantizeInputs = False
+        if per_tensor:
+            count = 1 if kind == ops.FULLY_CONNECTED else len(weights.quantization.scale)
+            weights.quantization.scale = [float(np.max(weights.quantization.scale))] * count
+            weights.quantization.zeroPoint = [0] * count
+    out = path.with_name(f"{path.stem}-{'sym' if symmetric else 'asym'}-{'tensor' if per_tensor else 'channel'}.tflite")
+    out.write_bytes(pack_model(model, path.stat().st_size))
+    return out
+
+
+def _values_differ(path: Path, folder: Path, states: np.ndarray) -> int:
+    """States where the C's values that its action is the argmax of differ in any bit from LiteRT's reference kernels'."""
+    import ctypes
+    import dataclasses
+    import re
+
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    from compress_dqn.deploy.c_export import generate_c
+    from compress_dqn.deploy.c_measure import compile_shared
+    from compress_dqn.deploy.tflite_graph import read_policy_graph
+
+    policy = generate_c(path, "vals")
+    found = re.search(r"return argmax_f32\((t\d+), (\d+)\);", policy.source)
+    n = int(found.group(2))
+    source = policy.source.replace("int vals_act(", f"float vals_values[{n}];\nint vals_act(", 1).replace(
+        found.group(0), f"for (int i = 0; i < {n}; ++i) vals_values[i] = {found.group(1)}[i];\n  {found.group(0)}")
+    folder = folder / path.stem  # a library of its own: dlopen would hand back one already loaded from the same path
+    folder.mkdir()
+    lib = compile_shared(dataclasses.replace(policy, source=source), folder)
+    act, ours = lib.vals_act, (ctypes.c_float * n).in_dll(lib, "vals_values")
+    interp = Interpreter(model_path=str(path), experimental_op_resolver_type=OpResolverType.BUILTIN_REF,
+                         experimental_preserve_all_tensors=True)
+    interp.allocate_tensors()
+    index = next(op for op in read_policy_graph(path).ops if op.kind == "ARG_MAX").inputs[0].index
+    differ = 0
+    for state in states:
+        x = np.ascontiguousarray(state[None], dtype=states.dtype)
+        interp.set_tensor(interp.get_input_details()[0]["index"], x)
+        interp.invoke()
+        act(x.ctypes.data_as(ctypes.c_void_p))
+        differ += not np.array_equal(interp.get_tensor(index).ravel().view(np.int32), np.array(ours, np.float32).view(np.int32))
+    return differ
+
+
+def _edge_states(n: int, rng: np.random.Generator) -> np.ndarray:
+    """States whose quantization lands on LiteRT's rounding edges (scale 1, so a value is its own product): the
+    float below 0.5 (LiteRT rounds it up in its loop of 8, down after it), ranges whose float width loses
+    bits, zeros; then random ones."""
+    below_half = np.nextafter(np.float32(0.5), np.float32(0))
+    edges = []
+    for top, sign in ((255, 1), (-255, -1), (127, 1), (127, -1)):
+        s = np.full(n, sign * below_half, np.float32)
+        s[0] = top
+        edges.append(s)
+    for _ in range(100):
+        s = np.abs(rng.normal(0, 1, n)).astype(np.float32) * np.float32(rng.uniform(0.5, 4))
+        s[1] = -np.float32(rng.uniform(0, 3e-7))
+        edges.append(s)
+    edges.append(np.zeros(n, np.float32))
+    spread = rng.normal(0, 1.5, (300, n)) * rng.choice([0.01, 1, 100], (300, 1))
+    return np.concatenate([np.stack(edges), spread]).astype(np.float32)
+
+
+@pytest.mark.slow
+def test_a_dynamic_range_policy_in_c_computes_what_litert_s_hybrid_kernels_compute(tmp_path):
+    """A CartPole-shaped dynamic-range policy (hybrid FULLY_CONNECTED: its input quantized per call) plays
+    action for action as LiteRT's reference kernels; its Q-values are bit for bit theirs on LiteRT's four
+    hybrid paths (asymmetric or symmetric input, per-channel or per-tensor weights) and on rounding edges."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.deploy.c_export import generate_c
+    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.tflite_graph import read_policy_graph
+
+    dense = tf_keras.layers.Dense
+    path = _dynamic_range_file(tmp_path, "cartpole", [dense(256, activation="relu", name="hidden_0"),
+                                                      dense(256, activation="relu", name="hidden_1"), dense(2, name="q_values")],
+                               (4,), np.float32)
+    hybrid = [op for op in read_policy_graph(path).ops if op.kind == "FULLY_CONNECTED" and op.inputs[1].dtype == np.int8]
+    assert len(hybrid) == 2 and all(op.inputs[0].dtype == np.float32 and op.options["asymmetricQuantizeInputs"] for op in hybrid)
+    policy = generate_c(path, "dyn")
+    assert not policy.integer and "fc_hybrid(" in policy.source and "fc_f32(" in policy.source  # the heads stay float
+    act = c_actor(compile_shared(policy, tmp_path), policy)
+    states = np.random.default_rng(0).normal(0, 1.5, (300, 4)).astype(np.float32)
+    differ, steps = _play_side_by_side(act, TFLitePolicy(path, reference_kernels=True).act, "CartPole-v1", range(EPISODES), states)
+    assert differ == 0 and steps > len(states)
+    assert len({act(s) for s in states}) > 1
+    # 20 inputs: 16 quantized in LiteRT's loop of 8, 4 after it, so both roundings meet the edge states.
+    wide = _dynamic_range_file(tmp_path, "wide", [dense(64, activation="relu", name="hidden_0"),
+                                                  dense(64, activation="relu", name="hidden_1"), dense(3, name="q_values")],
+                               (20,), np.float32)
+    for symmetric in (False, True):
+        for per_tensor in (False, True):
+            for file, n in ((path, 4), (wide, 20)):
+                form = _hybrid_form(file, symmetric, per_tensor)
+                assert _values_differ(form, tmp_path, _edge_states(n, np.random.default_rng(1))) == 0, form.name
+
+
+@pytest.mark.slow
+def test_a_dynamic_range_cnn_in_c_plays_as_litert_s_hybrid_kernels(tmp_path):
+    """A MinAtar-shaped dynamic-range CNN: its CONV_2D (1,152 weights) and dense layer run as LiteRT's hybrid
+    kernels, per channel (asymmetric input) and with one scale (symmetric)."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.deploy.c_export import generate_c
+    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.tflite_graph import read_policy_graph
+
+    layers = tf_keras.layers
+    path = _dynamic_range_file(tmp_path, "cnn", [layers.Conv2D(32, 3, activation="relu", name="conv_0"), layers.Flatten(name="flatten"),
+                                                 layers.Dense(32, activation="relu", name="hidden_0"), layers.Dense(3, name="q_values")],
+                               (10, 10, 4), np.uint8)
+    conv = next(op for op in read_policy_graph(path).ops if op.kind == "CONV_2D")
+    assert conv.inputs[0].dtype == np.float32 and conv.inputs[1].dtype == np.int8 and conv.inputs[1].scales.size == 32
+    policy = generate_c(path, "dyncnn")
+    assert "conv_hybrid(" in policy.source and "fc_hybrid(" in policy.source and policy.obs_type == "uint8_t"
+    act = c_actor(compile_shared(policy, tmp_path), policy)
+    states = np.random.default_rng(1).integers(0, 2, (500, 10, 10, 4)).astype(np.uint8)
+    differ, steps = _play_side_by_side(act, TFLitePolicy(path, reference_kernels=True).act, "MinAtar/Breakout-v1", range(2), states)
+    assert differ == 0 and steps > len(states)
+    assert len({act(s) for s in states[:200]}) > 1
+    for per_tensor in (False, True):
+        assert _values_differ(_hybrid_form(path, False, per_tensor), tmp_path, states[:200]) == 0, per_tensor
+
+
 @pytest.mark.parametrize("defines", [(), ("POLICY_PORTABLE_FC_SCALE",)], ids=["host", "portable"])
 def test_fc_scale_rounds_as_double_round(tmp_path, defines):
     """fc_scale(acc, m, s) == round((double)acc * M) (ties away), for M = m * 2^-s: LiteRT's reference

@@ -3,8 +3,10 @@
 `int NAME_act(const float *observation)` (`const uint8_t *` for uint8 observations) takes the
 observation in the environment's own layout and returns the greedy action, computing what LiteRT's
 reference kernels compute (c_runtime.py says how each rounds), so it plays the same actions. An
-int8 policy is integer-only after its input's quantization; a float policy runs in float. Only the
-ops that lead to `action` are translated: the file has no other output.
+int8 policy is integer-only after its input's quantization; a float policy runs in float; a
+dynamic-range one runs LiteRT's hybrid kernels (int8 weights, its activations quantized per call,
+c_hybrid.py), in float and integers. Only the ops that lead to `action` are translated: the file
+has no other output.
 """
 
 from __future__ import annotations
@@ -256,6 +258,9 @@ def _fc(e: _Emitter, op: Op) -> None:
     x, w, bias = op.inputs[:3]
     out = op.outputs[0]
     n_out, n_in = w.shape
+    if x.dtype == np.float32 and w.dtype == np.int8 and w.value is not None:
+        _fc_hybrid(e, op)
+        return
     if x.dtype == np.float32:
         weights = w.real() if w.value is not None else None
         if weights is None:
@@ -281,6 +286,40 @@ def _fc(e: _Emitter, op: Op) -> None:
     lo, hi = _int8_bounds(out, op.activation)
     e.lines.append(f"  fc_s8({e.buffers[x.index]}, {n_in}, {int(x.zero_points[0])}, {wn}, {bn}, {n_out}, {mn}, {sn}, "
                    f"{int(w.scales.size > 1)}, {int(out.zero_points[0])}, {lo}, {hi}, {e.buffer(out)});")
+
+
+def _hybrid_weights(e: _Emitter, op: Op) -> tuple[str, str, str]:
+    """A dynamic-range op's int8 weights, their scales and its float bias, as C constants."""
+    w, bias, out = op.inputs[1], op.inputs[2] if len(op.inputs) > 2 else None, op.outputs[0]
+    if w.sparse:
+        raise UserError(f"{e.graph.label}: a sparse dynamic-range {op.kind}; LiteRT's sparse hybrid kernel is not "
+                        "translated (export the policy without prune.sparse_format)")
+    if w.scales is None or np.any(w.zero_points != 0) or (w.scales.size > 1 and w.axis != 0):
+        raise UserError(f"{e.graph.label}: a dynamic-range {op.kind} whose int8 weights are not symmetric per "
+                        "output channel or per tensor; not translated")
+    weights = e.const(w.value, "int8_t", f"w{out.index}")
+    scales = e.const(w.scales, "float", f"ws{out.index}")
+    return weights, scales, e.const(bias.real(), "float", f"b{out.index}") if bias is not None else "0"
+
+
+def _hybrid_scratch(e: _Emitter, op: Op) -> str:
+    """The int8 buffer a hybrid op quantizes its input into, on every call."""
+    name = f"q{op.outputs[0].index}"
+    e.locals.append(f"  int8_t {name}[{op.inputs[0].size}];")
+    return name
+
+
+def _fc_hybrid(e: _Emitter, op: Op) -> None:
+    """A dynamic-range FULLY_CONNECTED: LiteRT's hybrid kernel, its input quantized per call (c_hybrid.py);
+    asymmetric where the op's asymmetric_quantize_inputs is set."""
+    x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    n_out, n_in = w.shape
+    weights, scales, bias = _hybrid_weights(e, op)
+    e.used.add("fc_hybrid")
+    asymmetric = int(bool(op.options.get("asymmetricQuantizeInputs", False)))
+    lo, hi = _FLOAT_BOUNDS[op.activation]
+    e.lines.append(f"  fc_hybrid({e.buffers[x.index]}, {n_in}, {weights}, {bias}, {n_out}, {scales}, "
+                   f"{int(w.scales.size > 1)}, {asymmetric}, {lo}, {hi}, {_hybrid_scratch(e, op)}, {e.buffer(out)});")
 
 
 def _double_multiplier(input_scale: float, filter_scale: float, output_scale: float) -> tuple[int, int]:
@@ -316,6 +355,15 @@ def _conv(e: _Emitter, op: Op) -> None:
         raise UserError(f"{e.graph.label}: a grouped CONV_2D; not translated")
     (sh, sw), (dh, dw), (ph, pw, _, _) = conv_geometry(op)
     geometry = f"{oc}, {kh}, {kw}, {sh}, {sw}, {dh}, {dw}, {ph}, {pw}, {oh}, {ow}"
+    if x.dtype == np.float32 and w.dtype == np.int8 and w.value is not None:
+        # LiteRT runs the per-channel kernel (asymmetric input) unless every channel has the same scale.
+        weights, scales, bn = _hybrid_weights(e, op)
+        per_channel = int(bool(np.any(w.scales != w.scales[0])))
+        e.used.add("conv_hybrid")
+        lo, hi = _FLOAT_BOUNDS[op.activation]
+        e.lines.append(f"  conv_hybrid({e.buffers[x.index]}, {ih}, {iw}, {ic}, {weights}, {bn}, {geometry}, {scales}, "
+                       f"{per_channel}, {lo}, {hi}, {_hybrid_scratch(e, op)}, {e.buffer(out)});")
+        return
     if x.dtype == np.float32:
         e.used.add("conv_f32")
         wn, lo_hi = e.const(w.real(), "float", f"w{out.index}"), _FLOAT_BOUNDS[op.activation]

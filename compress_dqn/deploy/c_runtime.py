@@ -10,10 +10,13 @@ must round where LiteRT's reference kernels (`OpResolverType.BUILTIN_REF`) round
   then RoundingDivideByPOT), multipliers from QuantizeMultiplier.
 - QUANTIZE: roundf(x / scale) + zero_point, clamped; float ops in float, one operation a statement
   (FP_CONTRACT off: a fused multiply-add would round once where LiteRT rounds twice).
+- the hybrid (dynamic-range) FULLY_CONNECTED and CONV_2D: c_hybrid.py.
 Only the routines a policy uses are emitted (`routines`).
 """
 
 from __future__ import annotations
+
+from compress_dqn.deploy.c_hybrid import HYBRID_NEEDS, HYBRID_ROUTINES
 
 ROUTINES: dict[str, str] = {
     "round_away": """\
@@ -216,7 +219,9 @@ static int argmax_f32(const float *v, int n) {
 """,
 }
 
-_NEEDS = {"fc_s8": ["clamp8", "fc_scale"], "conv_s8": ["clamp8", "mbqm"]}
+ROUTINES.update(HYBRID_ROUTINES)
+
+_NEEDS = {"fc_s8": ["clamp8", "fc_scale"], "conv_s8": ["clamp8", "mbqm"], **HYBRID_NEEDS}
 
 
 def routines(used: set[str]) -> str:

@@ -35,6 +35,7 @@ class Tensor:
     zero_points: np.ndarray | None = None
     axis: int = 0
     value: np.ndarray | None = None
+    sparse: bool = False  # stored in sparse format: LiteRT runs other kernels on it
 
     @property
     def quantized(self) -> bool:
@@ -149,6 +150,7 @@ class _Reader:
             if data is not None and len(data):
                 values = np.frombuffer(bytes(np.asarray(data, np.uint8)), dtype=dtype)
                 tensor.value = _dense(t.sparsity, values, shape) if t.sparsity is not None else values.reshape(shape or ())
+                tensor.sparse = t.sparsity is not None
             self._tensors[index] = tensor
         return self._tensors[index]
 
