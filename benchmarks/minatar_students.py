@@ -1,14 +1,15 @@
 """Why small CNN students lose a MinAtar baseline's return before any quantization, and what closes it.
 
-    .venv/bin/python benchmarks/minatar_students.py --run runs/mb --seed 0                 # ~1 h on 2 cores
+    .venv/bin/python benchmarks/minatar_students.py --run runs/mb --seed 0                 # ~1.5 h on 2 cores
     .venv/bin/python benchmarks/minatar_students.py --run runs/mb --seed 0 --only long-c8-32
     .venv/bin/python benchmarks/minatar_students.py --run /tmp/smoke --smoke               # tiny: a minute
 
 `--run` is a run directory of `recipes/minatar-breakout.yaml` (or the search recipe: the same
 training) whose seed's baseline is trained, or is trained first. Each study arm is a float32
-student (no quantization at all, so only the distillation is measured) added to that seed as a
-variant: the run builds it, plays it against its own baseline on the same episode seeds, and
-decides it at the recipe's tolerance. One JSON line per arm: its architecture and distillation,
+student (no quantization at all, so only the distillation is measured; one arm adds the search's
+QAT int8) added to that seed as a variant. Arms already built there are kept; the run builds
+the others, plays each against its own baseline on the same episode seeds, and decides it at the
+recipe's tolerance. One JSON line per arm: its architecture and distillation,
 gzipped bytes against the baseline's, the paired difference and verdict, the episodes played
 identically, the agreement on decisive states, and the selection's learning curve (return on the
 selection episodes against gradient steps).
@@ -43,7 +44,17 @@ ARMS: dict[str, dict] = {
                                   "net_arch": [64]},
                       "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
                                     "student_states_interval": 10000}},
+    # Where the curve stops gaining: twice the long budget.
+    "xlong-c8-32": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
+                    "fine_tune": {**TODAY, "steps": 400000, "select_interval": 40000, "student_states": 10000,
+                                  "student_states_interval": 10000}},
+    # The long distillation, then quantization-aware int8 as the search builds its students: the deployable policy.
+    "long-c8-32-qat": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
+                       "quantize": {"mode": "qat", "qat_steps": 20000, "qat_learning_rate": 1e-4},
+                       "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
+                                     "student_states_interval": 10000}},
 }
+"""Each arm is a float32 student unless it names `quantize`."""
 
 SMOKE_ARMS = {"smoke-c4-8": {"student": {"conv": [{"filters": 4, "kernel": 3}], "net_arch": [8]},
                              "fine_tune": {"steps": 200, "select_interval": 100, "select_episodes": 2,
