@@ -6,8 +6,8 @@ The lanes' observations live in one array of rows, which is the batch the policy
 
 Two kinds: `GymLanes`, a gymnasium environment per lane built by make_env_from (any environment),
 and `BreakoutLanes`, MinAtar Breakout's rules computed for every lane at once with numpy. MinAtar's
-Breakout is a few lines of Python per step, called through five wrappers, which cost more per step
-than a batched policy does; the numpy copy computes the same observations, rewards and ends (each
+Breakout is a few lines of Python per step, called through four gymnasium wrappers, which cost
+more per step than a batched policy does; the numpy copy computes the same observations, rewards and ends (each
 lane's draws come from RandomState(seed) in the order MinAtar draws them), and is used only
 with the MinAtar version it was checked against (tests/test_lanes.py plays both step by step).
 """
@@ -160,7 +160,7 @@ class BreakoutLanes:
         if np.count_nonzero(bottom):  # the ball at the bottom row: a few steps in ten
             new_y, direction, terminal = self._bottom(lanes, bottom, pos, ball_x, ball_y, new_x, new_y, direction)
         self._strike[rows] = brick
-        self._observe(lanes, rows, before, pos, new_x, new_y)
+        self._observe(lanes, before, pos, new_x, new_y)
         steps = before[_STEPS] + 1
         self._state[:, rows] = (new_x, new_y, direction, pos, ball_x, ball_y, act, steps)
         if self._max_steps is not None:  # gymnasium's TimeLimit
@@ -179,8 +179,8 @@ class BreakoutLanes:
         new_y = np.where(middle | corner, ball_y, new_y)
         return new_y, direction, bottom & ~middle & ~corner
 
-    def _observe(self, lanes: np.ndarray, rows: slice | np.ndarray, before: np.ndarray, pos: np.ndarray,
-                 new_x: np.ndarray, new_y: np.ndarray) -> None:
+    def _observe(self, lanes: np.ndarray, before: np.ndarray, pos: np.ndarray, new_x: np.ndarray,
+                 new_y: np.ndarray) -> None:
         """Env.state() into the lanes' rows: the paddle, ball and trail marks move; the bricks are there."""
         obs = self.obs
         obs[lanes, 9, before[_POS], 0] = 0
