@@ -61,7 +61,7 @@ def fresh_returns(args: tuple[str, str, int, int]) -> list[float]:
     from compress_dqn.recipe.schema import load_recipe
 
     recipe, policy, episodes, first_seed = args
-    return [float(r) for r in evaluate(TFLitePolicy(policy).act, load_recipe(recipe).env, episodes, first_seed).episodes]
+    return [float(r) for r in evaluate(TFLitePolicy(policy), load_recipe(recipe).env, episodes, first_seed).episodes]
 
 
 def analyze(out: Path, episodes: int, first_seed: int) -> None:

@@ -296,7 +296,7 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
 @_user_errors
 def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) -> None:
     """Play greedy episodes with a .tflite file or SavedModel directory; prints JSON."""
-    from compress_dqn.deploy.policy import check_compatible
+    from compress_dqn.deploy.policy import TFLitePolicy, check_compatible
     from compress_dqn.envs.environment import probe_env
     from compress_dqn.evaluation.play import evaluate as run_evaluation
     from compress_dqn.export.loading import load_policy
@@ -318,7 +318,7 @@ def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) 
         env_cfg = EnvConfig(id=env_id, frame_stack=shape[-1])
         info = probe_env(env_cfg)
     check_compatible(loaded, info.obs_shape, info.n_actions, env_id, str(policy))
-    stats = run_evaluation(loaded.act, env_cfg, episodes, seed)
+    stats = run_evaluation(loaded if isinstance(loaded, TFLitePolicy) else loaded.act, env_cfg, episodes, seed)
     click.echo(json.dumps({"policy": str(policy), "env_id": env_id, "seed": seed, "runtime": runtime,
                            "return": stats.to_dict()}))
 

@@ -52,9 +52,10 @@ def make(env_id: str) -> gym.Env:
 
 
 def play(path: str, env_id: str, first_seed: int, episodes: int, by: str = "action") -> dict:
-    act, env = player(path), make(env_id)
+    act = player(path)
     returns, actions, differs = [], [], 0
     for seed in range(first_seed, first_seed + episodes):
+        env = make(env_id)  # a fresh environment per episode: MinAtar carries an episode's last action into the next
         observation, _ = env.reset(seed=seed)
         total, done, taken = 0.0, False, []
         while not done:

@@ -107,9 +107,11 @@ class TFLitePolicy:
         return np.ascontiguousarray(obs, dtype=self.input_dtype)
 
     def _run(self, obs: np.ndarray) -> None:
-        self._resize(len(obs))
-        self._interp.set_tensor(self._in["index"], self._prepare(obs))
-        self._interp.invoke()
+        if len(obs) != self._batch:
+            self._resize(len(obs))
+        ready = not self._needs_prepare and obs.dtype == self.input_dtype and obs.flags.c_contiguous
+        self._set_tensor(self._in_index, obs if ready else self._prepare(obs))
+        self._invoke()
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         self._run(np.asarray(obs))
@@ -120,9 +122,11 @@ class TFLitePolicy:
         return np.asarray(q, dtype=np.float32)
 
     def actions(self, obs: np.ndarray) -> np.ndarray:
-        """The policy's greedy actions for a batch (its `action` output, which is what it plays)."""
+        """The policy's greedy actions for a batch (its `action` output, which is what it plays), one
+        interpreter call for the batch. LiteRT's kernels compute each row of a batch as they compute
+        it alone (tests/test_play_batched.py compares them bit for bit), so row i is act(obs[i])."""
         self._run(np.asarray(obs))
-        return np.array(self._interp.get_tensor(self._action["index"]))
+        return self._get_tensor(self._action_index)  # a copy: the interpreter's buffer is not exposed
 
     def act(self, obs: np.ndarray) -> int:
         # The per-step hot path: LiteRT's own set+invoke+get is a few microseconds. This adds a view (obs[None])

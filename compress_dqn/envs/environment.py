@@ -241,6 +241,26 @@ def seed_env(env: gym.Env, seed: int) -> np.ndarray:
     return obs
 
 
+def reset_episode(env: gym.Env, seed: int) -> np.ndarray:
+    """The first observation of an evaluation episode on `seed`, one that depends on its seed alone.
+
+    Why: MinAtar keeps the previous episode's last action across reset(seed=...) and may repeat it
+    (sticky actions) at the next episode's first step, so an environment that played other episodes
+    before could start this one differently from a fresh one. Here a MinAtar episode starts as in a
+    fresh environment (last action no-op). Its reseeding reseeds the game's RandomState in place,
+    which gives the state RandomState(seed) gives without building a generator (a fifth of a
+    millisecond) per episode. Other environments: reset(seed=seed).
+    """
+    game = getattr(env.unwrapped, "game", None)
+    random = _minatar_random(env)
+    if random is None or not hasattr(game, "last_action") or not hasattr(game, "env"):
+        return env.reset(seed=int(seed))[0]
+    random.seed(int(seed))  # what minatar's Environment.seed does, into the RandomState it holds
+    game.env.random = random
+    game.last_action = 0
+    return env.reset()[0]
+
+
 def _minatar_random(env: gym.Env) -> np.random.RandomState | None:
     """MinAtar keeps its own RandomState (sticky actions, ball start) outside np_random."""
     game = getattr(env.unwrapped, "game", None)

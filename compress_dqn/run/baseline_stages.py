@@ -69,7 +69,7 @@ def _export_stage(ctx: RunContext) -> ExportRecord:
 def _evaluate_stage(ctx: RunContext) -> EvaluateRecord:
     """The deployed artifact (TFLite) on the fixed episode seeds."""
     seeds = ctx.ranges.first
-    stats = evaluate(TFLitePolicy(ctx.layout.policy(BASELINE).tflite).act, ctx.recipe.env, len(seeds), seeds.start)
+    stats = evaluate(TFLitePolicy(ctx.layout.policy(BASELINE).tflite), ctx.recipe.env, len(seeds), seeds.start)
     ctx.log(f"[baseline] return {stats.mean:.1f} ± {stats.std:.1f} over {len(seeds)} episodes "
             f"(95% CI {stats.ci95[0]:.1f}..{stats.ci95[1]:.1f})")
     return EvaluateRecord(returns=stats, action_agreement=1.0)

@@ -50,7 +50,7 @@ def _evaluate(tflite: Path, ctx: RunContext) -> tuple[ReturnStats, float, float]
     (on every held-out state, and on the decisive ones)."""
     policy, seeds = TFLitePolicy(tflite), ctx.ranges.first
     baseline_actions, decisive = ctx.reference
-    stats = evaluate(policy.act, ctx.recipe.env, len(seeds), seeds.start)
+    stats = evaluate(policy, ctx.recipe.env, len(seeds), seeds.start)
     actions = policy.actions(ctx.heldout)
     same = actions == baseline_actions
     return stats, float(np.mean(same)), float(np.mean(same[decisive]))
@@ -106,7 +106,7 @@ def _pick_candidate(variant: VariantConfig, ctx: RunContext,
     cfg = variant.candidates
 
     def play(tflite: Path) -> np.ndarray:
-        return np.asarray(evaluate(TFLitePolicy(tflite).act, ctx.recipe.env, cfg.episodes, cfg.seed).episodes)
+        return np.asarray(evaluate(TFLitePolicy(tflite), ctx.recipe.env, cfg.episodes, cfg.seed).episodes)
 
     baseline = play(ctx.layout.policy(BASELINE).tflite)
     differences: list[float] = []

@@ -1,0 +1,234 @@
+"""Environments played side by side: a row of lanes, each playing one episode at a time on its seed.
+
+A lane starts an episode on a seed as reset_episode does (the episode depends on its seed alone)
+and steps it until it ends; the player (envs/episodes.py) then starts the next seed in that lane.
+The lanes' observations live in one array of rows, which is the batch the policy sees.
+
+Two kinds: `GymLanes`, a gymnasium environment per lane built by make_env_from (any environment),
+and `BreakoutLanes`, MinAtar Breakout's rules computed for every lane at once with numpy. MinAtar's
+Breakout is a few lines of Python per step, called through four gymnasium wrappers, which cost
+more per step than a batched policy does; the numpy copy computes the same observations, rewards and ends (each
+lane's draws come from RandomState(seed) in the order MinAtar draws them), and is used only
+with the MinAtar version it was checked against (tests/test_lanes.py plays both step by step).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import metadata
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from compress_dqn.envs.environment import BoolToUint8, make_env_from, reset_episode
+
+BREAKOUT_CHECKED_MINATAR = ("1.0.15",)
+"""MinAtar versions whose Breakout BreakoutLanes was checked against, step by step."""
+
+
+class Lanes(Protocol):
+    """What the side-by-side player needs: rows of observations, episodes started and stepped per lane."""
+
+    obs: np.ndarray
+    """(lanes, *observation shape): each lane's current observation, the policy's batch."""
+
+    def start(self, lane: int, seed: int) -> None: ...
+
+    def step(self, actions: np.ndarray, lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Step `lanes` (indices) with `actions` (one per lane given): (rewards, ended) per lane given."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class GymLanes:
+    """One gymnasium environment per lane (make_env_from, evaluation episodes)."""
+
+    def __init__(self, env: Any, width: int) -> None:
+        self._envs: list[gym.Env] = []
+        try:
+            for _ in range(width):
+                self._envs.append(make_env_from(env, whole_games=True))
+        except BaseException:
+            self.close()
+            raise
+        self.obs = np.zeros((0,))  # shaped by the first observation: its dtype, not the space's, is what a policy sees
+
+    def start(self, lane: int, seed: int) -> None:
+        first = reset_episode(self._envs[lane], seed)
+        if self.obs.shape[1:] != np.shape(first) or self.obs.dtype != np.asarray(first).dtype:
+            self.obs = np.zeros((len(self._envs), *np.shape(first)), dtype=np.asarray(first).dtype)
+        self.obs[lane] = first
+
+    def step(self, actions: np.ndarray, lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rewards = np.zeros(len(lanes))
+        ended = np.zeros(len(lanes), dtype=bool)
+        for k, lane in enumerate(lanes.tolist()):
+            self.obs[lane], reward, terminated, truncated, _ = self._envs[lane].step(int(actions[k]))
+            rewards[k] = float(reward)
+            ended[k] = terminated or truncated
+        return rewards, ended
+
+    def close(self) -> None:
+        for instance in self._envs:
+            instance.close()
+
+
+# Breakout's ball directions 0..3 (up-left, up-right, down-right, down-left) and the rebounds that
+# MinAtar writes as lists indexed by direction.
+_DX = np.array([-1, 1, 1, -1])
+_DY = np.array([-1, -1, 1, 1])
+_FLIP_X = np.array([1, 0, 3, 2])  # off a side wall
+_FLIP_Y = np.array([3, 2, 1, 0])  # off the top, a brick, or the paddle's middle
+_FLIP_CORNER = np.array([2, 3, 0, 1])  # off the paddle's corner
+_MOVE = np.array([0, -1, 0, 1, 0, 0])  # the paddle's move for each of MinAtar's full action ids (n l u r d f)
+_DRAWS = 1024  # uniform draws taken from a lane's stream at a time (the same stream, in blocks)
+# Rows of BreakoutLanes._state: ball x and y, its direction, the paddle, the ball's last x and y,
+# the last action (full id), steps played.
+_BX, _BY, _DIR, _POS, _LX, _LY, _LAST, _STEPS = range(8)
+
+
+class BreakoutLanes:
+    """MinAtar Breakout (minatar.environments.breakout, with minatar's sticky actions and an optional
+    step limit) for every lane at once; observations as BoolToUint8 gives them (paddle, ball,
+    trail, bricks). The bricks live in the observations' last channel."""
+
+    def __init__(self, width: int, action_set: list[int], sticky: float, max_steps: int | None) -> None:
+        self._action_set = np.asarray(action_set)
+        self._sticky, self._max_steps = float(sticky), max_steps
+        self._random = np.random.RandomState(0)  # one generator, reseeded per lane: building one costs 0.1 ms
+        self._seeds = [0] * width
+        self._blocks = [0] * width  # blocks of draws taken from each lane's stream so far
+        self._draws = np.zeros((width, _DRAWS))
+        self._drawn = np.zeros(width, dtype=np.intp)
+        self._state = np.zeros((8, width), dtype=np.intp)
+        self._strike = np.zeros(width, dtype=bool)
+        self._all = np.arange(width)
+        self.obs = np.zeros((width, 10, 10, 4), dtype=np.uint8)
+        self._bricks = self.obs[..., 3]
+
+    def start(self, lane: int, seed: int) -> None:
+        """minatar's reset after Environment.seed(seed), with the last action a fresh Environment has."""
+        random = self._random
+        random.seed(int(seed))
+        x, direction = [(0, 2), (9, 3)][random.randint(2)]
+        self._state[:, lane] = (x, 3, direction, 4, x, 3, 0, 0)
+        self._draws[lane] = random.random_sample(_DRAWS)
+        self._drawn[lane] = 0
+        self._seeds[lane], self._blocks[lane] = int(seed), 1
+        self._strike[lane] = False
+        self.obs[lane] = 0
+        self._bricks[lane, 1:4, :] = 1
+        self.obs[lane, 9, 4, 0] = self.obs[lane, 3, x, 1] = self.obs[lane, 3, x, 2] = 1
+
+    def _uniforms(self, lanes: np.ndarray) -> np.ndarray:
+        """Each lane's next random_sample() of RandomState(seed) (Environment.act draws one per step)."""
+        drawn = self._drawn[lanes]
+        u = self._draws[lanes, drawn]
+        drawn += 1
+        self._drawn[lanes] = drawn
+        for lane in lanes[drawn == _DRAWS].tolist():  # the lane's next block: its stream drawn again up to there
+            self._random.seed(self._seeds[lane])
+            self._random.randint(2)
+            self._blocks[lane] += 1
+            self._draws[lane] = self._random.random_sample(_DRAWS * self._blocks[lane])[-_DRAWS:]
+            self._drawn[lane] = 0
+        return u
+
+    def step(self, actions: np.ndarray, lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """minatar's Environment.act then Env.act, for each lane given (none of them terminal)."""
+        rows = slice(None) if len(lanes) == len(self._all) else lanes  # all lanes: no index arrays to follow
+        before = self._state[:, rows].copy()  # a copy: the state is written back from its rows
+        ball_x, ball_y, direction = before[_BX], before[_BY], before[_DIR]
+        act = np.where(self._uniforms(lanes) < self._sticky, before[_LAST], self._action_set[actions])
+        pos = np.minimum(np.maximum(before[_POS] + _MOVE[act], 0), 9)
+        new_x, new_y = ball_x + _DX[direction], ball_y + _DY[direction]
+        direction = np.where((new_x < 0) | (new_x > 9), _FLIP_X[direction], direction)
+        new_x = np.minimum(np.maximum(new_x, 0), 9)
+        top = new_y < 0
+        new_y = np.maximum(new_y, 0)
+        direction = np.where(top, _FLIP_Y[direction], direction)
+        brick = self._bricks[lanes, new_y, new_x] == 1  # row 0, the top, never holds bricks
+        hit = brick & ~self._strike[rows]  # a brick breaks unless the ball struck one the step before
+        terminal = np.zeros(len(lanes), dtype=bool)
+        if np.count_nonzero(hit):
+            self._bricks[lanes[hit], new_y[hit], new_x[hit]] = 0
+            new_y = np.where(hit, ball_y, new_y)
+            direction = np.where(hit, _FLIP_Y[direction], direction)
+        bottom = ~brick & (new_y == 9)  # new_y is 0 where the ball left the top
+        if np.count_nonzero(bottom):  # the ball at the bottom row: a few steps in ten
+            new_y, direction, terminal = self._bottom(lanes, bottom, pos, ball_x, ball_y, new_x, new_y, direction)
+        self._strike[rows] = brick
+        self._observe(lanes, before, pos, new_x, new_y)
+        steps = before[_STEPS] + 1
+        self._state[:, rows] = (new_x, new_y, direction, pos, ball_x, ball_y, act, steps)
+        if self._max_steps is not None:  # gymnasium's TimeLimit
+            terminal = terminal | (steps >= self._max_steps)
+        return hit.astype(np.float64), terminal
+
+    def _bottom(self, lanes: np.ndarray, bottom: np.ndarray, pos: np.ndarray, ball_x: np.ndarray, ball_y: np.ndarray,
+                new_x: np.ndarray, new_y: np.ndarray, direction: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The ball reaching the bottom row: new bricks if none are left, then the paddle or the end."""
+        for lane in lanes[bottom].tolist():
+            if not self._bricks[lane].any():
+                self._bricks[lane, 1:4, :] = 1
+        middle = bottom & (ball_x == pos)
+        corner = bottom & ~middle & (new_x == pos)
+        direction = np.where(middle, _FLIP_Y[direction], np.where(corner, _FLIP_CORNER[direction], direction))
+        new_y = np.where(middle | corner, ball_y, new_y)
+        return new_y, direction, bottom & ~middle & ~corner
+
+    def _observe(self, lanes: np.ndarray, before: np.ndarray, pos: np.ndarray, new_x: np.ndarray,
+                 new_y: np.ndarray) -> None:
+        """Env.state() into the lanes' rows: the paddle, ball and trail marks move; the bricks are there."""
+        obs = self.obs
+        obs[lanes, 9, before[_POS], 0] = 0
+        obs[lanes, before[_BY], before[_BX], 1] = 0
+        obs[lanes, before[_LY], before[_LX], 2] = 0
+        obs[lanes, 9, pos, 0] = 1
+        obs[lanes, new_y, new_x, 1] = 1
+        obs[lanes, before[_BY], before[_BX], 2] = 1
+
+    def close(self) -> None:
+        pass
+
+
+def make_lanes(env: Any, width: int) -> Lanes:
+    """`width` lanes for the recipe's env section: BreakoutLanes where its environment is MinAtar
+    Breakout exactly as BreakoutLanes computes it, else GymLanes."""
+    probe = make_env_from(env, whole_games=True)
+    try:
+        settings = _breakout_settings(probe)
+    finally:
+        probe.close()
+    if settings is None:
+        return GymLanes(env, width)
+    return BreakoutLanes(width, *settings)
+
+
+def _breakout_settings(env: gym.Env) -> tuple[list[int], float, int | None] | None:
+    """(action set, sticky-action probability, step limit) of an environment that is MinAtar
+    Breakout behind the wrappers make_env gives it and nothing else; None for any other."""
+    max_steps, layer = None, env
+    if not isinstance(layer, BoolToUint8):
+        return None
+    layer = layer.env
+    if isinstance(layer, gym.wrappers.TimeLimit):
+        max_steps, layer = layer._max_episode_steps, layer.env
+    while isinstance(layer, (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)):
+        layer = layer.env  # checks of a caller's call order and of the first step's types: nothing to compute
+    game = getattr(layer, "game", None)
+    if (type(layer).__module__, type(layer).__name__) != ("minatar.gym", "BaseEnv") or layer.render_mode is not None:
+        return None
+    if type(getattr(game, "env", None)).__module__ != "minatar.environments.breakout" or _minatar_version() not in BREAKOUT_CHECKED_MINATAR:
+        return None
+    return list(layer.action_set), float(game.sticky_action_prob), max_steps
+
+
+@lru_cache(maxsize=1)
+def _minatar_version() -> str | None:
+    try:
+        return metadata.version("minatar")
+    except metadata.PackageNotFoundError:
+        return None
