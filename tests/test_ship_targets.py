@@ -272,6 +272,130 @@ def test_a_dynamic_range_cnn_in_c_plays_as_litert_s_hybrid_kernels(tmp_path):
         assert _values_differ(_hybrid_form(path, False, per_tensor), tmp_path, states[:200]) == 0, per_tensor
 
 
+def _onnx_session(path: Path, folder: Path):
+    """onnxruntime's session on the `export --target onnx` file of a .tflite policy."""
+    import onnxruntime as ort
+
+    from compress_dqn.deploy.onnx_export import export_onnx_file
+
+    out = folder / f"{path.stem}.onnx"
+    export_onnx_file(path, out)
+    return ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+
+
+def _onnx_actor(session):
+    def act(obs: np.ndarray) -> int:
+        return int(session.run(["action"], {"observations": np.asarray(obs)[None]})[0][0])
+
+    return act
+
+
+def _rows_not_bit_identical(ours: np.ndarray, theirs: np.ndarray) -> int:
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype == np.float32
+    return int(np.sum(np.any(ours.view(np.int32) != theirs.view(np.int32), axis=1)))
+
+
+def _onnx_q_values_differ(path: Path, folder: Path, states: np.ndarray) -> tuple[int, int]:
+    """(rows of q_values not bit for bit LiteRT's reference kernels', one state a call; the same, one batch of all)."""
+    session, reference = _onnx_session(path, folder), TFLitePolicy(path, reference_kernels=True)
+    one = np.concatenate([session.run(["q_values"], {"observations": s[None]})[0] for s in states])
+    theirs = np.concatenate([reference.q_values(s[None]) for s in states])
+    batch = session.run(["q_values"], {"observations": states})[0]
+    return _rows_not_bit_identical(one, theirs), _rows_not_bit_identical(batch, reference.q_values(states))
+
+
+@pytest.mark.slow
+def test_a_dynamic_range_policy_in_onnx_plays_as_litert_s_hybrid_kernels(tmp_path):
+    """The ONNX of a CartPole-shaped dynamic-range policy runs LiteRT's hybrid arithmetic (its two hidden layers'
+    input quantized per call, integer products, float scales; its small heads stay float): it takes the action of
+    LiteRT's reference kernels and of its default ones on every state, and an outsider playing it with
+    onnxruntime alone gets evaluate's returns."""
+    import onnx
+
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.cli import main
+
+    dense = tf_keras.layers.Dense
+    path = _dynamic_range_file(tmp_path, "cartpole", [dense(256, activation="relu", name="hidden_0"),
+                                                      dense(256, activation="relu", name="hidden_1"), dense(2, name="q_values")],
+                               (4,), np.float32)
+    out = tmp_path / "cartpole.onnx"
+    result = CliRunner().invoke(main, ["export", str(path), "--target", "onnx", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    kinds = [node.op_type for node in onnx.load(str(out)).graph.node]
+    assert kinds.count("MatMulInteger") == 2 and kinds.count("Gemm") == 2 and "Round" not in kinds
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    act = _onnx_actor(session)
+    states = np.random.default_rng(0).normal(0, 1.5, (300, 4)).astype(np.float32)
+    for reference_kernels in (True, False):
+        theirs = TFLitePolicy(path, reference_kernels=reference_kernels)
+        differ, steps = _play_side_by_side(act, theirs.act, "CartPole-v1", range(EPISODES), states)
+        assert differ == 0 and steps > len(states), reference_kernels
+        # The float heads sum in onnxruntime's order, not LiteRT's: their last bits may differ.
+        q = theirs.q_values(states)
+        np.testing.assert_allclose(session.run(["q_values"], {"observations": states})[0], q, rtol=0, atol=1e-5 * np.abs(q).max())
+    assert len({act(s) for s in states}) > 1
+    done = subprocess.run([sys.executable, str(HERE / "outsider_onnx_player.py"), str(out), "CartPole-v1", "0", str(EPISODES)],
+                          check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["returns"] == _evaluate(path)
+
+
+@pytest.mark.slow
+def test_a_fully_hybrid_policy_in_onnx_gives_litert_s_q_values_bit_for_bit(tmp_path):
+    """Every layer hybrid (1,028 hidden units: both heads hold >= 1,024 weights), 20 inputs (16 quantized in
+    LiteRT's loop of 8, 4 after it; the hidden layer's 1,028 likewise): the ONNX's q_values are LiteRT's
+    reference kernels' bit for bit on its four hybrid paths and the rounding edges, one state a call and in
+    one batch (each row quantized alone)."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.deploy.tflite_graph import read_policy_graph
+
+    dense = tf_keras.layers.Dense
+    path = _dynamic_range_file(tmp_path, "hybrid", [dense(1028, activation="relu", name="hidden_0"), dense(3, name="q_values")],
+                               (20,), np.float32)
+    fcs = [op for op in read_policy_graph(path, ("action", "q_values")).ops if op.kind == "FULLY_CONNECTED"]
+    assert len(fcs) == 3 and all(op.inputs[1].dtype == np.int8 for op in fcs)
+    states = _edge_states(20, np.random.default_rng(1))
+    for symmetric in (False, True):
+        for per_tensor in (False, True):
+            form = _hybrid_form(path, symmetric, per_tensor)
+            assert _onnx_q_values_differ(form, tmp_path, states) == (0, 0), form.name
+    session = _onnx_session(path, tmp_path)
+    assert len({_onnx_actor(session)(s) for s in states}) > 1
+
+
+@pytest.mark.slow
+def test_a_dynamic_range_cnn_in_onnx_plays_as_litert_s_hybrid_kernels(tmp_path):
+    """A MinAtar-shaped CNN, every layer hybrid: a 4x4 SAME conv (1,024 weights, padding 1 before and 2 after),
+    a 3x3 stride-2 SAME one (padding only after) and heads on its 1,200 features. Its ONNX's q_values are
+    LiteRT's reference kernels' bit for bit, per channel (asymmetric input) and with one scale (symmetric),
+    and it takes their action, and that of LiteRT's default kernels, on every state of two episodes."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.deploy.tflite_graph import read_policy_graph
+
+    layers = tf_keras.layers
+    path = _dynamic_range_file(tmp_path, "cnn", [layers.Conv2D(16, 4, padding="same", activation="relu", name="conv_0"),
+                                                 layers.Conv2D(48, 3, strides=2, padding="same", activation="relu", name="conv_1"),
+                                                 layers.Flatten(name="flatten"), layers.Dense(3, name="q_values")],
+                               (10, 10, 4), np.uint8)
+    ops = read_policy_graph(path, ("action", "q_values")).ops
+    assert [op.kind for op in ops if op.kind in ("CONV_2D", "FULLY_CONNECTED")] == ["CONV_2D"] * 2 + ["FULLY_CONNECTED"] * 2
+    assert all(op.inputs[1].dtype == np.int8 for op in ops if op.kind in ("CONV_2D", "FULLY_CONNECTED"))
+    rng = np.random.default_rng(1)
+    states = np.concatenate([np.zeros((1, 10, 10, 4)), np.ones((1, 10, 10, 4)), rng.integers(0, 2, (300, 10, 10, 4))]).astype(np.uint8)
+    for per_tensor in (False, True):
+        form = _hybrid_form(path, False, per_tensor)
+        assert _onnx_q_values_differ(form, tmp_path, states) == (0, 0), form.name
+    act = _onnx_actor(_onnx_session(path, tmp_path))
+    for reference_kernels in (True, False):
+        theirs = TFLitePolicy(path, reference_kernels=reference_kernels).act
+        differ, steps = _play_side_by_side(act, theirs, "MinAtar/Breakout-v1", range(2), states[:100])
+        assert differ == 0 and steps > 100, reference_kernels
+    assert len({act(s) for s in states[:200]}) > 1
+
+
 @pytest.mark.parametrize("defines", [(), ("POLICY_PORTABLE_FC_SCALE",)], ids=["host", "portable"])
 def test_fc_scale_rounds_as_double_round(tmp_path, defines):
     """fc_scale(acc, m, s) == round((double)acc * M) (ties away), for M = m * 2^-s: LiteRT's reference

@@ -2,12 +2,14 @@
 
 An int8 file becomes QDQ ONNX (int8 weights and activations as QuantizeLinear/DequantizeLinear
 pairs around float ops, which onnxruntime fuses into its integer kernels); a float file (fp32,
-float16, dynamic range) becomes fp32 ONNX, its weights widened. The model takes raw observations
+float16) becomes fp32 ONNX, its weights widened; a dynamic-range file's hybrid layers repeat LiteRT's
+hybrid arithmetic in standard ops (onnx_hybrid.py: the input quantized per row, integer products,
+float scales), so they compute its values bit for bit. The model takes raw observations
 (`observations`, the environment's dtype and layout: the normalization is inside, an int8-input
 policy's too) and gives `action` (int32, the policy) and `q_values` (float), whose argmax is the
 action wherever the .tflite's is. onnxruntime rounds its own way (ties to even where TFLite rounds
 ties away, its own requantization), so an int8 ONNX policy can differ from the .tflite on states at a
-rounding boundary; a float one computes the same functions.
+rounding boundary; float layers compute the same functions, summed in onnxruntime's order.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from compress_dqn.deploy.onnx_hybrid import conv_hybrid, fc_hybrid, is_hybrid
 from compress_dqn.deploy.tflite_graph import Op, PolicyGraph, Tensor, read_policy_graph
 from compress_dqn.errors import UserError
 
@@ -106,6 +109,9 @@ class _Builder:
 
 
 def _fc(b: _Builder, op: Op) -> None:
+    if is_hybrid(op):
+        fc_hybrid(b, op)
+        return
     x, w, bias = op.inputs[:3]
     flat = b.node("Flatten", [b.value(x)], "flat", axis=1)
     y = b.node("Gemm", [flat, b.value(w), *([b.bias(bias, x, w)] if bias is not None else [])], "fc", transB=1)
@@ -115,6 +121,9 @@ def _fc(b: _Builder, op: Op) -> None:
 def _conv(b: _Builder, op: Op) -> None:
     from compress_dqn.deploy.c_export import conv_geometry
 
+    if is_hybrid(op):
+        conv_hybrid(b, op, conv_geometry(op))
+        return
     x, w, bias = op.inputs[:3]
     stride, dilation, pads = conv_geometry(op)
     nchw = b.node("Transpose", [b.value(x)], "nchw", perm=[0, 3, 1, 2])
@@ -223,5 +232,6 @@ def export_onnx_file(policy: Path, out: Path | None = None) -> dict[str, Any]:
     data = model.SerializeToString()
     write_bytes_atomic(out, data)
     graph = read_policy_graph(policy)
-    return {"policy": str(policy), "out": str(out), "bytes": len(data), "quantized": "QDQ int8" if graph.integer else "fp32",
+    kind = "QDQ int8" if graph.integer else "hybrid int8 (LiteRT's dynamic range)" if any(is_hybrid(op) for op in graph.ops) else "fp32"
+    return {"policy": str(policy), "out": str(out), "bytes": len(data), "quantized": kind,
             "opset": OPSET, "input": "observations", "outputs": ["action", "q_values"]}
