@@ -53,6 +53,17 @@ ARMS: dict[str, dict] = {
                        "quantize": {"mode": "qat", "qat_steps": 20000, "qat_learning_rate": 1e-4},
                        "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
                                      "student_states_interval": 10000}},
+    # int8 is then the gap: QAT's fake-quantized start plays ~0, and 20k QAT steps leave it a point short.
+    # Five times the QAT steps, with the distillation's DAgger plays and snapshot selection.
+    "long-c8-32-qat100k": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
+                           "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4},
+                           "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
+                                         "student_states_interval": 10000}},
+    # Distilled through quantization almost from its first step: 20k float steps, then 200k of QAT at 1e-3.
+    "qat-early-c8-32": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
+                        "quantize": {"mode": "qat", "qat_steps": 200000, "qat_learning_rate": 1e-3},
+                        "fine_tune": {**TODAY, "steps": 20000, "select_interval": 20000, "student_states": 10000,
+                                      "student_states_interval": 10000}},
 }
 """Each arm is a float32 student unless it names `quantize`."""
 
