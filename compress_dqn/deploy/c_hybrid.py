@@ -144,18 +144,7 @@ static void conv_hybrid(const float *x, int ih, int iw, int ic, const int8_t *w,
   for (int oy = 0; oy < oh; ++oy) {
     for (int ox = 0; ox < ow; ++ox) {
       for (int o = 0; o < oc; ++o) {
-        int32_t acc = 0;
-        for (int fy = 0; fy < kh; ++fy) {
-          int iy = oy * sh - ph + dh * fy;
-          if (iy < 0 || iy >= ih) continue;
-          for (int fx = 0; fx < kw; ++fx) {
-            int ix = ox * sw - pw + dw * fx;
-            if (ix < 0 || ix >= iw) continue;
-            const int8_t *px = xq + (iy * iw + ix) * ic;
-            const int8_t *pf = w + ((o * kh + fy) * kw + fx) * ic;
-            for (int c = 0; c < ic; ++c) acc += (int32_t)pf[c] * ((int32_t)px[c] - zero_point);
-          }
-        }
+        int32_t acc = conv_acc_s8(xq, ih, iw, ic, zero_point, w, o, kh, kw, sh, sw, dh, dw, ph, pw, oy, ox);
         float v = (float)acc;
         if (per_channel) {
           v = v * w_scale[o];
@@ -175,5 +164,5 @@ static void conv_hybrid(const float *x, int ih, int iw, int ic, const int8_t *w,
 HYBRID_NEEDS: dict[str, list[str]] = {
     "hybrid_quantize": ["round_half_add", "round_away", "clamp8"],
     "fc_hybrid": ["hybrid_quantize"],
-    "conv_hybrid": ["hybrid_quantize"],
+    "conv_hybrid": ["hybrid_quantize", "conv_acc_s8"],
 }

@@ -133,6 +133,26 @@ static void fc_s8(const int8_t *x, int n_in, int32_t x_zero, const int8_t *w, co
   }
 }
 """,
+    "conv_acc_s8": """\
+/* One output of an int8 convolution before any scaling: filter o's taps at (oy, ox) times the input
+   less its zero point; taps in the padding add nothing (the reference kernels skip them). */
+static int32_t conv_acc_s8(const int8_t *x, int ih, int iw, int ic, int32_t x_zero, const int8_t *w, int o,
+                           int kh, int kw, int sh, int sw, int dh, int dw, int ph, int pw, int oy, int ox) {
+  int32_t acc = 0;
+  for (int fy = 0; fy < kh; ++fy) {
+    int iy = oy * sh - ph + dh * fy;
+    if (iy < 0 || iy >= ih) continue;
+    for (int fx = 0; fx < kw; ++fx) {
+      int ix = ox * sw - pw + dw * fx;
+      if (ix < 0 || ix >= iw) continue;
+      const int8_t *px = x + (iy * iw + ix) * ic;
+      const int8_t *pf = w + ((o * kh + fy) * kw + fx) * ic;
+      for (int c = 0; c < ic; ++c) acc += (int32_t)pf[c] * ((int32_t)px[c] - x_zero);
+    }
+  }
+  return acc;
+}
+""",
     "conv_s8": """\
 static void conv_s8(const int8_t *x, int ih, int iw, int ic, int32_t x_zero, const int8_t *w, const int32_t *bias,
                     int oc, int kh, int kw, int sh, int sw, int dh, int dw, int ph, int pw, int oh, int ow,
@@ -140,18 +160,7 @@ static void conv_s8(const int8_t *x, int ih, int iw, int ic, int32_t x_zero, con
   for (int oy = 0; oy < oh; ++oy) {
     for (int ox = 0; ox < ow; ++ox) {
       for (int o = 0; o < oc; ++o) {
-        int32_t acc = 0;
-        for (int fy = 0; fy < kh; ++fy) {
-          int iy = oy * sh - ph + dh * fy;
-          if (iy < 0 || iy >= ih) continue;
-          for (int fx = 0; fx < kw; ++fx) {
-            int ix = ox * sw - pw + dw * fx;
-            if (ix < 0 || ix >= iw) continue;
-            const int8_t *px = x + (iy * iw + ix) * ic;
-            const int8_t *pf = w + ((o * kh + fy) * kw + fx) * ic;
-            for (int c = 0; c < ic; ++c) acc += (int32_t)pf[c] * ((int32_t)px[c] - x_zero);
-          }
-        }
+        int32_t acc = conv_acc_s8(x, ih, iw, ic, x_zero, w, o, kh, kw, sh, sw, dh, dw, ph, pw, oy, ox);
         if (bias) acc += bias[o];
         y[(oy * ow + ox) * oc + o] = clamp8(mbqm(acc, mult[o], shift[o]) + y_zero, lo, hi);
       }
@@ -221,7 +230,7 @@ static int argmax_f32(const float *v, int n) {
 
 ROUTINES.update(HYBRID_ROUTINES)
 
-_NEEDS = {"fc_s8": ["clamp8", "fc_scale"], "conv_s8": ["clamp8", "mbqm"], **HYBRID_NEEDS}
+_NEEDS = {"fc_s8": ["clamp8", "fc_scale"], "conv_s8": ["conv_acc_s8", "clamp8", "mbqm"], **HYBRID_NEEDS}
 
 
 def routines(used: set[str]) -> str:
