@@ -64,6 +64,16 @@ ARMS: dict[str, dict] = {
                         "quantize": {"mode": "qat", "qat_steps": 200000, "qat_learning_rate": 1e-3},
                         "fine_tune": {**TODAY, "steps": 20000, "select_interval": 20000, "student_states": 10000,
                                       "student_states_interval": 10000}},
+    # QAT at 3e-4: between 1e-4 (a point short) and 1e-3 (diverged).
+    "long-c8-32-qat100k-3e-4": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
+                                "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 3e-4},
+                                "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
+                                              "student_states_interval": 10000}},
+    # Twice the filters (33k weights, ~20x in int8): wider action gaps for int8 to keep?
+    "long-c16-32-qat100k": {"student": {"conv": [{"filters": 16, "kernel": 3}], "net_arch": [32]},
+                            "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4},
+                            "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
+                                          "student_states_interval": 10000}},
 }
 """Each arm is a float32 student unless it names `quantize`."""
 
