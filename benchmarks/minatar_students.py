@@ -74,6 +74,12 @@ ARMS: dict[str, dict] = {
                             "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4},
                             "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
                                           "student_states_interval": 10000}},
+    # One build is a draw: the long student built 3 times, the one with the best paired difference on
+    # 200 fresh episodes (seeds 200000.., used by nothing else) kept, as the LunarLander search does.
+    "long-c8-32-best3": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
+                         "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
+                                       "student_states_interval": 10000},
+                         "candidates": {"count": 3, "episodes": 200, "seed": 200000}},
 }
 """Each arm is a float32 student unless it names `quantize`."""
 
