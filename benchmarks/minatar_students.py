@@ -32,53 +32,49 @@ TODAY = {"steps": 40000, "learning_rate": 1e-3, "learning_rate_schedule": "linea
          "select_episodes": 100, "student_states": 5000}
 """The distillation of recipes/minatar-breakout-search.yaml's students before this study."""
 
+LONG = {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000, "student_states_interval": 10000}
+"""5x the steps, with 10k of the student's own states every 10k steps: the recipes' distillation since this study."""
+
+C8_32 = {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]}
+"""The search's 8-filter, 32-unit student (16,844 weights): most arms change how it learns, not its shape."""
+
 ARMS: dict[str, dict] = {
     # The search's 8-filter, 32-unit student as it was built: the loss to explain.
-    "today-c8-32": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]}, "fine_tune": TODAY},
+    "today-c8-32": {"student": C8_32, "fine_tune": TODAY},
     # Budget: 5x the gradient steps and the student's own states, the same network.
-    "long-c8-32": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
-                   "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
-                                 "student_states_interval": 10000}},
+    "long-c8-32": {"student": C8_32, "fine_tune": LONG},
     # Capacity where the weights are not: 16 filters, but a strided conv shrinks the dense layer's input.
     "long-c16s2-64": {"student": {"conv": [{"filters": 16, "kernel": 3}, {"filters": 16, "kernel": 3, "stride": 2}],
                                   "net_arch": [64]},
-                      "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
-                                    "student_states_interval": 10000}},
+                      "fine_tune": LONG},
     # Where the curve stops gaining: twice the long budget.
-    "xlong-c8-32": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
-                    "fine_tune": {**TODAY, "steps": 400000, "select_interval": 40000, "student_states": 10000,
-                                  "student_states_interval": 10000}},
+    "xlong-c8-32": {"student": C8_32,
+                    "fine_tune": {**LONG, "steps": 400000, "select_interval": 40000}},
     # The long distillation, then quantization-aware int8 as the search builds its students: the deployable policy.
-    "long-c8-32-qat": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
+    "long-c8-32-qat": {"student": C8_32,
                        "quantize": {"mode": "qat", "qat_steps": 20000, "qat_learning_rate": 1e-4},
-                       "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
-                                     "student_states_interval": 10000}},
+                       "fine_tune": LONG},
     # int8 is then the gap: QAT's fake-quantized start plays ~0, and 20k QAT steps leave it a point short.
     # Five times the QAT steps, with the distillation's DAgger plays and snapshot selection.
-    "long-c8-32-qat100k": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
+    "long-c8-32-qat100k": {"student": C8_32,
                            "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4},
-                           "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
-                                         "student_states_interval": 10000}},
+                           "fine_tune": LONG},
     # Distilled through quantization almost from its first step: 20k float steps, then 200k of QAT at 1e-3.
-    "qat-early-c8-32": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
+    "qat-early-c8-32": {"student": C8_32,
                         "quantize": {"mode": "qat", "qat_steps": 200000, "qat_learning_rate": 1e-3},
-                        "fine_tune": {**TODAY, "steps": 20000, "select_interval": 20000, "student_states": 10000,
-                                      "student_states_interval": 10000}},
+                        "fine_tune": {**LONG, "steps": 20000}},
     # QAT at 3e-4: between 1e-4 (a point short) and 1e-3 (diverged).
-    "long-c8-32-qat100k-3e-4": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
+    "long-c8-32-qat100k-3e-4": {"student": C8_32,
                                 "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 3e-4},
-                                "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
-                                              "student_states_interval": 10000}},
+                                "fine_tune": LONG},
     # Twice the filters (33k weights, ~20x in int8): wider action gaps for int8 to keep?
     "long-c16-32-qat100k": {"student": {"conv": [{"filters": 16, "kernel": 3}], "net_arch": [32]},
                             "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4},
-                            "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
-                                          "student_states_interval": 10000}},
+                            "fine_tune": LONG},
     # One build is a draw: the long student built 3 times, the one with the best paired difference on
     # 200 fresh episodes (seeds 200000.., used by nothing else) kept, as the LunarLander search does.
-    "long-c8-32-best3": {"student": {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]},
-                         "fine_tune": {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000,
-                                       "student_states_interval": 10000},
+    "long-c8-32-best3": {"student": C8_32,
+                         "fine_tune": LONG,
                          "candidates": {"count": 3, "episodes": 200, "seed": 200000}},
 }
 """Each arm is a float32 student unless it names `quantize`."""

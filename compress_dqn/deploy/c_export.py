@@ -258,7 +258,7 @@ def _fc(e: _Emitter, op: Op) -> None:
     x, w, bias = op.inputs[:3]
     out = op.outputs[0]
     n_out, n_in = w.shape
-    if x.dtype == np.float32 and w.dtype == np.int8 and w.value is not None:
+    if op.hybrid:
         _fc_hybrid(e, op)
         return
     if x.dtype == np.float32:
@@ -355,7 +355,7 @@ def _conv(e: _Emitter, op: Op) -> None:
         raise UserError(f"{e.graph.label}: a grouped CONV_2D; not translated")
     (sh, sw), (dh, dw), (ph, pw, _, _) = conv_geometry(op)
     geometry = f"{oc}, {kh}, {kw}, {sh}, {sw}, {dh}, {dw}, {ph}, {pw}, {oh}, {ow}"
-    if x.dtype == np.float32 and w.dtype == np.int8 and w.value is not None:
+    if op.hybrid:
         # LiteRT runs the per-channel kernel (asymmetric input) unless every channel has the same scale.
         weights, scales, bn = _hybrid_weights(e, op)
         per_channel = int(bool(np.any(w.scales != w.scales[0])))

@@ -53,10 +53,10 @@ class _Quantized:
 
 def is_hybrid(op: Op) -> bool:
     """Whether LiteRT runs this op with its hybrid kernels and this module repeats them."""
-    if op.kind not in ("FULLY_CONNECTED", "CONV_2D") or len(op.inputs) < 2:
+    if not op.hybrid:
         return False
-    x, w = op.inputs[:2]
-    if x.dtype != np.float32 or w.dtype != np.int8 or w.value is None or w.sparse or w.scales is None:
+    w = op.inputs[1]
+    if w.sparse or w.scales is None:
         return False
     return not np.any(w.zero_points != 0) and (w.scales.size == 1 or w.axis == 0)
 

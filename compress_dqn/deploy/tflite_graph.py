@@ -69,6 +69,15 @@ class Op:
     def activation(self) -> str:
         return ACTIVATIONS.get(int(self.options.get("fusedActivationFunction", 0)), "UNSUPPORTED")
 
+    @property
+    def hybrid(self) -> bool:
+        """A dynamic-range layer: float input and constant int8 weights, which LiteRT runs with its hybrid
+        kernels (the input quantized per call). The C and ONNX exports each decide which of these they repeat."""
+        if self.kind not in ("FULLY_CONNECTED", "CONV_2D") or len(self.inputs) < 2:
+            return False
+        x, w = self.inputs[:2]
+        return x.dtype == np.float32 and w.dtype == np.int8 and w.value is not None
+
 
 @dataclass
 class PolicyGraph:

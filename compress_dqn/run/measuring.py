@@ -106,8 +106,7 @@ def c_figures(tflite: Path) -> CFigures | None:
     return c_measure.c_summary(tflite) if c_measure.available() else None
 
 
-C_NOT_MEASURED = ("No C flash / RAM: measuring a policy as generated C needs zig cc and pyelftools, the `c` extra "
-                  "(pip install 'compress-dqn[c]')")
+C_NOT_MEASURED = f"No C flash / RAM: measuring a policy as generated C {c_measure.INSTALL_HINT}"
 
 
 def c_policy_note(measured: Iterable[MeasureRecord]) -> str | None:
