@@ -76,6 +76,15 @@ ARMS: dict[str, dict] = {
     "long-c8-32-best3": {"student": C8_32,
                          "fine_tune": LONG,
                          "candidates": {"count": 3, "episodes": 200, "seed": 200000}},
+    # The long student's action gaps are a seventh of the teacher's (median 0.02 against 0.15 on
+    # replay states): the Q term's scale is the Q-values' spread across states. An advantage term
+    # (A = Q - mean_a Q, its error over its variance) asks for the teacher's gaps, which int8 keeps.
+    "adv1-c8-32-qat100k": {"student": C8_32,
+                           "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4},
+                           "fine_tune": {**LONG, "advantage_weight": 1.0}},
+    "adv4-c8-32-qat100k": {"student": C8_32,
+                           "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4},
+                           "fine_tune": {**LONG, "advantage_weight": 4.0}},
 }
 """Each arm is a float32 student unless it names `quantize`."""
 

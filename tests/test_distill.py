@@ -158,3 +158,30 @@ def test_a_conv_student_plays_image_states_and_the_teacher_labels_them():
     assert obs.shape == (2, 16, 10, 10, 4) and obs.dtype == np.uint8 and teacher_q.shape == (2, 16, 3)
     played_rows = {row.tobytes() for row in played.states[:60]}
     assert all(row.tobytes() in played_rows for row in obs[:, 8:].reshape(-1, 10, 10, 4))
+
+
+def test_the_advantage_term_adds_the_advantages_squared_error_over_their_variance():
+    """advantage_weight w adds w / advantage_scale x mean((A_student - A_teacher)^2), A = Q - mean_a Q:
+    a student whose Q-values are right on average but whose action gaps are squeezed pays for it."""
+    import tensorflow as tf
+
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.compress.distill import make_distill_update_fn
+
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(1, 64, 5)).astype(np.float32)
+    teacher = rng.normal(size=(1, 64, 3)).astype(np.float32) * 3
+
+    def loss_with(weight):
+        student = tf_keras.Sequential([tf_keras.Input((5,)), tf_keras.layers.Dense(3, kernel_initializer="ones")])
+        update = make_distill_update_fn(student, tf_keras.optimizers.SGD(0.0), None, False,
+                                        value_scale=2.0, advantage_weight=weight, advantage_scale=0.5)
+        q = student(obs[0]).numpy()
+        return float(update(tf.constant(obs), tf.constant(teacher))[0]), q
+
+    plain, q = loss_with(0.0)
+    weighted, _ = loss_with(3.0)
+    centred = lambda x: x - x.mean(axis=-1, keepdims=True)  # noqa: E731
+    expected = 3.0 / 0.5 * np.mean((centred(q) - centred(teacher[0])) ** 2)
+    assert expected > 0.1
+    assert weighted - plain == pytest.approx(expected, rel=1e-4)

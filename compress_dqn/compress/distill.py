@@ -37,6 +37,8 @@ def make_distill_update_fn(
     loss: str = "policy",
     temperature: float = 0.01,
     value_scale: float = 1.0,
+    advantage_weight: float = 0.0,
+    advantage_scale: float = 1.0,
 ) -> UpdateFn:
     """`update(obs, teacher_q)` over K stacked batches: K steps; returns (mean loss, mean Q).
 
@@ -47,9 +49,15 @@ def make_distill_update_fn(
     temperature, plus the Q-values' squared error divided by their variance (value_scale). The
     second term keeps outputs on the Q scale: with near-hard targets, KL alone keeps widening
     the student's gaps (its Q errors grow large), which then ruins int8 ranges.
+
+    advantage_weight adds the advantages' (Q - mean_a Q) squared error over their variance
+    (advantage_scale). The Q term's scale is the Q-values' spread across states, far wider than the
+    gaps between actions, so without it a student may rank actions right with gaps several times
+    smaller than the teacher's, which int8 rounding then flips.
     """
     tau = tf.constant(temperature, tf.float32)
     inv_var = tf.constant(1.0 / max(value_scale, 1e-8), tf.float32)
+    adv_weight = tf.constant(advantage_weight / max(advantage_scale, 1e-8), tf.float32)
 
     def objective(q, teacher):
         if loss == "mse":
@@ -58,7 +66,12 @@ def make_distill_update_fn(
         kl = tf.reduce_sum(
             p_teacher * (tf.nn.log_softmax(teacher / tau) - tf.nn.log_softmax(q / tau)), axis=-1
         )
-        return tf.reduce_mean(kl) + inv_var * tf.reduce_mean(tf.square(q - teacher))
+        total = tf.reduce_mean(kl) + inv_var * tf.reduce_mean(tf.square(q - teacher))
+        if advantage_weight:
+            advantage_error = (q - tf.reduce_mean(q, axis=-1, keepdims=True)) - (
+                teacher - tf.reduce_mean(teacher, axis=-1, keepdims=True))
+            total += adv_weight * tf.reduce_mean(tf.square(advantage_error))
+        return total
 
     @tf.function(jit_compile=jit_compile, reduce_retracing=True)
     def update(obs, teacher_q):
@@ -184,7 +197,9 @@ class Distiller:
         self.optimizer.build(student.trainable_variables)
         # The Q-value term is scaled by the variance of the teacher's Q-values over replay states.
         probe = replay.sample_observations(min(10_000, 20 * batch_size))
-        value_scale = float(self.teacher.q_values(probe).var())
+        probe_q = self.teacher.q_values(probe)
+        value_scale = float(probe_q.var())
+        advantage_scale = float((probe_q - probe_q.mean(axis=1, keepdims=True)).var())
         self.teacher_q = teacher_table(self.teacher, replay, steps * batch_size)
         self.played: StudentStates | None = None
         # The student plays after every interval of training (not before: an untrained student's states teach little).
@@ -198,7 +213,8 @@ class Distiller:
             self.played = StudentStates(env, seed, ft.student_states, len(self.rounds), replay.obs_shape,
                                         replay.n_actions, replay.obs_dtype)
         self.update = make_distill_update_fn(
-            student, self.optimizer, max_grad_norm, jit_compile, ft.loss, ft.temperature, value_scale
+            student, self.optimizer, max_grad_norm, jit_compile, ft.loss, ft.temperature, value_scale,
+            ft.advantage_weight, advantage_scale,
         )
 
     def run(self) -> float:

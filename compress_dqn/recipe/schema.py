@@ -484,6 +484,11 @@ class FineTuneConfig(StrictModel):
     2016) + Q error / Q variance (keeps the scale); mse = squared Q error (can flip near-tied actions)."""
     temperature: _real(0.0, None, lo_open=True) = 0.01
     """Softmax temperature of the policy loss, in Q units: gaps above it are ranked sharply."""
+    advantage_weight: _real(0.0, None) = 0.0
+    """policy loss: add the advantages' (Q - mean over actions) squared error over their variance,
+    times this. The Q term is scaled by the Q-values' variance across states, which dwarfs the
+    action gaps, so a student can match Q well with gaps a fraction of the teacher's; an int8 step
+    then flips its actions. 0: off."""
     select_interval: Count = 0
     """Every this many gradient steps (and at the end), play the model on select_episodes episodes
     from train.eval_seed and keep the best weights, as the baseline's training does; 0: keep the last."""
