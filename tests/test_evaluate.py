@@ -81,6 +81,29 @@ def test_paired_difference_verdicts_are_a_non_inferiority_test():
     assert shifted.normalized_score == pytest.approx((base.mean() - 3.0 - 20.0) / (base.mean() - 20.0))
 
 
+def test_a_wider_tolerance_also_gives_the_verdict_at_one_percent_on_the_same_episodes():
+    """At eval.tolerance 0.05 the comparison says where the variant stands at 1% too: the same CI
+    against a fifth of the margin, so no episode is played for it; at 1% there is nothing to add."""
+    from compress_dqn.evaluation.verdicts import Verdict, paired_difference
+
+    rng = np.random.default_rng(0)
+    base, random = rng.normal(100, 30, 1000), np.full(1000, 20.0)  # lead 80: margins 4.0 at 5%, 0.8 at 1%
+    shifted = paired_difference(base - 2.0, base, 0.05, random)
+    assert shifted.label == "within 5%" and shifted.at_one_percent.verdict == "worse"
+    assert shifted.margin / shifted.at_one_percent.margin == pytest.approx(5.0)
+    assert shifted.at_one_percent.episodes_to_decide is None
+    noisy = base + rng.normal(0, 20, 1000) - 0.5
+    wide, strict = paired_difference(noisy, base, 0.05, random), paired_difference(noisy, base, 0.01, random)
+    assert wide.label == "within 5%" and wide.ci == strict.ci  # the same episodes, the same CI
+    at_one = wide.at_one_percent
+    assert at_one.kind is Verdict.INCONCLUSIVE and at_one.verdict == strict.label == "inconclusive"
+    assert at_one.margin == pytest.approx(strict.margin) and wide.margin / at_one.margin == pytest.approx(5.0)
+    assert at_one.episodes_to_decide == strict.episodes_to_decide > 1000
+    assert strict.at_one_percent is None and "at_one_percent" not in strict.to_dict()
+    assert wide.to_dict()["at_one_percent"] == {"verdict": "inconclusive", "margin": at_one.margin,
+                                                "episodes_to_decide": at_one.episodes_to_decide}
+
+
 def test_identical_episodes_decide_within_only_once_a_rare_whole_lead_loss_is_ruled_out():
     """CartPole-like differences: 0 on most episodes, the baseline's whole lead on a few. The
     percentile bootstrap gave 100 identical episodes the CI [0, 0], a certain 'within 1%', although

@@ -183,7 +183,14 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
         assert found.winner in names and seed_results["search"]["winner"] == found.winner
         assert all(o.kind is not Verdict.WORSE for o in next(t for t in found.tried if t.name == found.winner).per_seed.values())
     report = (run_dir / "report.md").read_text()
-    assert "## Search: the smallest policy within tolerance on every seed" in report
+    assert "## Search: the smallest policy within 100% of the baseline's lead on every seed" in report  # tolerance 1.0
+    # Decided wider than 1%: each unit and each seed's variant also holds its verdict at 1%, on the same episodes.
+    for t in (t for t in found.tried if t.per_seed):
+        at_one = t.per_seed["0"].at_one_percent
+        assert at_one is not None and f"0: {t.per_seed['0'].verdict} (" in report and "at 1%: " in report
+        versus = next(v for v in seed_results["variants"] if v["name"] == t.name)["return_vs_baseline"]
+        assert versus["at_one_percent"] == at_one.to_dict()
+    assert all(a.per_seed_at_one_percent for a in outcomes[1].results.aggregate[1:])
 
     # A rerun finds every unit finished: no candidate is built or played again.
     def refuse(*args, **kwargs):

@@ -200,12 +200,32 @@ class Compression(OpenRecord):
     build_seconds: float | None = None
 
 
+ONE_PERCENT = 0.01
+"""The tolerance every verdict is also reported at when a run decides at a wider one."""
+
+
+class AtOnePercent(Record):
+    """A verdict at a wider tolerance, restated at 1% of the baseline's lead on the same paired episodes
+    (the same CI against a margin of 1%): what the report gives beside a run decided at, say, 5%."""
+
+    verdict: str
+    """The label at 1% ("within 1%", "inconclusive", ...); `kind` is the Verdict."""
+    margin: float
+    episodes_to_decide: int | None = None
+    """Where the 1% verdict is inconclusive: about how many paired episodes would decide it (None where none can say)."""
+
+    @property
+    def kind(self) -> Verdict | None:
+        return Verdict.of(self.verdict)
+
+
 class Comparison(Record):
     """A variant's paired comparison with the baseline (verdicts.paired_difference). The JSON keeps
     the verdict's label ("within 1%") under `verdict`; the record holds the kind."""
 
     omit_unset: ClassVar[frozenset[str]] = frozenset(
         {"unseen_loss", "episodes_differing", "episodes_to_decide", "random_mean", "normalized_score"})
+    omit_none: ClassVar[frozenset[str]] = frozenset({"at_one_percent"})
     mean: float
     ci: tuple[float, float]
     confidence: float
@@ -219,6 +239,8 @@ class Comparison(Record):
     """Set for an inconclusive verdict: about how many paired episodes would decide it (None where none can say)."""
     random_mean: float | None = None
     normalized_score: float | None = None
+    at_one_percent: AtOnePercent | None = None
+    """Set where `tolerance` is wider than 1%: the verdict at 1% on the same episodes (None otherwise)."""
 
     @field_validator("verdict", mode="before")
     @classmethod

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from compress_dqn.deploy.micro import TFLM_RUNTIME_FLASH
-from compress_dqn.evaluation.figures import M4F, Comparison, Verdict
+from compress_dqn.evaluation.figures import M4F, ONE_PERCENT, AtOnePercent, Comparison, Verdict
 from compress_dqn.evaluation.results import RunResults, VariantResult
 from compress_dqn.evaluation.verdicts import episodes_to_decide
 
@@ -109,6 +109,11 @@ def to_decide(versus: Comparison | None) -> int | None:
     return episodes_to_decide(versus.episodes, lo, hi, versus.mean, versus.margin)
 
 
+def at_one_percent(v: VariantResult) -> AtOnePercent | None:
+    """A variant's verdict at 1% on its own episodes, where the run decided at a wider tolerance."""
+    return v.return_vs_baseline.at_one_percent if v.return_vs_baseline else None
+
+
 @dataclass(frozen=True)
 class Speed:
     """The quickest keeper (TFLite, batch 1, p50) and whether it beats the fp32 TFLite baseline."""
@@ -164,6 +169,10 @@ class Findings:
     search_winner: str | None
     search_objective: str | None
     serving_memory: ServingMemory | None
+    wide_tolerance: float | None
+    """eval.tolerance where it is wider than 1% (the headline then names it); None at 1% or below."""
+    search_winner_policy: VariantResult | None
+    """The search winner as this seed's run played it (its verdict at 1% is at_one_percent of it)."""
 
 
 def _speed(base: VariantResult, keepers: list[VariantResult]) -> Speed | None:
@@ -213,4 +222,6 @@ def findings(results: RunResults) -> Findings:
         search_winner=search.winner if search else None,
         search_objective=search.objective if search else None,
         serving_memory=_serving_memory(results),
+        wide_tolerance=results.eval.tolerance if results.eval.tolerance > ONE_PERCENT else None,
+        search_winner_policy=next((v for v in variants if search and v.name == search.winner), None),
     )

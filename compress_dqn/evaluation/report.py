@@ -18,7 +18,7 @@ from pathlib import Path
 
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation import findings as find
-from compress_dqn.evaluation.figures import M0PLUS, M4F
+from compress_dqn.evaluation.figures import M0PLUS, M4F, ONE_PERCENT, AtOnePercent, Verdict
 from compress_dqn.evaluation.findings import Findings, findings, pareto_front
 from compress_dqn.evaluation.plots import make_plots, verdict_color
 from compress_dqn.evaluation.results import (RunResults, SearchSummary, SeedOutcome, SeedsResults, TrainFigures,
@@ -83,6 +83,32 @@ def _opt(get: Callable[[VariantResult], Value]) -> Callable[[VariantResult, RunR
     return lambda v, _results: get(v)
 
 
+def _has_at_one(results: RunResults) -> bool:
+    """Whether the run decided at a tolerance wider than 1%, so its verdicts also have one at 1%."""
+    return any(find.at_one_percent(v) is not None for v in results.variants)
+
+
+def _at_one_field(v: VariantResult, field: str) -> Value:
+    at = find.at_one_percent(v)
+    return None if at is None else getattr(at, field)
+
+
+def _percent(tolerance: float) -> str:
+    return f"{100 * tolerance:g}%"
+
+
+def _at_one_state(at: AtOnePercent, episodes: int) -> str:
+    """A verdict at 1% in a sentence: 'within 1% (12,800 episodes)', 'inconclusive (~40,000 episodes would decide it)'."""
+    if at.kind is Verdict.INCONCLUSIVE and at.episodes_to_decide:
+        return f"inconclusive (~{at.episodes_to_decide:,} episodes would decide it)"
+    return f"{at.verdict} ({episodes:,} episodes)"
+
+
+def _at_one_short(at: AtOnePercent) -> str:
+    """A verdict at 1% in a table cell: 'within 1%', 'inconclusive, ~40,000 to decide'."""
+    return at.verdict + (f", ~{at.episodes_to_decide:,} to decide" if at.episodes_to_decide else "")
+
+
 def kib(n: int) -> str:
     """Bytes as a reader compares them with a part's datasheet: '236 B', '2.4 KB' (KB = 1,024 B)."""
     return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KB"
@@ -121,6 +147,8 @@ COLUMNS: list[Column] = [
     Column("episodes_differing", _opt(lambda v: v.return_vs_baseline.episodes_differing if v.return_vs_baseline else None)),
     Column("verdict", _opt(lambda v: v.label), "verdict", 4, colored=True),
     Column("episodes_to_decide", _opt(lambda v: find.to_decide(v.return_vs_baseline))),
+    Column("verdict_at_1pct", _opt(lambda v: _at_one_field(v, "verdict")), shown=_has_at_one),
+    Column("episodes_to_decide_at_1pct", _opt(lambda v: _at_one_field(v, "episodes_to_decide")), shown=_has_at_one),
     Column("action_agreement", _opt(lambda v: v.action_agreement), "agreement", 7, fmt="{:.3f}"),
     Column("action_agreement_decisive", _opt(lambda v: v.action_agreement_decisive), "decisive", 8, fmt="{:.3f}"),
     Column(None, _opt(lambda v: f"{v.size.nonzero_params:,} / {v.size.params:,}"), "nonzero / params", 9),
@@ -175,19 +203,25 @@ NO_VARIANTS = "No variants: the recipe lists none, so this run trained and evalu
 def _keeper_lines(found: Findings) -> list[str]:
     """The smallest and the fastest of the policies that keep the return, against the baseline."""
     base, small = found.baseline, found.smallest
+    within = f" within {_percent(found.wide_tolerance)} of its lead" if found.wide_tolerance else ""
+    at_one = find.at_one_percent(small)
     lines = [
-        f"Smallest policy that keeps the baseline's return: {small.name}, "
+        f"Smallest policy that keeps the baseline's return{within}: {small.name}, "
         f"{small.size.tflite_gzip_bytes:,} bytes gzipped, {_times(base.size.tflite_gzip_bytes / small.size.tflite_gzip_bytes)} "
         f"than the fp32 baseline's {base.size.tflite_gzip_bytes:,} gzipped bytes "
         f"({_times(base.size.tflite_bytes / small.size.tflite_bytes)} raw to raw), return {small.returns.mean:.1f} "
         f"vs the baseline's {find.baseline_same_episodes(small):.1f} on the same {small.episodes} episodes "
-        f"({small.label})."
+        f"({small.label})" + (f"; at 1%: {_at_one_state(at_one, small.episodes)}." if at_one else ".")
     ]
     if found.speed is not None:
         fast = found.speed.fastest
         if found.speed.faster:
+            fast_at_one = find.at_one_percent(fast)
+            fastest_within = f" (within {_percent(found.wide_tolerance)})" if found.wide_tolerance else ""
             lines.append(
-                f"Fastest: {fast.name}, {find.tflite_p50(fast):.1f} us per action (TFLite, batch 1, p50) vs "
+                f"Fastest{fastest_within}: {fast.name}"
+                + (f" (at 1%: {_at_one_short(fast_at_one)})" if fast_at_one else "")
+                + f", {find.tflite_p50(fast):.1f} us per action (TFLite, batch 1, p50) vs "
                 f"{find.tflite_p50(base):.1f} us for the fp32 TFLite baseline and "
                 f"{find.saved_model_p50(base):.0f} us through TensorFlow."
             )
@@ -208,6 +242,18 @@ def _c_line(v: VariantResult) -> str:
             + (f" ({kib(m0[0])} and {kib(m0[1])} on a Cortex-M0+)" if m0 else "") + ", the whole image measured.")
 
 
+def _winner_line(found: Findings) -> str:
+    """The search winner; beside a tolerance wider than 1%, that tolerance and the winner's verdict at 1% on this seed."""
+    if not found.wide_tolerance:
+        return (f"Search winner (smallest by {found.search_objective} within tolerance on every training "
+                f"seed): {found.search_winner}.")
+    winner = found.search_winner_policy
+    at_one = find.at_one_percent(winner) if winner is not None else None
+    return (f"Search winner (smallest by {found.search_objective} within {_percent(found.wide_tolerance)} of the "
+            f"baseline's lead on every training seed): {found.search_winner}"
+            + (f"; at 1% on this seed: {_at_one_state(at_one, winner.episodes)}." if at_one else "."))
+
+
 def headline(results: RunResults) -> list[str]:
     """The findings a reader should see first, as sentences."""
     found = findings(results)
@@ -226,9 +272,12 @@ def headline(results: RunResults) -> list[str]:
     if found.smallest is not None:
         lines += _keeper_lines(found)
     else:
-        lines.append("No variant kept the baseline's return (see the verdicts below)." if found.has_variants else NO_VARIANTS)
+        kept = f"No variant kept the baseline's return within {_percent(found.wide_tolerance)} of its lead" \
+            if found.wide_tolerance else "No variant kept the baseline's return"
+        lines.append(f"{kept} (see the verdicts below)." if found.has_variants else NO_VARIANTS)
     if found.worse:
-        lines.append(f"Worse than the tolerance: {', '.join(found.worse)}.")
+        tolerance = f"the {_percent(found.wide_tolerance)} tolerance" if found.wide_tolerance else "the tolerance"
+        lines.append(f"Worse than {tolerance}: {', '.join(found.worse)}.")
     if found.undecided:
         names = [u.name + (f" (~{u.episodes_to_decide:,} would decide it)" if u.episodes_to_decide else "")
                  for u in found.undecided]
@@ -249,8 +298,7 @@ def headline(results: RunResults) -> list[str]:
     if found.c_smallest is not None:
         lines.append(_c_line(found.c_smallest))
     if found.search_winner:
-        lines.append(f"Search winner (smallest by {found.search_objective} within tolerance on every training "
-                     f"seed): {found.search_winner}.")
+        lines.append(_winner_line(found))
     if found.serving_memory is not None:
         memory = found.serving_memory
         lines.append(
@@ -302,10 +350,23 @@ def _notes(results: RunResults) -> list[str]:
         "whole image). A 'fits' line counts the arena with margin against RAM and the model plus 22 KB against "
         "flash. '-' where it does not run there (results.json's micro.reason says why).",
     ]
+    notes += _at_one_notes(results)
     notes += _c_notes(results)
     if results.gpu and results.gpu != "visible":
         notes.append(f"GPU figures: {results.gpu}.")
     return _baseline_notes(results.train, results) + notes + _candidate_notes(results)
+
+
+def _at_one_notes(results: RunResults) -> list[str]:
+    """Beside a tolerance wider than 1%: each variant's verdict at 1%, from the same CI on the same episodes."""
+    states = [(v, at) for v in results.variants[1:] if (at := find.at_one_percent(v)) is not None]
+    if not states:
+        return []
+    margins = sorted(at.margin for _, at in states)
+    margin = f"-{margins[0]:.2f}" + (f" to -{margins[-1]:.2f}" if margins[-1] - margins[0] >= 0.005 else "")
+    return [f"At 1%: each verdict against a margin of 1% of the baseline's lead ({margin}) instead of "
+            f"{_percent(results.eval.tolerance)}, from the same CI on the same episodes (none played for it): "
+            + "; ".join(f"{v.name} {_at_one_state(at, v.episodes)}" for v, at in states) + "."]
 
 
 def _c_notes(results: RunResults) -> list[str]:
@@ -426,7 +487,9 @@ def render_aggregate_markdown(results: SeedsResults) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for a in results.aggregate:
-        verdicts = ", ".join(f"{v} ({n})" for v, n in zip(a.per_seed_verdict, a.per_seed_episodes))
+        at_one = a.per_seed_at_one_percent or [None] * len(a.per_seed_verdict)
+        verdicts = ", ".join(f"{v} ({n}" + (f"; at 1%: {_at_one_short(at)})" if at else ")")
+                             for v, n, at in zip(a.per_seed_verdict, a.per_seed_episodes, at_one))
         lines.append(
             f"| {a.name} | {a.iqm_return:.1f} | [{a.iqm_return_ci95[0]:.1f}, {a.iqm_return_ci95[1]:.1f}] | "
             f"{a.iqm_difference_vs_baseline:+.1f} | [{a.difference_ci95[0]:.1f}, {a.difference_ci95[1]:.1f}] | "
@@ -434,7 +497,13 @@ def render_aggregate_markdown(results: SeedsResults) -> str:
         )
     kept = [a.name for a in results.aggregate[1:] if all(keeps_return(v) for v in a.per_seed_verdict)]
     if len(results.aggregate) > 1:
-        lines += ["", f"Within tolerance on every seed: {', '.join(kept) if kept else 'none'}."]
+        tolerance = results.eval.tolerance or (results.search.tolerance if results.search else None)
+        wide = tolerance is not None and tolerance > ONE_PERCENT
+        strict = [a.name for a in results.aggregate[1:]
+                  if a.per_seed_at_one_percent and all(at and keeps_return(at.verdict) for at in a.per_seed_at_one_percent)]
+        lines += ["", f"Within {_percent(tolerance) + ' of the lead' if wide else 'tolerance'} on every seed: "
+                  f"{', '.join(kept) if kept else 'none'}"
+                  + (f"; within 1% on every seed, on the same episodes: {', '.join(strict) or 'none'}." if wide else ".")]
     elif not results.search:
         lines += ["", NO_VARIANTS]
     if results.search:
@@ -446,10 +515,14 @@ def render_search_markdown(search: SearchSummary) -> list[str]:
     """The search section: winner, front, every candidate with why it was kept or dropped, cost."""
     unit = {"gzip_bytes": "gzipped bytes", "params": "nonzero parameters", "latency": "TFLite p50 us"}[search.objective]
     cost = search.cost
+    wide = search.tolerance > ONE_PERCENT
     winner = (f"**{search.winner}** ({search.winner_objective:,.0f} {unit}, median over seeds)"
               if search.winner else "**none** kept the return on every seed")
+    if wide and search.winner:
+        winner += _winner_at_one(search)
+    within = f"within {_percent(search.tolerance)} of the baseline's lead" if wide else "within tolerance"
     lines = [
-        "## Search: the smallest policy within tolerance on every seed",
+        f"## Search: the smallest policy {within} on every seed",
         "",
         f"- Winner: {winner}.",
         f"- Front (objective vs mean normalized score, among the kept candidates): {', '.join(search.front) or 'none'}.",
@@ -468,11 +541,22 @@ def render_search_markdown(search: SearchSummary) -> list[str]:
     return lines
 
 
+def _winner_at_one(search: SearchSummary) -> str:
+    """'; at 1%: seed 0 within 1% (12,800 episodes), seed 1 inconclusive (~40,000 episodes would decide it)'."""
+    winner = next((t for t in search.tried if t.name == search.winner), None)
+    states = [f"seed {seed} {_at_one_state(o.at_one_percent, o.episodes)}"
+              for seed, o in (winner.per_seed.items() if winner else []) if o.at_one_percent is not None]
+    return f"; at 1%: {', '.join(states)}" if states else ""
+
+
 def _seed_verdict(outcome: SeedOutcome) -> str:
-    """'within 1% (400)'; an open verdict also says about how many episodes would decide it."""
+    """'within 1% (400)'; an open verdict also says about how many episodes would decide it, and beside a
+    tolerance wider than 1%, the verdict at 1% ('within 5% (400; at 1%: inconclusive, ~4,000 to decide)')."""
     text = f"{outcome.verdict} ({outcome.episodes:,}"
     if outcome.episodes_to_decide:
         text += f"; ~{outcome.episodes_to_decide:,} to decide"
+    if outcome.at_one_percent is not None:
+        text += f"; at 1%: {_at_one_short(outcome.at_one_percent)}"
     return text + ")"
 
 

@@ -14,8 +14,8 @@ from typing import ClassVar
 from pydantic import ConfigDict, Field, ValidationError
 
 from compress_dqn.errors import UserError
-from compress_dqn.evaluation.figures import (CFigures, Comparison, Compression, LatencyBlock, MemoryBlock, MicroFigures,
-                                             OpenRecord, Record, ReturnStats, SizeStats, Verdict)
+from compress_dqn.evaluation.figures import (AtOnePercent, CFigures, Comparison, Compression, LatencyBlock, MemoryBlock,
+                                             MicroFigures, OpenRecord, Record, ReturnStats, SizeStats, Verdict)
 from compress_dqn.fileio import write_text_atomic
 
 SCHEMA_VERSION = 2
@@ -193,6 +193,7 @@ class RunResults(Record):
 class SeedAggregate(Record):
     """One variant over the training seeds: IQM of per-seed returns and the per-seed verdicts."""
 
+    omit_none: ClassVar[frozenset[str]] = frozenset({"per_seed_at_one_percent"})
     name: str
     per_seed_mean_return: list[float]
     iqm_return: float
@@ -203,11 +204,14 @@ class SeedAggregate(Record):
     """Each seed's verdict label ("reference", "within 1%", ...)."""
     per_seed_episodes: list[int]
     tflite_gzip_bytes: int
+    per_seed_at_one_percent: list[AtOnePercent | None] | None = None
+    """Where eval.tolerance is wider than 1%: each seed's verdict at 1% on the same episodes (None for the baseline)."""
 
 
 class SeedOutcome(Record):
     """One (seed, candidate) unit of a search: the candidate's paired verdict on that seed and its objective."""
 
+    omit_none: ClassVar[frozenset[str]] = frozenset({"at_one_percent"})
     verdict: str
     """The verdict's label ("within 1%"); `kind` is the Verdict."""
     episodes: int
@@ -217,6 +221,8 @@ class SeedOutcome(Record):
     episodes_to_decide: int | None = None
     normalized_score: float | None = None
     objective: float
+    at_one_percent: AtOnePercent | None = None
+    """Set where eval.tolerance is wider than 1%: the verdict at 1% on the same episodes (Comparison.at_one_percent)."""
 
     @property
     def kind(self) -> Verdict | None:
@@ -272,8 +278,11 @@ class ExecutorInfo(Record):
 class SeedsEval(Record):
     """A multi-seed run's evaluation: each seed's file holds the rest."""
 
+    omit_none: ClassVar[frozenset[str]] = frozenset({"tolerance"})
     episodes: int
     seed: int
+    tolerance: float | None = None
+    """eval.tolerance where it is wider than 1% (the report then names it); None at 1%, as files before it."""
 
 
 class SeedsResults(Record):

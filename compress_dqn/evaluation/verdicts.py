@@ -12,10 +12,10 @@ from collections.abc import Iterable
 import numpy as np
 
 from compress_dqn.errors import UserError
-from compress_dqn.evaluation.figures import Comparison, ReturnStats, Verdict, keeps_return
+from compress_dqn.evaluation.figures import ONE_PERCENT, AtOnePercent, Comparison, ReturnStats, Verdict, keeps_return
 
 __all__ = ["Comparison", "ReturnStats", "Verdict", "keeps_return", "bootstrap_ci", "summarize", "looks", "sequential_plan",
-           "paired_difference", "episodes_to_decide", "iqm", "stratified_bootstrap_ci"]
+           "paired_difference", "episodes_to_decide", "iqm", "stratified_bootstrap_ci", "ONE_PERCENT", "AtOnePercent"]
 
 
 def bootstrap_ci(values: np.ndarray, confidence: float = 0.95, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
@@ -77,6 +77,9 @@ def paired_difference(
     "inconclusive" (the CI straddles -margin: more episodes would decide).
     Only the first len(variant) baseline and random episodes are used.
 
+    Where `tolerance` is wider than 1% (ONE_PERCENT), `at_one_percent` also holds the verdict at 1%:
+    the same CI against a margin of 1% of the same lead, so on the same episodes with no more played.
+
     The lower end is taken with one more paired episode, an `unseen_loss`: the baseline's whole
     lead (or the largest loss seen if larger) times the share of episodes whose returns were
     identical. A percentile bootstrap cannot see a loss it has not sampled: 100 identical episodes
@@ -102,22 +105,33 @@ def paired_difference(
     lo, hi = bootstrap_ci(diff, confidence=confidence)
     if unseen_loss > 0:
         lo = min(lo, bootstrap_ci(np.append(diff, -unseen_loss), confidence=confidence)[0])
-    if lo > 0:
-        verdict = Verdict.BETTER
-    elif lo >= -margin:
-        verdict = Verdict.WITHIN
-    elif hi < -margin:
-        verdict = Verdict.WORSE
-    else:
-        verdict = Verdict.INCONCLUSIVE
-    extra: dict[str, float | int | None] = {}
+    mean = float(diff.mean())
+    verdict = _verdict(lo, hi, margin)
+    extra: dict[str, float | int | AtOnePercent | None] = {}
     if verdict is Verdict.INCONCLUSIVE:
-        extra["episodes_to_decide"] = episodes_to_decide(n, lo, hi, float(diff.mean()), margin)
+        extra["episodes_to_decide"] = episodes_to_decide(n, lo, hi, mean, margin)
     if random_mean is not None:
         extra["random_mean"] = random_mean
         extra["normalized_score"] = float((a.mean() - random_mean) / scale) if scale > 0 else None
-    return Comparison(mean=float(diff.mean()), ci=(lo, hi), confidence=confidence, verdict=verdict, tolerance=tolerance,
+    if tolerance > ONE_PERCENT:
+        strict = ONE_PERCENT * max(scale, 0.0)
+        at_one = _verdict(lo, hi, strict)
+        extra["at_one_percent"] = AtOnePercent(
+            verdict=at_one.label(ONE_PERCENT), margin=strict,
+            episodes_to_decide=episodes_to_decide(n, lo, hi, mean, strict) if at_one is Verdict.INCONCLUSIVE else None)
+    return Comparison(mean=mean, ci=(lo, hi), confidence=confidence, verdict=verdict, tolerance=tolerance,
                       margin=margin, episodes=n, unseen_loss=unseen_loss, episodes_differing=n - identical, **extra)
+
+
+def _verdict(lo: float, hi: float, margin: float) -> Verdict:
+    """The verdict of a difference's CI [lo, hi] against -margin."""
+    if lo > 0:
+        return Verdict.BETTER
+    if lo >= -margin:
+        return Verdict.WITHIN
+    if hi < -margin:
+        return Verdict.WORSE
+    return Verdict.INCONCLUSIVE
 
 
 def episodes_to_decide(n: int, lo: float, hi: float, mean: float, margin: float) -> int | None:

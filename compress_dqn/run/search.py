@@ -72,10 +72,11 @@ def candidate_unit(recipe: Recipe, seed_dir: str, variant: VariantConfig, quiet:
     versus = paired_difference(episodes, played[BASELINE], ctx.recipe.eval.tolerance, played[RANDOM],
                                ctx.ranges.confidence)
     # The CI, margin and (for an open verdict) the episodes that would decide it: what a search
-    # that ended undecided at its cap would need, in the report's words.
+    # that ended undecided at its cap would need, in the report's words. Above a 1% tolerance, the
+    # verdict at 1% on the same episodes too.
     return SeedOutcome(verdict=versus.label, episodes=len(episodes), difference=versus.mean, ci=versus.ci,
                        margin=versus.margin, episodes_to_decide=versus.episodes_to_decide,
-                       normalized_score=versus.normalized_score,
+                       normalized_score=versus.normalized_score, at_one_percent=versus.at_one_percent,
                        objective=objective_value(ctx.stages.get(keys.variant(variant.name), VariantRecord),
                                                  ctx.stages.find(keys.measure(variant.name), MeasureRecord),
                                                  ctx.recipe.search.objective))

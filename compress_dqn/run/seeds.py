@@ -20,7 +20,7 @@ from compress_dqn.evaluation.results import (
     SeedsResults,
     save_results,
 )
-from compress_dqn.evaluation.verdicts import iqm, stratified_bootstrap_ci
+from compress_dqn.evaluation.verdicts import ONE_PERCENT, iqm, stratified_bootstrap_ci
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run import resources
 from compress_dqn.run.baseline_stages import train_baseline
@@ -45,6 +45,7 @@ def aggregate_seeds(runs: list[RunResults]) -> list[SeedAggregate]:
         # Paired, on the episodes the variant played: the seed's baseline mean covers the most
         # episodes any variant of that seed needed, which may be many more than this one played.
         diffs = np.array([v.return_vs_baseline.mean if v.return_vs_baseline else 0.0 for v in entries])
+        at_one = [v.return_vs_baseline.at_one_percent if v.return_vs_baseline else None for v in entries]
         out.append(SeedAggregate(
             name=name,
             per_seed_mean_return=means.tolist(),
@@ -55,6 +56,7 @@ def aggregate_seeds(runs: list[RunResults]) -> list[SeedAggregate]:
             per_seed_verdict=[v.label for v in entries],
             per_seed_episodes=[v.episodes for v in entries],
             tflite_gzip_bytes=int(np.median([v.size.tflite_gzip_bytes for v in entries])),
+            per_seed_at_one_percent=at_one if any(at_one) else None,
         ))
     return out
 
@@ -144,7 +146,8 @@ def write_seeds_results(recipe: Recipe, run_dir: Path, runs: list[RunResults], w
     seeds = list(recipe.seeds or [recipe.seed])
     results = SeedsResults(
         env_id=recipe.env.id,
-        eval=SeedsEval(episodes=recipe.eval.episodes, seed=recipe.eval.seed),
+        eval=SeedsEval(episodes=recipe.eval.episodes, seed=recipe.eval.seed,
+                       tolerance=recipe.eval.tolerance if recipe.eval.tolerance > ONE_PERCENT else None),
         seeds=seeds,
         executor=ExecutorInfo(kind=recipe.executor, workers=workers, intra_op_threads=threads),
         runs=[f"seed-{seed}/results.json" for seed in seeds],
