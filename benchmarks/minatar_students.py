@@ -85,6 +85,17 @@ ARMS: dict[str, dict] = {
     "adv4-c8-32-qat100k": {"student": C8_32,
                            "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4},
                            "fine_tune": {**LONG, "advantage_weight": 4.0}},
+    # The advantage term did not keep int8 gaps: the int8 advantage output still ties or flips the
+    # student's actions (one int8 step of its range against gaps of that size). The heads in
+    # float, the body int8 (99 weights of 16.8k in float):
+    "long-c8-32-qat100k-fhead": {"student": C8_32,
+                                 "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4,
+                                              "float_head": True},
+                                 "fine_tune": LONG},
+    "long-c8-32-qat20k-fhead": {"student": C8_32,
+                                "quantize": {"mode": "qat", "qat_steps": 20000, "qat_learning_rate": 1e-4,
+                                             "float_head": True},
+                                "fine_tune": LONG},
 }
 """Each arm is a float32 student unless it names `quantize`."""
 

@@ -32,7 +32,7 @@ def policies(tmp_path_factory):
     if not micro.available():
         pytest.skip("tflite-micro not installed: pip install 'compress-dqn[micro]'")
     from compress_dqn._tf import tf, tf_keras
-    from compress_dqn.compress.quantize import calibrate_ranges, converter_setup, qat_model
+    from compress_dqn.compress.quantize import FLOAT_HEADS, calibrate_ranges, converter_setup, qat_model
     from compress_dqn.compress.rewrites import split_value_advantage
     from compress_dqn.rl.networks import build_q_network
     from compress_dqn.recipe.schema import QuantizeConfig
@@ -46,6 +46,9 @@ def policies(tmp_path_factory):
     paths = {
         "int8": _export(model, out / "int8.tflite", converter_setup(QuantizeConfig(mode="int8"), calibration)),
         "qat": _export(qat, out / "qat.tflite", converter_setup(QuantizeConfig(mode="qat"))),
+        # quantize.float_head: an int8 body feeding float advantage and value heads.
+        "qat-fhead": _export(_calibrated(qat_model(model, float_layers=FLOAT_HEADS), model, calibration),
+                             out / "qat-fhead.tflite", converter_setup(QuantizeConfig(mode="qat", float_head=True))),
         "fp32": _export(model, out / "fp32.tflite"),
         "dynamic": _export(model, out / "dynamic.tflite", converter_setup(QuantizeConfig(mode="dynamic"))),
     }
@@ -81,6 +84,13 @@ def policies(tmp_path_factory):
     paths["normalized"] = out / "normalized.tflite"
     paths["normalized"].write_bytes(carry_input_normalization(raw.read_bytes(), mean, std))
     return paths
+
+
+def _calibrated(qat, model, calibration):
+    from compress_dqn.compress.quantize import calibrate_ranges
+
+    calibrate_ranges(qat, model, calibration)
+    return qat
 
 
 def _cli(*args: str):
@@ -151,7 +161,7 @@ def test_micro_policy_plays_like_litert(policies):
 
     env = EnvConfig(id="CartPole-v1")
     obs = np.random.default_rng(1).normal(0, 1, size=(2000, 4)).astype(np.float32)
-    for kind in ("int8", "qat", "fp32"):
+    for kind in ("int8", "qat", "qat-fhead", "fp32"):
         lite, tflm = TFLitePolicy(policies[kind]), micro.MicroPolicy(policies[kind])
         reference = lite if kind == "fp32" else LiteRTBuiltin(policies[kind])
         assert (tflm.obs_shape, tflm.n_actions) == (lite.obs_shape, lite.n_actions) == ((4,), 2)
@@ -160,7 +170,9 @@ def test_micro_policy_plays_like_litert(policies):
         np.testing.assert_array_equal(tflm.actions(obs), actions, err_msg=kind)
         assert [tflm.act(o) for o in obs[:100]] == actions[:100].tolist()
         # Dequantized q-values: int8 kernels may round an output step apart from XNNPACK's.
-        step = 0.0 if kind == "fp32" else micro.MicroPolicy(micro.int8_io_model(policies[kind].read_bytes())).q_quantization[0]
+        # The float heads' q-values: one int8 step of the body's last features apart at most.
+        step = (0.0 if kind == "fp32" else 0.05 if kind == "qat-fhead"
+                else micro.MicroPolicy(micro.int8_io_model(policies[kind].read_bytes())).q_quantization[0])
         np.testing.assert_allclose(tflm.q_values(obs), lite.q_values(obs), atol=2 * step + 1e-5, err_msg=kind)
         assert evaluate(tflm.act, env, 10, 0).episodes == evaluate(reference.act, env, 10, 0).episodes, kind
 

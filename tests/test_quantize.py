@@ -96,6 +96,34 @@ def test_qat_model_converts_to_int8(trained_tiny, tmp_path):
     assert agreement(path, trained_tiny) > 0.8
 
 
+def test_qat_float_head_leaves_the_heads_in_float_and_the_body_int8(trained_tiny, tmp_path):
+    """quantize.float_head: the action is chosen on float advantages (no int8 step to tie them)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    path, _ = tflite_for(trained_tiny, tmp_path, quantize={"mode": "qat", "float_head": True}, fine_tune={"steps": 100})
+    interp = Interpreter(model_path=str(path))
+    tensors = interp.get_tensor_details()
+    fully_connected = [[np.dtype(tensors[i]["dtype"]).name for i in op["inputs"][:2]]
+                       for op in interp._get_ops_details() if op["op_name"] == "FULLY_CONNECTED"]
+    assert fully_connected[:-2] and all(types == ["int8", "int8"] for types in fully_connected[:-2])
+    assert fully_connected[-2:] == [["float32", "float32"]] * 2  # advantage and value
+    assert [op["op_name"] for op in interp._get_ops_details()][-1] == "ARG_MAX"
+    assert agreement(path, trained_tiny) > 0.8
+    _, result = trained_tiny
+    obs = result.replay.gather(result.replay.sample_indices(500)).observations
+    policy = TFLitePolicy(path)
+    np.testing.assert_array_equal(policy.actions(obs), policy.q_values(obs).argmax(1))
+
+
+def test_float_head_is_for_qat_only():
+    from pydantic import ValidationError
+
+    from compress_dqn.recipe.schema import QuantizeConfig
+
+    with pytest.raises(ValidationError, match="float_head applies to mode qat only"):
+        QuantizeConfig(mode="int8", float_head=True)
+
+
 def test_pqat_keeps_sparsity_through_qat(trained_tiny, tmp_path):
     path, built = tflite_for(trained_tiny, tmp_path, prune={"sparsity": 0.9, "frequency": 5},
                              quantize={"mode": "qat"}, fine_tune={"steps": 150})

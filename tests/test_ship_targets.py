@@ -107,6 +107,37 @@ def test_a_cnn_student_in_c_plays_as_the_reference_kernels(tmp_path):
     assert len({act(s) for s in states[:200]}) > 1  # a policy that takes one action everywhere would prove nothing
 
 
+@pytest.mark.slow
+def test_a_float_head_qat_student_in_c_plays_as_the_reference_kernels(tmp_path):
+    """quantize.float_head: int8 conv and hidden layer, then float advantage and value heads."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.compress.quantize import FLOAT_HEADS, calibrate_ranges, converter_setup, qat_model
+    from compress_dqn.compress.rewrites import split_value_advantage
+    from compress_dqn.deploy.c_export import generate_c
+    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.export.writers import convert_tflite, export_saved_model
+    from compress_dqn.recipe.schema import QuantizeConfig
+
+    tf_keras.utils.set_random_seed(0)
+    model = split_value_advantage(tf_keras.Sequential([
+        tf_keras.Input((10, 10, 4)), tf_keras.layers.Rescaling(1 / 255, name="rescale"),
+        tf_keras.layers.Conv2D(4, 3, activation="relu", name="conv_0"), tf_keras.layers.Flatten(name="flatten"),
+        tf_keras.layers.Dense(16, activation="relu", name="hidden_0"), tf_keras.layers.Dense(3, name="q_values")]))
+    states = np.random.default_rng(1).integers(0, 2, (1000, 10, 10, 4)).astype(np.uint8) * 255
+    qat = qat_model(model, float_layers=FLOAT_HEADS)
+    calibrate_ranges(qat, model, states[:256].astype(np.float32))
+    saved = export_saved_model(qat, (10, 10, 4), np.uint8, tmp_path / "saved_model")
+    path = tmp_path / "fhead.tflite"
+    path.write_bytes(with_float_q_values(convert_tflite(saved, converter_setup(QuantizeConfig(mode="qat", float_head=True)))))
+    policy = generate_c(path, "fhead")
+    assert not policy.integer  # the heads compute in float
+    act = c_actor(compile_shared(policy, tmp_path), policy)
+    reference = TFLitePolicy(path, reference_kernels=True)
+    assert [act(s) for s in states] == reference.actions(states).tolist()
+    assert len({act(s) for s in states[:200]}) > 1  # a policy that takes one action everywhere would prove nothing
+
+
 # Dynamic-range files: the tiny run's is float throughout (the converter keeps layers under 1,024 weights
 # in float), so these build files whose layers LiteRT runs with its hybrid kernels.
 

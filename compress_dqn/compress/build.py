@@ -297,7 +297,7 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
     if normalization is not None:
         plain = fold_input_normalization(model, *normalization)
         seen = ((observations - normalization[0]) / normalization[1]).astype(np.float32)
-    qat = quantize.qat_model(plain, preserve)
+    qat = quantize.qat_model(plain, preserve, quantize.FLOAT_HEADS if q.float_head else ())
     quantize.calibrate_ranges(qat, plain, seen)
     trained = qat if normalization is None else quantize.behind_normalization(qat, *normalization)
     details.qat = fine_tune(trained, qat_fine_tune(variant), recipe, baseline, replay, wrapped=True,

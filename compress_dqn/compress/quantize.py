@@ -20,21 +20,29 @@ from compress_dqn.recipe.schema import QuantizeConfig
 Preserve = Literal["sparsity", "clusters"] | None
 
 
-def qat_model(model: tf_keras.Model, preserve: Preserve = None) -> tf_keras.Model:
+FLOAT_HEADS = ("advantage", "value")
+"""The split output heads (compress.rewrites.split_value_advantage) that QAT's float_head leaves in float."""
+
+
+def qat_model(model: tf_keras.Model, preserve: Preserve = None, float_layers: tuple[str, ...] = ()) -> tf_keras.Model:
     """A copy of a plain model with fake-quant wrappers for quantization-aware training.
 
     An image network's input Rescaling (uint8 -> float) has no QAT config. Left in the quantized
     model unannotated, it keeps tfmot from quantizing what follows it: the first conv then trains
     and converts in float. So the layers after it are quantized as a model of their own, whose
-    input quantizer sees the rescaled frame, and the Rescaling stays in front in float."""
+    input quantizer sees the rescaled frame, and the Rescaling stays in front in float.
+    Layers named in float_layers are not annotated: they train and convert in float."""
     copy = independent_copy(model)
+    missing = set(float_layers) - {layer.name for layer in copy.layers}
+    if missing:
+        raise ValueError(f"no layer named {', '.join(sorted(missing))} to keep in float")
     front = _input_rescaling(copy)
     if front is None:
-        return _quantize_applied(copy, preserve)
+        return _quantize_applied(copy, preserve, float_layers)
     body = _layers_after(copy, front)
     inputs = tf_keras.Input(copy.input_shape[1:], dtype=copy.inputs[0].dtype, name="obs")
     scaled = tf_keras.layers.Rescaling(front.scale, front.offset, name=front.name)(inputs)
-    return tf_keras.Model(inputs, _quantize_applied(body, preserve)(scaled), name=copy.name)
+    return tf_keras.Model(inputs, _quantize_applied(body, preserve, float_layers)(scaled), name=copy.name)
 
 
 def _input_rescaling(model: tf_keras.Model) -> tf_keras.layers.Rescaling | None:
@@ -56,9 +64,15 @@ def _layers_after(model: tf_keras.Model, front: tf_keras.layers.Layer) -> tf_ker
                                                         else model.outputs[0]), name=f"{model.name}_quantized")
 
 
-def _quantize_applied(model: tf_keras.Model, preserve: Preserve) -> tf_keras.Model:
+def _quantize_applied(model: tf_keras.Model, preserve: Preserve, float_layers: tuple[str, ...] = ()) -> tf_keras.Model:
     quant = tfmot.quantization.keras
-    annotated = tf_keras.models.clone_model(model, clone_function=quant.quantize_annotate_layer)
+
+    def annotate(layer: tf_keras.layers.Layer) -> tf_keras.layers.Layer:
+        if layer.name in float_layers:
+            return layer.__class__.from_config(layer.get_config())
+        return quant.quantize_annotate_layer(layer)
+
+    annotated = tf_keras.models.clone_model(model, clone_function=annotate)
     annotated.set_weights(model.get_weights())
     if preserve is None:
         return quant.quantize_apply(annotated)

@@ -426,6 +426,12 @@ class QuantizeConfig(StrictModel):
     top of the advantage's range (compress.rewrites.with_action_head), not on the advantage head itself."""
     preserve: bool = True
     """For qat on a pruned or clustered model: keep its sparsity/clusters (PQAT/CQAT)."""
+    float_head: bool = False
+    """qat: leave the output heads (advantage and value) in float: the int8 body's last features
+    feed float heads, so the action is chosen on float advantages. Why: a small student's action
+    gaps can be below one int8 step of its advantage output (whose range spans the rare states
+    where one action is far better), and int8 then ties or flips them; the heads are a few
+    hundred weights (4 bytes each). TFLite Micro and the C export run the float heads as well."""
     qat_steps: _count(1) | None = None
     """Gradient steps of the QAT fine-tune (default: fine_tune.steps)."""
     qat_learning_rate: _real(0.0, 1.0, lo_open=True) | None = None
@@ -434,6 +440,8 @@ class QuantizeConfig(StrictModel):
 
     @model_validator(mode="after")
     def _post_training_options(self) -> QuantizeConfig:
+        if self.float_head and self.mode != "qat":
+            raise ValueError(f"float_head applies to mode qat only, not {self.mode}; remove it or use mode: qat")
         if self.action_head and self.mode != "int8":
             raise ValueError(f"action_head applies to mode int8 only, not {self.mode}; remove it or use mode: int8")
         if self.input_scaling != "std" and self.mode not in ("int8", "int16x8"):
