@@ -216,6 +216,18 @@ def test_the_front_offers_only_kept_candidates():
     assert pareto_names(log, seeds=2) == ["small", "big"]
 
 
+def test_float_head_students_are_named_for_it_and_weigh_their_float_heads():
+    recipe = load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}], "
+                                   "qat_float_head: true}"])
+    (rung,) = ladders(recipe, (10, 10, 4), 3)["student"]
+    assert rung.variant.name == "student-c8k3-32-qat-int8-float-heads"
+    assert rung.variant.quantize.float_head and rung.variant.quantize.mode == "qat"
+    assert rung.estimated_bytes == 3 * 3 * 4 * 8 + 512 * 32 + 4 * 32 * 3
+    (plain,) = ladders(load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}]}"]),
+                       (10, 10, 4), 3)["student"]
+    assert plain.variant.name == "student-c8k3-32-qat-int8" and not plain.variant.quantize.float_head
+
+
 def test_conv_students_are_named_and_sized_from_their_layers():
     """An image task's ladder: students with fewer filters and a smaller dense layer, each estimated
     from its own conv output size (valid padding), and the pruning family from the baseline's layers."""

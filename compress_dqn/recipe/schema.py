@@ -606,6 +606,8 @@ class SearchConfig(StrictModel):
     """Gradient steps of each QAT fine-tune."""
     qat_learning_rate: _real(0.0, 1.0, lo_open=True) = 1e-4
     """Adam step size of each QAT fine-tune (a tenth of the distillation's by default)."""
+    qat_float_head: bool = False
+    """QAT students keep their output heads in float (quantize.float_head; named ...-qat-int8-float-heads)."""
     max_candidates: _count(1) | None = None
     """Budget: candidates evaluated at most (each on every seed); null: no limit."""
     max_seconds: _real(0.0, None, lo_open=True) | None = None

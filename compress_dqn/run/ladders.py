@@ -62,7 +62,10 @@ def _estimate(variant: VariantConfig, train: Any, obs_shape: tuple[int, ...], n_
         weights = {name: w if name in variant.prune.exclude else w * (1 - variant.prune.sparsity)
                    for name, w in weights.items()}
     mode = variant.quantize.mode if variant.quantize else None
-    return float(sum(weights.values()) * _BYTES_PER_WEIGHT[mode])
+    per_weight = {name: _BYTES_PER_WEIGHT[mode] for name in weights}
+    if variant.quantize and variant.quantize.float_head:  # the output layer's weights stay fp32
+        per_weight["q_values"] = _BYTES_PER_WEIGHT[None]
+    return float(sum(w * per_weight[name] for name, w in weights.items()))
 
 
 def student_name(student: StudentConfig) -> str:
@@ -96,6 +99,9 @@ def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantCo
     if search.student_quantize == "qat":
         name += "-qat-int8"
         data["quantize"] = {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}
+        if search.qat_float_head:
+            name += "-float-heads"
+            data["quantize"]["float_head"] = True
     elif search.student_quantize != "none":
         name += f"-{search.student_quantize}"
         data["quantize"] = {"mode": search.student_quantize}
