@@ -192,3 +192,40 @@ def test_qat_starts_where_the_float_model_is():
     float_actions = model(held_out)[0].numpy().argmax(1)
     assert 0.1 < float_actions.mean() < 0.9
     assert np.mean(qat(held_out, training=False)[0].numpy().argmax(1) == float_actions) >= 0.95
+
+
+def test_a_dense_layer_on_a_flattened_conv_output_becomes_an_equal_per_channel_conv(tmp_path):
+    """quantize.per_channel_dense: the rewrite computes the same Q-values, and the QAT file gives the
+    rewritten layer a scale per unit (tfmot's Dense config would give its kernel one)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.compress.quantize import calibrate_ranges, converter_setup, qat_model
+    from compress_dqn.compress.rewrites import flattened_dense_as_conv, split_value_advantage
+    from compress_dqn.export.writers import convert_tflite, export_saved_model
+    from compress_dqn.recipe.schema import QuantizeConfig
+    from compress_dqn.rl.networks import q_from_outputs
+
+    tf_keras.utils.set_random_seed(0)
+    model = split_value_advantage(tf_keras.Sequential([
+        tf_keras.Input((10, 10, 4)), tf_keras.layers.Conv2D(4, 3, activation="relu", name="conv_0"),
+        tf_keras.layers.Flatten(name="flatten"), tf_keras.layers.Dense(16, activation="relu", name="hidden_0"),
+        tf_keras.layers.Dense(8, activation="relu", name="hidden_1"), tf_keras.layers.Dense(3, name="q_values")]))
+    states = np.random.default_rng(0).integers(0, 2, (300, 10, 10, 4)).astype(np.float32)
+    rewritten = flattened_dense_as_conv(model)
+    assert rewritten.get_layer("hidden_0").kernel.shape == (8, 8, 4, 16)
+    assert isinstance(rewritten.get_layer("hidden_1"), tf_keras.layers.Dense)  # only the layer on the conv output
+    np.testing.assert_allclose(q_from_outputs(rewritten(states)).numpy(), q_from_outputs(model(states)).numpy(), atol=1e-5)
+    mlp = split_value_advantage(tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(8, name="hidden_0"),
+                                                     tf_keras.layers.Dense(2, name="q_values")]))
+    assert flattened_dense_as_conv(mlp) is mlp
+
+    qat = qat_model(rewritten)
+    calibrate_ranges(qat, rewritten, states)
+    saved = export_saved_model(qat, (10, 10, 4), np.float32, tmp_path / "saved_model")
+    path = tmp_path / "qat.tflite"
+    path.write_bytes(convert_tflite(saved, converter_setup(QuantizeConfig(mode="qat"))))
+    interp = Interpreter(model_path=str(path))
+    kernels = {tuple(t["shape"]): len(t["quantization_parameters"]["scales"]) for t in interp.get_tensor_details()
+               if np.dtype(t["dtype"]) == np.int8 and len(t["shape"]) == 4 and t["shape"][0] == 16}
+    assert kernels == {(16, 8, 8, 4): 16}

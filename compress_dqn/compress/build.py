@@ -27,6 +27,7 @@ from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.details import BuildDetails, FineTune, InputNormalization
 from compress_dqn.compress.distill import Distiller, build_student
 from compress_dqn.compress.rewrites import (
+    flattened_dense_as_conv,
     fold_input_normalization,
     input_range,
     input_statistics,
@@ -297,6 +298,8 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
     if normalization is not None:
         plain = fold_input_normalization(model, *normalization)
         seen = ((observations - normalization[0]) / normalization[1]).astype(np.float32)
+    if q.per_channel_dense:
+        plain = flattened_dense_as_conv(plain)
     qat = quantize.qat_model(plain, preserve, quantize.FLOAT_HEADS if q.float_head else ())
     quantize.calibrate_ranges(qat, plain, seen)
     trained = qat if normalization is None else quantize.behind_normalization(qat, *normalization)

@@ -39,6 +39,47 @@ def split_value_advantage(model: tf_keras.Model) -> tf_keras.Model:
     return split
 
 
+def flattened_dense_as_conv(model: tf_keras.Model) -> tf_keras.Model:
+    """A split-head model (advantage, value) whose first Dense layer on a flattened conv output is
+    rewritten exactly as a convolution over that whole output (kernel = the feature map's height x
+    width, valid padding), then flattened: the same weights, the same outputs.
+
+    Why: tfmot's QAT gives a Dense kernel one scale (its Dense config), and the converter cannot
+    take a per-unit scale through the kernel transpose a FULLY_CONNECTED needs; its conv config and
+    CONV_2D take one scale per output channel. The layer after a conv stack holds nearly all of a
+    CNN's weights (MinAtar's baseline: 1024x128), and one scale for it rounds the units with small
+    weights to a few steps. Returns the model unchanged where no Dense follows a Flatten of a 4-D tensor.
+    """
+    heads = [model.get_layer(name) for name in ("advantage", "value")]
+    body = [layer for layer in model.layers
+            if not isinstance(layer, tf_keras.layers.InputLayer) and layer not in heads]
+    at = next((i for i, layer in enumerate(body[:-1]) if isinstance(layer, tf_keras.layers.Flatten)
+               and len(layer.input_shape) == 4 and isinstance(body[i + 1], tf_keras.layers.Dense)), None)
+    if at is None:
+        return model
+    flatten, dense = body[at], body[at + 1]
+    height, width, channels = flatten.input_shape[1:]
+    inputs = tf_keras.Input(shape=model.input_shape[1:], name="obs")
+    x, weights = inputs, {}
+    for i, layer in enumerate(body):
+        if i == at:
+            continue
+        if i == at + 1:
+            conv = tf_keras.layers.Conv2D(dense.units, (height, width), activation=dense.activation, name=dense.name)
+            x = tf_keras.layers.Flatten(name=flatten.name)(conv(x))
+            kernel, bias = dense.get_weights()
+            weights[dense.name] = [kernel.reshape(height, width, channels, dense.units), bias]
+            continue
+        x = layer.__class__.from_config(layer.get_config())(x)
+        weights[layer.name] = layer.get_weights()
+    outputs = [head.__class__.from_config(head.get_config())(x) for head in heads]
+    rewritten = tf_keras.Model(inputs, outputs, name=f"{model.name}_conv")
+    for name, values in [*weights.items(), *((head.name, head.get_weights()) for head in heads)]:
+        if values:
+            rewritten.get_layer(name).set_weights(values)
+    return rewritten
+
+
 def input_statistics(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-feature mean and std of flat float observations (std floored, so constant features pass)."""
     x = np.asarray(observations, dtype=np.float64).reshape(len(observations), -1)

@@ -426,6 +426,13 @@ class QuantizeConfig(StrictModel):
     top of the advantage's range (compress.rewrites.with_action_head), not on the advantage head itself."""
     preserve: bool = True
     """For qat on a pruned or clustered model: keep its sparsity/clusters (PQAT/CQAT)."""
+    per_channel_dense: bool = True
+    """qat on a CNN: give the first Dense layer after the conv stack one kernel scale per unit, as
+    post-training int8 gives Dense kernels (tfmot's QAT gives it one scale for the whole kernel).
+    The layer is computed as an equivalent CONV_2D over the whole feature map
+    (compress.rewrites.flattened_dense_as_conv): the same weights and outputs, and the converter
+    keeps per-channel scales for convolutions. No effect on networks without conv layers or on
+    post-training modes (the converter already gives their Dense kernels a scale per unit)."""
     float_head: bool = False
     """qat: leave the output heads (advantage and value) in float: the int8 body's last features
     feed float heads, so the action is chosen on float advantages. Why: a small student's action
