@@ -35,6 +35,11 @@ TODAY = {"steps": 40000, "learning_rate": 1e-3, "learning_rate_schedule": "linea
 LONG = {**TODAY, "steps": 200000, "select_interval": 20000, "student_states": 10000, "student_states_interval": 10000}
 """5x the steps, with 10k of the student's own states every 10k steps: the recipes' distillation since this study."""
 
+def _qat(steps: int, learning_rate: float, **options: bool) -> dict:
+    """An arm's quantize block: QAT int8 as the arms measured it, one scale for the hidden layer's kernel."""
+    return {"mode": "qat", "qat_steps": steps, "qat_learning_rate": learning_rate, "per_channel_dense": False, **options}
+
+
 C8_32 = {"conv": [{"filters": 8, "kernel": 3}], "net_arch": [32]}
 """The search's 8-filter, 32-unit student (16,844 weights): most arms change how it learns, not its shape."""
 
@@ -52,24 +57,24 @@ ARMS: dict[str, dict] = {
                     "fine_tune": {**LONG, "steps": 400000, "select_interval": 40000}},
     # The long distillation, then quantization-aware int8 as the search builds its students: the deployable policy.
     "long-c8-32-qat": {"student": C8_32,
-                       "quantize": {"mode": "qat", "qat_steps": 20000, "qat_learning_rate": 1e-4},
+                       "quantize": _qat(20000, 1e-4),
                        "fine_tune": LONG},
     # int8 is then the gap: QAT's fake-quantized start plays ~0, and 20k QAT steps leave it a point short.
     # Five times the QAT steps, with the distillation's DAgger plays and snapshot selection.
     "long-c8-32-qat100k": {"student": C8_32,
-                           "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4},
+                           "quantize": _qat(100000, 1e-4),
                            "fine_tune": LONG},
     # Distilled through quantization almost from its first step: 20k float steps, then 200k of QAT at 1e-3.
     "qat-early-c8-32": {"student": C8_32,
-                        "quantize": {"mode": "qat", "qat_steps": 200000, "qat_learning_rate": 1e-3},
+                        "quantize": _qat(200000, 1e-3),
                         "fine_tune": {**LONG, "steps": 20000}},
     # QAT at 3e-4: between 1e-4 (a point short) and 1e-3 (diverged).
     "long-c8-32-qat100k-3e-4": {"student": C8_32,
-                                "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 3e-4},
+                                "quantize": _qat(100000, 3e-4),
                                 "fine_tune": LONG},
     # Twice the filters (33k weights, ~20x in int8): wider action gaps for int8 to keep?
     "long-c16-32-qat100k": {"student": {"conv": [{"filters": 16, "kernel": 3}], "net_arch": [32]},
-                            "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4},
+                            "quantize": _qat(100000, 1e-4),
                             "fine_tune": LONG},
     # One build is a draw: the long student built 3 times, the one with the best paired difference on
     # 200 fresh episodes (seeds 200000.., used by nothing else) kept, as the LunarLander search does.
@@ -80,24 +85,24 @@ ARMS: dict[str, dict] = {
     # replay states): the Q term's scale is the Q-values' spread across states. An advantage term
     # (A = Q - mean_a Q, its error over its variance) asks for the teacher's gaps, which int8 keeps.
     "adv1-c8-32-qat100k": {"student": C8_32,
-                           "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4},
+                           "quantize": _qat(100000, 1e-4),
                            "fine_tune": {**LONG, "advantage_weight": 1.0}},
     "adv4-c8-32-qat100k": {"student": C8_32,
-                           "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4},
+                           "quantize": _qat(100000, 1e-4),
                            "fine_tune": {**LONG, "advantage_weight": 4.0}},
     # The advantage term did not keep int8 gaps: the int8 advantage output still ties or flips the
     # student's actions (one int8 step of its range against gaps of that size). The heads in
     # float, the body int8 (99 weights of 16.8k in float):
     "long-c8-32-qat100k-fhead": {"student": C8_32,
-                                 "quantize": {"mode": "qat", "qat_steps": 100000, "qat_learning_rate": 1e-4,
-                                              "float_head": True},
+                                 "quantize": _qat(100000, 1e-4, float_head=True),
                                  "fine_tune": LONG},
     "long-c8-32-qat20k-fhead": {"student": C8_32,
-                                "quantize": {"mode": "qat", "qat_steps": 20000, "qat_learning_rate": 1e-4,
-                                             "float_head": True},
+                                "quantize": _qat(20000, 1e-4, float_head=True),
                                 "fine_tune": LONG},
 }
-"""Each arm is a float32 student unless it names `quantize`."""
+"""Each arm is a float32 student unless it names `quantize`. The QAT arms were built before QAT gave a
+CNN's first Dense layer a scale per unit, so they name per_channel_dense: False; the search's
+students have it (recipes/minatar-breakout-search.yaml)."""
 
 SMOKE_ARMS = {"smoke-c4-8": {"student": {"conv": [{"filters": 4, "kernel": 3}], "net_arch": [8]},
                              "fine_tune": {"steps": 200, "select_interval": 100, "select_episodes": 2,
