@@ -130,3 +130,23 @@ def test_minatar_students_builds_a_float_student_on_a_minatar_baseline_and_decid
     assert row["name"] == "smoke-c4-8" and row["verdict"] in ("within 1%", "worse", "better", "inconclusive")
     assert row["params"] < 3000 and row["ratio"] > 1 and row["episodes"] == 5
     assert [step for step, _ in row["curve"]] == [0, 100, 200]
+
+
+def test_minatar_int8_layers_names_the_component_that_flips_actions():
+    """Smoke size: a random float CNN student exported as compress-dqn does, its weights found by
+    the graph, its numpy forward pass checked against LiteRT, then each int8 component alone."""
+    header, *rows = bench("minatar_int8_layers")
+    assert header["states"] == 500 and header["float_check"]["max_abs_difference"] <= 1e-3
+    assert header["float_check"]["litert_action_agreement"] == 1.0
+    assert header["shapes"] == {"conv": [4, 3, 3, 4], "hidden": [16, 256], "advantage": [3, 16], "value": [1, 16]}
+    assert header["activation_ranges"]["conv"][0] == 0 < header["activation_ranges"]["conv"][1]
+    assert [r["quantized"] for r in rows] == [
+        "conv weights", "hidden weights per unit", "hidden weights per tensor", "head weights", "conv activations",
+        "hidden activations", "head outputs", "body", "body, hidden weights per tensor", "everything"]
+    for row in rows:  # every row quantizes something: its advantages move, if not its actions
+        assert 0 <= row["agreement"] <= 1 and 0 < row["advantage_error"] < 0.1, row
+    named = {r["quantized"]: r for r in rows}
+    everything = named["everything"]
+    assert everything["agreement"] <= 1
+    parts = ("conv weights", "hidden weights per unit", "head weights", "head outputs")  # all in "everything"
+    assert everything["advantage_error"] >= max(named[p]["advantage_error"] for p in parts) / 2
