@@ -145,9 +145,10 @@ class LiteRTBuiltin:
         interp = Interpreter(model_path=str(path),
                              experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
         self._runner = interp.get_signature_runner("serving_default")
+        self._dtype = interp.get_input_details()[0]["dtype"]  # float32, or uint8 for a raw observation
 
     def actions(self, obs: np.ndarray) -> np.ndarray:
-        return self._runner(observations=np.asarray(obs, np.float32))["action"]
+        return self._runner(observations=np.asarray(obs, self._dtype))["action"]
 
     def act(self, obs: np.ndarray) -> int:
         return int(self.actions(np.asarray(obs)[None])[0])
@@ -411,3 +412,57 @@ def test_the_summary_states_tflm_s_own_flash_and_what_fits_counts(policies):
     assert "RAM" in summary.fits_counts and "flash" in summary.fits_counts
     assert micro.flash_fits(10 * 1024) == {"32KB": True, "256KB": True}
     assert micro.flash_fits(11 * 1024) == {"32KB": False, "256KB": True}  # 11 KB + 22 KB of runtime > 32 KB
+
+
+def _uint8_cnn(path: Path, quantize: str | None) -> Path:
+    """A MinAtar-shaped (10x10x4 uint8) conv policy, int8 (CAST, QUANTIZE first) or float (CAST first)."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.compress.quantize import converter_setup
+    from compress_dqn.compress.rewrites import split_value_advantage
+    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.export.writers import convert_tflite, export_saved_model
+    from compress_dqn.recipe.schema import QuantizeConfig
+
+    tf_keras.utils.set_random_seed(0)
+    model = tf_keras.Sequential([tf_keras.Input((10, 10, 4)), tf_keras.layers.Conv2D(4, 3, activation="relu", name="conv_0"),
+                                 tf_keras.layers.Flatten(name="flatten"), tf_keras.layers.Dense(16, activation="relu", name="hidden_0"),
+                                 tf_keras.layers.Dense(3, name="q_values")])
+    saved = export_saved_model(split_value_advantage(model), (10, 10, 4), np.uint8, path.with_suffix(".sm"))
+    calibration = np.random.default_rng(0).integers(0, 2, (64, 10, 10, 4)).astype(np.uint8)
+    configure = converter_setup(QuantizeConfig(mode=quantize), calibration) if quantize else None
+    data = convert_tflite(saved, configure)
+    path.write_bytes(with_float_q_values(data) if quantize else data)
+    return path
+
+
+@needs_tflm
+@pytest.mark.parametrize("quantize", ["int8", None])
+def test_a_uint8_observation_policy_exports_for_tflm_and_plays_as_the_reference_kernels(quantize, tmp_path):
+    """TFLM's CAST takes no uint8: the export makes CAST + QUANTIZE one QUANTIZE uint8 -> int8, a lone CAST a
+    DEQUANTIZE (scale 1, zero point 0); the model still takes the raw observation."""
+    from compress_dqn.deploy.micro.model import inspect_model
+    from compress_dqn.deploy.policy import TFLitePolicy
+
+    path = _uint8_cnn(tmp_path / "cnn.tflite", quantize)
+    assert inspect_model(path.read_bytes()).ops[0] == "CAST"
+    export = micro.export_micro(path, tmp_path / "out", name="cnn")
+    assert export.runs and export.arena_bytes > 0 and export.input.dtype == "uint8"
+    assert "CAST" not in export.ops and export.ops[0] == ("QUANTIZE" if quantize else "DEQUANTIZE")
+    assert inspect_model(path.read_bytes()).ops[0] == "CAST"  # the shipped file stays as it is
+    deployed = (tmp_path / "out" / "cnn.tflite").read_bytes()
+    assert "Pass the raw uint8 observation unchanged" in (tmp_path / "out" / "cnn_model.h").read_text()
+
+    states = np.random.default_rng(1).integers(0, 2, (2000, 10, 10, 4)).astype(np.uint8)
+    reference = TFLitePolicy(path, reference_kernels=True).actions(states)
+    assert len(set(reference.tolist())) > 1  # a policy that takes one action everywhere would prove nothing
+    # The rewrite itself computes the same: LiteRT's reference kernels play the deployed bytes as the original.
+    np.testing.assert_array_equal(TFLitePolicy(deployed, reference_kernels=True).actions(states), reference)
+    tflm = micro.MicroPolicy(deployed).actions(states)
+    np.testing.assert_array_equal(tflm, reference)
+    if quantize:  # TFLM's integer kernels are LiteRT's builtin ones (the reference FC rounds in double, rarely apart)
+        np.testing.assert_array_equal(tflm, LiteRTBuiltin(path).actions(states))
+    np.testing.assert_array_equal(micro.MicroPolicy(path).actions(states[:200]), tflm[:200])  # rewritten on load too
+
+    summary = micro.micro_summary(path)
+    assert summary.runs and summary.reason is None and summary.arena_bytes == export.arena_bytes
+    assert summary.ops == export.ops and summary.flash_bytes == len(deployed)

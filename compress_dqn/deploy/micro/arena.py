@@ -26,6 +26,7 @@ from compress_dqn.deploy.micro.model import (
     refuse_missing,
     tflm_runtime,
 )
+from compress_dqn.deploy.micro.uint8_input import uint8_input_model
 from compress_dqn.deploy.micro_figures import FlashEstimate, MicroFigures
 from compress_dqn.deploy.policy import read_tflite
 from compress_dqn.errors import UserError
@@ -181,7 +182,8 @@ def micro_summary(tflite_path_or_bytes: str | Path | bytes) -> MicroFigures:
 
     arena_bytes is measured (None when it does not run), flash_bytes is the model array's length,
     fits compares the arena with margin against the RAM budgets and fits_flash the model array plus
-    the runtime's high estimate against flash of those sizes; reason says why it does not run.
+    the runtime's high estimate against flash of those sizes; reason says why it does not run. A raw
+    uint8 observation's CAST is rewritten first, as `export --target micro` does (uint8_input.py).
     """
     failed = partial(MicroFigures, runs=False, arena_bytes=None, arena_bytes_with_margin=None, flash_bytes=0, ops=[],
                      runtime_flash_estimate=TFLM_RUNTIME_FLASH, fits={budget: False for budget in RAM_BUDGETS},
@@ -191,6 +193,10 @@ def micro_summary(tflite_path_or_bytes: str | Path | bytes) -> MicroFigures:
         data, label = read_tflite(tflite_path_or_bytes)
         info = inspect_model(data, label)
         ops = info.ops
+        refuse_missing(info, label)
+        if (raw := uint8_input_model(data)) is not data:  # what export --target micro deploys for a uint8 observation
+            data, info = raw, inspect_model(raw, label)
+            ops = info.ops
         arena = measure_arena(data, label, info).arena_bytes
     except UserError as exc:
         return failed(flash_bytes=len(data), ops=ops, reason=str(exc))

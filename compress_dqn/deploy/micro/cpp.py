@@ -17,6 +17,7 @@ from compress_dqn.deploy.micro.arena import (
 from compress_dqn.deploy.micro.model import RESOLVER_METHODS, inspect_model, refuse_missing, tflm_runtime
 from compress_dqn.deploy.micro.play import MicroPolicy, probe_observations
 from compress_dqn.deploy.micro.rewrite import int8_io_model, try_compression
+from compress_dqn.deploy.micro.uint8_input import uint8_input_model
 from compress_dqn.deploy.micro_figures import MicroFigures
 from compress_dqn.deploy.policy import read_tflite
 from compress_dqn.errors import UserError
@@ -106,6 +107,8 @@ def _input_lines(e: _Export) -> list[str]:
     """What the caller does to an observation before it goes in: nothing for a float input (the
     model normalizes and quantizes it itself), normalize then quantize for an int8 one."""
     p, lines = e.policy, [""]
+    if p.raw_input:
+        return lines + ["// Pass the raw uint8 observation unchanged: the model's first op converts it (scale 1, zero point 0)."]
     if p.input_quantization is None:
         in_graph = graph_normalization(e.data)
         return lines + ["// Pass raw observations: the model normalizes them itself"
@@ -204,7 +207,7 @@ int main() {{
 def _quantize_cc(e: _Export) -> str:
     """For an int8 input, the caller's transformation of a raw observation (the header's constants)."""
     p, n = e.policy, e.name
-    if p.input_quantization is None:
+    if p.input_quantization is None or p.raw_input:
         return ""
     normalize = (f"(observation[i] - {n}::input_mean[i]) / {n}::input_std[i]" if p.input_normalization is not None
                  else "observation[i]")
@@ -223,7 +226,7 @@ void {n}_quantize(const float* observation, int8_t* out) {{
 
 def _main_observation(e: _Export, in_type: str) -> str:
     n = e.name
-    if e.policy.input_quantization is None:
+    if e.policy.input_quantization is None or e.policy.raw_input:
         return f"  {in_type} observation[{n}::input_size] = {{}};  // a raw observation"
     return (f"  float raw[{n}::input_size] = {{}};  // a raw observation\n"
             f"  {in_type} observation[{n}::input_size];\n  {n}_quantize(raw, observation);")
@@ -232,13 +235,16 @@ def _main_observation(e: _Export, in_type: str) -> str:
 def _readme(e: _Export, summary: MicroFigures) -> str:
     p, n = e.policy, e.name
     io = f"{p.input_dtype.name} {list(p.obs_shape)}"
-    if p.input_quantization is not None:
+    if p.input_quantization is not None and not p.raw_input:
         io += f" (scale {p.input_quantization[0]:.6g}, zero point {p.input_quantization[1]})"
     q = "int8" if p.q_quantization is not None else "float32"
     fits = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in summary.fits.items())
     fits_flash = ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in summary.fits_flash.items())
     runtime = TFLM_RUNTIME_FLASH
-    if p.input_quantization is None:
+    if p.raw_input:
+        caller = ("Pass the raw uint8 observation unchanged: the model's first op (QUANTIZE or DEQUANTIZE, uint8 "
+                  "input with scale 1 and zero point 0, in place of the CAST TFLM has no uint8 kernel for) converts it.")
+    elif p.input_quantization is None:
         caller = "Pass raw observations: the model normalizes and quantizes them itself."
     else:
         caller = (f"The input is int8: the caller normalizes{' (input_mean, input_std)' if p.input_normalization is not None else ''}"
@@ -353,8 +359,10 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
                  compress: bool = False) -> MicroExport:
     """Write NAME_model.h/.cc, NAME_example.cc, NAME.tflite and README.md into out_dir; returns the figures.
 
+    A raw uint8 observation's CAST (which TFLM has no uint8 kernel for) becomes a QUANTIZE or
+    DEQUANTIZE from uint8 (uint8_input.py); the model still takes the observation as it comes.
     int8_io: rewrite a float-io full-integer policy to int8 input and q_values (refused for float
-    models). compress: keep TFLM's LUT weight compression when it shrinks the model losslessly
+    models; a uint8 input stays). compress: keep TFLM's LUT weight compression when it shrinks the model losslessly
     (it is always tried, and its outcome reported).
     """
     policy = Path(policy)
@@ -364,6 +372,8 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
     refuse_missing(info, label)
     name = c_name(name) if name else default_name(policy)
     out_dir = Path(out_dir) if out_dir is not None else Path("micro") / name
+    if (raw := uint8_input_model(data)) is not data:  # TFLM's CAST takes no uint8: the raw observation's first op differs
+        data, info = raw, inspect_model(raw, label)
     q_change = None
     if int8_io:
         data, q_change = _checked_int8_io(data, label)

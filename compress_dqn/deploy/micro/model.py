@@ -12,6 +12,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,17 @@ def tflm_runtime() -> Any:
     except ImportError:
         raise UserError(INSTALL_HINT) from None
     return runtime
+
+
+def aligned(model_bytes: bytes) -> bytes:
+    """Repack with the schema's force_align honoured (the Python flatbuffers builder ignores it)."""
+    from tflite_micro.tensorflow.lite.micro.tools import tflite_flatbuffer_align_wrapper
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.tflite", Path(tmp) / "out.tflite"
+        src.write_bytes(model_bytes)
+        tflite_flatbuffer_align_wrapper.align_tflite_model(str(src), str(dst))
+        return dst.read_bytes()
 
 
 def available() -> bool:

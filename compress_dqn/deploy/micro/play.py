@@ -13,6 +13,7 @@ import numpy as np
 from compress_dqn.deploy.micro.model import (
     SIGNATURE, failure_reason, generous_arena, inspect_model, native_stderr, new_interpreter, refuse_missing,
 )
+from compress_dqn.deploy.micro.uint8_input import uint8_input_model
 from compress_dqn.deploy.policy import read_tflite
 from compress_dqn.deploy.tflite_metadata import caller_normalization
 from compress_dqn.errors import UserError
@@ -23,12 +24,15 @@ class MicroPolicy:
 
     Same interface as `compress_dqn.deploy.policy.TFLitePolicy`: obs_shape, n_actions, q_values(batch),
     actions(batch), act(obs). Batches are played one observation at a time (TFLM shapes are fixed).
+    A raw uint8 observation's CAST is rewritten first, as `export --target micro` does (uint8_input.py).
     """
 
     def __init__(self, path: str | Path | bytes, arena_bytes: int | None = None) -> None:
         data, label = read_tflite(path)
         info = inspect_model(data, label)
         refuse_missing(info, label)
+        if (raw := uint8_input_model(data)) is not data:  # a uint8 observation's CAST, which TFLM lacks: as export does
+            data, info = raw, inspect_model(raw, label)
         if info.n_inputs != 1 or not {"q_values", "action"} <= set(info.outputs):
             raise UserError(f"{label}: signature {SIGNATURE!r} maps {info.n_inputs} input(s) -> {sorted(info.outputs)}; "
                             "expected one observation input -> q_values, action (export it with compress-dqn)")
@@ -41,6 +45,8 @@ class MicroPolicy:
         self.input_dtype = np.dtype(details["dtype"])
         self.input_quantization = _quant(details)
         self.quantized_input = self.input_quantization is not None and self.input_dtype.kind in "iu"
+        # A raw uint8 observation (scale 1, zero point 0 after uint8_input_model): the caller passes it unchanged.
+        self.raw_input = self.input_dtype == np.uint8 and self.input_quantization in (None, (1.0, 0))
         # (mean, std) an int8-input policy's caller applies, or None; a float-input one has it in its graph.
         self.input_normalization = caller_normalization(data, label, int(np.prod(self.obs_shape)), self.quantized_input)
         self.q_index, self.action_index = info.outputs["q_values"], info.outputs["action"]

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import math
-import tempfile
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from compress_dqn.deploy.graph_input import graph_normalization
 from compress_dqn.deploy.micro.arena import measure_arena
-from compress_dqn.deploy.micro.model import SIGNATURE, tflm_runtime
+from compress_dqn.deploy.micro.model import SIGNATURE, aligned, tflm_runtime
 from compress_dqn.deploy.micro.play import same_outputs
 from compress_dqn.deploy.tflite_metadata import with_input_normalization
 from compress_dqn.errors import UserError
@@ -24,17 +22,6 @@ def _editor() -> Any:
     from tflite_micro.tensorflow.lite.micro.compression import model_editor
 
     return model_editor
-
-
-def _aligned(model_bytes: bytes) -> bytes:
-    """Repack with the schema's force_align honoured (the Python flatbuffers builder ignores it)."""
-    from tflite_micro.tensorflow.lite.micro.tools import tflite_flatbuffer_align_wrapper
-
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp) / "in.tflite", Path(tmp) / "out.tflite"
-        src.write_bytes(model_bytes)
-        tflite_flatbuffer_align_wrapper.align_tflite_model(str(src), str(dst))
-        return dst.read_bytes()
 
 
 _INT8_IO_HINT = ("--int8-io needs a full-integer policy: export it with quantize: {mode: int8} or {mode: qat} "
@@ -82,8 +69,8 @@ class _Int8IO:
                 raise UserError(f"{self.label}: its float input is not quantized to int8 first (a float model?); {_INT8_IO_HINT}")
             self.replace[id(obs)] = users[0].outputs[0]
             self.dropped += [*chain, users[0]]
-        elif obs.dtype != self.types.INT8:
-            raise UserError(f"{self.label}: its input is {_type_name(self.schema, obs.dtype)}, not float32 or int8; "
+        elif obs.dtype not in (self.types.INT8, self.types.UINT8):  # a raw uint8 observation stays as it is
+            raise UserError(f"{self.label}: its input is {_type_name(self.schema, obs.dtype)}, not float32, int8 or uint8; "
                             "--int8-io cannot rewrite it")
 
     def _normalization_ops(self, obs: Any) -> list[Any]:
@@ -174,7 +161,7 @@ def int8_io_model(data: bytes, label: str = "<bytes>") -> bytes:
     normalization = graph_normalization(data)
     if normalization is not None:  # its ops are gone: the caller normalizes before quantizing
         rewritten = with_input_normalization(rewritten, *normalization)
-    return _aligned(rewritten)
+    return aligned(rewritten)
 
 
 def _type_name(schema: Any, code: int) -> str:
