@@ -8,7 +8,7 @@ layers get no speed-up in TFLite/XNNPACK; it composes with quantization.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -55,23 +55,7 @@ def make_distill_update_fn(
     gaps between actions, so without it a student may rank actions right with gaps several times
     smaller than the teacher's, which int8 rounding then flips.
     """
-    tau = tf.constant(temperature, tf.float32)
-    inv_var = tf.constant(1.0 / max(value_scale, 1e-8), tf.float32)
-    adv_weight = tf.constant(advantage_weight / max(advantage_scale, 1e-8), tf.float32)
-
-    def objective(q, teacher):
-        if loss == "mse":
-            return tf.reduce_mean(tf.square(q - teacher))
-        p_teacher = tf.nn.softmax(teacher / tau)
-        kl = tf.reduce_sum(
-            p_teacher * (tf.nn.log_softmax(teacher / tau) - tf.nn.log_softmax(q / tau)), axis=-1
-        )
-        total = tf.reduce_mean(kl) + inv_var * tf.reduce_mean(tf.square(q - teacher))
-        if advantage_weight:
-            advantage_error = (q - tf.reduce_mean(q, axis=-1, keepdims=True)) - (
-                teacher - tf.reduce_mean(teacher, axis=-1, keepdims=True))
-            total += adv_weight * tf.reduce_mean(tf.square(advantage_error))
-        return total
+    objective = _distill_objective(loss, temperature, value_scale, advantage_weight, advantage_scale)
 
     @tf.function(jit_compile=jit_compile, reduce_retracing=True)
     def update(obs, teacher_q):
@@ -92,6 +76,30 @@ def make_distill_update_fn(
         return total_loss / steps, total_q / steps
 
     return update
+
+
+def _distill_objective(loss: str, temperature: float, value_scale: float, advantage_weight: float,
+                       advantage_scale: float) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """The loss of a batch of student Q-values against the teacher's (make_distill_update_fn says why each term)."""
+    tau = tf.constant(temperature, tf.float32)
+    inv_var = tf.constant(1.0 / max(value_scale, 1e-8), tf.float32)
+    adv_weight = tf.constant(advantage_weight / max(advantage_scale, 1e-8), tf.float32)
+
+    def objective(q: tf.Tensor, teacher: tf.Tensor) -> tf.Tensor:
+        if loss == "mse":
+            return tf.reduce_mean(tf.square(q - teacher))
+        p_teacher = tf.nn.softmax(teacher / tau)
+        kl = tf.reduce_sum(
+            p_teacher * (tf.nn.log_softmax(teacher / tau) - tf.nn.log_softmax(q / tau)), axis=-1
+        )
+        total = tf.reduce_mean(kl) + inv_var * tf.reduce_mean(tf.square(q - teacher))
+        if advantage_weight:
+            advantage_error = (q - tf.reduce_mean(q, axis=-1, keepdims=True)) - (
+                teacher - tf.reduce_mean(teacher, axis=-1, keepdims=True))
+            total += adv_weight * tf.reduce_mean(tf.square(advantage_error))
+        return total
+
+    return objective
 
 
 def teacher_table(teacher: NumpyActor | KerasActor, replay: ReplayBuffer, lookups: int,

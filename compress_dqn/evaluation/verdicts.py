@@ -114,13 +114,17 @@ def paired_difference(
         extra["random_mean"] = random_mean
         extra["normalized_score"] = float((a.mean() - random_mean) / scale) if scale > 0 else None
     if tolerance > ONE_PERCENT:
-        strict = ONE_PERCENT * max(scale, 0.0)
-        at_one = _verdict(lo, hi, strict)
-        extra["at_one_percent"] = AtOnePercent(
-            verdict=at_one.label(ONE_PERCENT), margin=strict,
-            episodes_to_decide=episodes_to_decide(n, lo, hi, mean, strict) if at_one is Verdict.INCONCLUSIVE else None)
+        extra["at_one_percent"] = _at_one_percent(n, lo, hi, mean, ONE_PERCENT * max(scale, 0.0))
     return Comparison(mean=mean, ci=(lo, hi), confidence=confidence, verdict=verdict, tolerance=tolerance,
                       margin=margin, episodes=n, unseen_loss=unseen_loss, episodes_differing=n - identical, **extra)
+
+
+def _at_one_percent(n: int, lo: float, hi: float, mean: float, margin: float) -> AtOnePercent:
+    """The verdict of the same CI against the 1% margin, with the episodes an open one would need."""
+    verdict = _verdict(lo, hi, margin)
+    return AtOnePercent(verdict=verdict.label(ONE_PERCENT), margin=margin,
+                        episodes_to_decide=episodes_to_decide(n, lo, hi, mean, margin)
+                        if verdict is Verdict.INCONCLUSIVE else None)
 
 
 def _verdict(lo: float, hi: float, margin: float) -> Verdict:

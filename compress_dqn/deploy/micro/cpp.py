@@ -14,7 +14,7 @@ from compress_dqn.deploy.graph_input import graph_normalization
 from compress_dqn.deploy.micro.arena import (
     ARENA_MARGIN_MIN, RAM_BUDGETS, TFLM_RUNTIME_FLASH, flash_fits, measure_arena, with_margin,
 )
-from compress_dqn.deploy.micro.model import RESOLVER_METHODS, inspect_model, refuse_missing, tflm_runtime
+from compress_dqn.deploy.micro.model import RESOLVER_METHODS, ModelInfo, inspect_model, refuse_missing, tflm_runtime
 from compress_dqn.deploy.micro.play import MicroPolicy, probe_observations
 from compress_dqn.deploy.micro.rewrite import int8_io_model, try_compression
 from compress_dqn.deploy.micro.uint8_input import uint8_input_model
@@ -355,6 +355,22 @@ def _io_figures(policy: MicroPolicy) -> tuple[InputFigures, QValuesFigures]:
                            zero_point=qq[1] if qq else None))
 
 
+def _deployable(policy: Path, int8_io: bool) -> tuple[bytes, ModelInfo, str, float | None]:
+    """The policy's bytes as TFLM will run them, their ops, the label for errors, and int8_io's
+    largest q_values change (None when not rewritten)."""
+    data, label = read_tflite(policy)
+    tflm_runtime()
+    info = inspect_model(data, label)
+    refuse_missing(info, label)
+    if (raw := uint8_input_model(data)) is not data:  # TFLM's CAST takes no uint8: the raw observation's first op differs
+        data, info = raw, inspect_model(raw, label)
+    q_change = None
+    if int8_io:
+        data, q_change = _checked_int8_io(data, label)
+        info = inspect_model(data, label)
+    return data, info, label, q_change
+
+
 def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = False, name: str | None = None,
                  compress: bool = False) -> MicroExport:
     """Write NAME_model.h/.cc, NAME_example.cc, NAME.tflite and README.md into out_dir; returns the figures.
@@ -366,18 +382,9 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
     (it is always tried, and its outcome reported).
     """
     policy = Path(policy)
-    data, label = read_tflite(policy)
-    tflm_runtime()
-    info = inspect_model(data, label)
-    refuse_missing(info, label)
     name = c_name(name) if name else default_name(policy)
     out_dir = Path(out_dir) if out_dir is not None else Path("micro") / name
-    if (raw := uint8_input_model(data)) is not data:  # TFLM's CAST takes no uint8: the raw observation's first op differs
-        data, info = raw, inspect_model(raw, label)
-    q_change = None
-    if int8_io:
-        data, q_change = _checked_int8_io(data, label)
-        info = inspect_model(data, label)
+    data, info, label, q_change = _deployable(policy, int8_io)
     before = MicroPolicy(data)
     trial = try_compression(data, label)
     uncompressed_bytes = len(data)
