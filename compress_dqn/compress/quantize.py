@@ -14,13 +14,14 @@ import numpy as np
 import tensorflow_model_optimization as tfmot
 
 from compress_dqn._tf import tf, tf_keras
+from compress_dqn.compress.rewrites import SPLIT_HEADS
 from compress_dqn.rl.networks import independent_copy, weight_layers
 from compress_dqn.recipe.schema import QuantizeConfig
 
 Preserve = Literal["sparsity", "clusters"] | None
 
 
-FLOAT_HEADS = ("advantage", "value")
+FLOAT_HEADS = SPLIT_HEADS
 """The split output heads (compress.rewrites.split_value_advantage) that QAT's float_head leaves in float."""
 
 

@@ -13,6 +13,10 @@ from compress_dqn._tf import tf_keras
 from compress_dqn.rl.networks import body_layers, independent_copy, weight_layers
 
 
+SPLIT_HEADS = ("advantage", "value")
+"""The layer names of split_value_advantage's two heads."""
+
+
 def split_value_advantage(model: tf_keras.Model) -> tf_keras.Model:
     """Rewrite the output layer Q = W h + b as two heads: advantage A = (W - mean_a W) h + (b - mean b)
     and value V = mean_a(W) h + mean(b), so Q = A + V exactly and argmax Q = argmax A.
@@ -50,7 +54,7 @@ def flattened_dense_as_conv(model: tf_keras.Model) -> tf_keras.Model:
     CNN's weights (MinAtar's baseline: 1024x128), and one scale for it rounds the units with small
     weights to a few steps. Returns the model unchanged where no Dense follows a Flatten of a 4-D tensor.
     """
-    heads = [model.get_layer(name) for name in ("advantage", "value")]
+    heads = [model.get_layer(name) for name in SPLIT_HEADS]
     body = [layer for layer in model.layers
             if not isinstance(layer, tf_keras.layers.InputLayer) and layer not in heads]
     at = next((i for i, layer in enumerate(body[:-1]) if isinstance(layer, tf_keras.layers.Flatten)

@@ -62,10 +62,10 @@ def _estimate(variant: VariantConfig, train: Any, obs_shape: tuple[int, ...], n_
         weights = {name: w if name in variant.prune.exclude else w * (1 - variant.prune.sparsity)
                    for name, w in weights.items()}
     mode = variant.quantize.mode if variant.quantize else None
-    per_weight = {name: _BYTES_PER_WEIGHT[mode] for name in weights}
+    total = sum(weights.values()) * _BYTES_PER_WEIGHT[mode]
     if variant.quantize and variant.quantize.float_head:  # the output layer's weights stay fp32
-        per_weight["q_values"] = _BYTES_PER_WEIGHT[None]
-    return float(sum(w * per_weight[name] for name, w in weights.items()))
+        total += weights["q_values"] * (_BYTES_PER_WEIGHT[None] - _BYTES_PER_WEIGHT[mode])
+    return float(total)
 
 
 def student_name(student: StudentConfig) -> str:

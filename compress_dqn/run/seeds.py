@@ -9,6 +9,7 @@ from typing import Callable
 import numpy as np
 
 from compress_dqn.envs.environment import EnvInfo, probe_env
+from compress_dqn.evaluation.findings import at_one_percent
 from compress_dqn.evaluation.report import write_report
 from compress_dqn.evaluation.results import (
     ExecutorInfo,
@@ -45,7 +46,7 @@ def aggregate_seeds(runs: list[RunResults]) -> list[SeedAggregate]:
         # Paired, on the episodes the variant played: the seed's baseline mean covers the most
         # episodes any variant of that seed needed, which may be many more than this one played.
         diffs = np.array([v.return_vs_baseline.mean if v.return_vs_baseline else 0.0 for v in entries])
-        at_one = [v.return_vs_baseline.at_one_percent if v.return_vs_baseline else None for v in entries]
+        at_one = [at_one_percent(v) for v in entries]
         out.append(SeedAggregate(
             name=name,
             per_seed_mean_return=means.tolist(),

@@ -26,7 +26,7 @@ from compress_dqn.deploy.micro.model import (
     refuse_missing,
     tflm_runtime,
 )
-from compress_dqn.deploy.micro.uint8_input import uint8_input_model
+from compress_dqn.deploy.micro.uint8_input import runnable_model
 from compress_dqn.deploy.micro_figures import FlashEstimate, MicroFigures
 from compress_dqn.deploy.policy import read_tflite
 from compress_dqn.errors import UserError
@@ -193,10 +193,8 @@ def micro_summary(tflite_path_or_bytes: str | Path | bytes) -> MicroFigures:
         data, label = read_tflite(tflite_path_or_bytes)
         info = inspect_model(data, label)
         ops = info.ops
-        refuse_missing(info, label)
-        if (raw := uint8_input_model(data)) is not data:  # what export --target micro deploys for a uint8 observation
-            data, info = raw, inspect_model(raw, label)
-            ops = info.ops
+        data, info = runnable_model(data, info, label)
+        ops = info.ops
         arena = measure_arena(data, label, info).arena_bytes
     except UserError as exc:
         return failed(flash_bytes=len(data), ops=ops, reason=str(exc))

@@ -14,10 +14,10 @@ from compress_dqn.deploy.graph_input import graph_normalization
 from compress_dqn.deploy.micro.arena import (
     ARENA_MARGIN_MIN, RAM_BUDGETS, TFLM_RUNTIME_FLASH, flash_fits, measure_arena, with_margin,
 )
-from compress_dqn.deploy.micro.model import RESOLVER_METHODS, ModelInfo, inspect_model, refuse_missing, tflm_runtime
+from compress_dqn.deploy.micro.model import RESOLVER_METHODS, ModelInfo, inspect_model, tflm_runtime
 from compress_dqn.deploy.micro.play import MicroPolicy, probe_observations
 from compress_dqn.deploy.micro.rewrite import int8_io_model, try_compression
-from compress_dqn.deploy.micro.uint8_input import uint8_input_model
+from compress_dqn.deploy.micro.uint8_input import runnable_model
 from compress_dqn.deploy.micro_figures import MicroFigures
 from compress_dqn.deploy.policy import read_tflite
 from compress_dqn.errors import UserError
@@ -360,10 +360,7 @@ def _deployable(policy: Path, int8_io: bool) -> tuple[bytes, ModelInfo, str, flo
     largest q_values change (None when not rewritten)."""
     data, label = read_tflite(policy)
     tflm_runtime()
-    info = inspect_model(data, label)
-    refuse_missing(info, label)
-    if (raw := uint8_input_model(data)) is not data:  # TFLM's CAST takes no uint8: the raw observation's first op differs
-        data, info = raw, inspect_model(raw, label)
+    data, info = runnable_model(data, inspect_model(data, label), label)
     q_change = None
     if int8_io:
         data, q_change = _checked_int8_io(data, label)

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from compress_dqn.deploy.micro.model import (
-    SIGNATURE, failure_reason, generous_arena, inspect_model, native_stderr, new_interpreter, refuse_missing,
+    SIGNATURE, failure_reason, generous_arena, inspect_model, native_stderr, new_interpreter,
 )
-from compress_dqn.deploy.micro.uint8_input import uint8_input_model
+from compress_dqn.deploy.micro.uint8_input import runnable_model
 from compress_dqn.deploy.policy import read_tflite
 from compress_dqn.deploy.tflite_metadata import caller_normalization
 from compress_dqn.errors import UserError
@@ -29,10 +29,7 @@ class MicroPolicy:
 
     def __init__(self, path: str | Path | bytes, arena_bytes: int | None = None) -> None:
         data, label = read_tflite(path)
-        info = inspect_model(data, label)
-        refuse_missing(info, label)
-        if (raw := uint8_input_model(data)) is not data:  # a uint8 observation's CAST, which TFLM lacks: as export does
-            data, info = raw, inspect_model(raw, label)
+        data, info = runnable_model(data, inspect_model(data, label), label)
         if info.n_inputs != 1 or not {"q_values", "action"} <= set(info.outputs):
             raise UserError(f"{label}: signature {SIGNATURE!r} maps {info.n_inputs} input(s) -> {sorted(info.outputs)}; "
                             "expected one observation input -> q_values, action (export it with compress-dqn)")

@@ -20,7 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.micro.model import aligned, tflm_runtime
+from compress_dqn.deploy.micro.model import ModelInfo, aligned, inspect_model, refuse_missing, tflm_runtime
+
+
+def runnable_model(data: bytes, info: ModelInfo, label: str) -> tuple[bytes, ModelInfo]:
+    """The model as TFLM runs it, and its ops: refused where TFLM lacks an op; a uint8
+    observation's CAST rewritten (uint8_input_model). The one path the export, the summary and the
+    player share, so what is measured and played is what is shipped."""
+    refuse_missing(info, label)
+    raw = uint8_input_model(data)
+    return (data, info) if raw is data else (raw, inspect_model(raw, label))
 
 
 def uint8_input_model(data: bytes) -> bytes:
