@@ -195,12 +195,15 @@ def test_decisive_states_are_the_half_with_the_larger_action_gaps():
 
 
 @pytest.mark.slow
-def test_a_variant_with_candidates_keeps_the_best_on_fresh_episodes_the_same_bytes_as_built_alone(tmp_path):
+@pytest.mark.parametrize("workers", [2, 1])
+def test_a_variant_with_candidates_keeps_the_best_on_fresh_episodes_the_same_bytes_as_built_alone(tmp_path, workers):
     """candidates: {count: 3}: three builds (NAME.c0..c2, seeded by those names), each played with
     the baseline on the same fresh episodes; the best one's files are the variant's, byte for byte
-    what a variant of its name builds alone, and the losers' are gone."""
+    what a variant of its name builds alone, and the losers' are gone. With 2 workers the lone
+    variant's candidates are built side by side in pool processes: the same bytes."""
     student = "student: {net_arch: [2]}, quantize: {mode: float16}, fine_tune: {steps: 2, learning_rate: 1e-4}"  # barely taught: seeds show
-    recipe = load_recipe(TINY, [f"variants=[{{name: s, {student}, candidates: {{count: 3, episodes: 8}}}}]", NO_TF_MEMORY])
+    recipe = load_recipe(TINY, [f"variants=[{{name: s, {student}, candidates: {{count: 3, episodes: 8}}}}]", NO_TF_MEMORY,
+                                f"workers={workers}"])
     run(recipe, tmp_path / "picked", quiet=True, log=lambda m: None)
     picked = json.loads((tmp_path / "picked" / "stages.json").read_text())["variant:s"]["compression"]["candidates"]
     differences = picked["fresh_differences"]

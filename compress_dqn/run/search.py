@@ -63,7 +63,7 @@ def candidate_unit(recipe: Recipe, seed_dir: str, variant: VariantConfig, quiet:
     look_workers: processes that play its looks (the episodes, hence the verdict, are the same
     for any number)."""
     ctx = reopen_run(recipe, Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
-    stages = [Stage(keys.variant(variant.name), lambda c: variant_stage(variant, c))]
+    stages = [Stage(keys.variant(variant.name), lambda c: variant_stage(variant, c, candidate_workers=look_workers))]
     if ctx.recipe.search.objective == "latency":
         stages.append(Stage(keys.measure(variant.name), lambda c: measure_stage(variant.name, c)))
     run_stages(ctx, stages)

@@ -12,11 +12,13 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from compress_dqn._tf import configure_threads, set_seed, tf_keras
-from compress_dqn.compress.build import BuiltVariant, build_cost, build_variant
+from compress_dqn.compress.build import build_cost, build_variant
+from compress_dqn.compress.details import BuildDetails
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.evaluation.figures import CandidatesPick, Compression, ReturnStats
@@ -56,22 +58,34 @@ def _evaluate(tflite: Path, ctx: RunContext) -> tuple[ReturnStats, float, float]
     return stats, float(np.mean(same)), float(np.mean(same[decisive]))
 
 
-def variant_stage(variant: VariantConfig, ctx: RunContext) -> VariantRecord:
+class BuildOutcome(NamedTuple):
+    """What a variant's record keeps of its build: plain data, so that a candidate built in
+    another process comes back with it."""
+
+    params: int
+    nonzero_params: int
+    details: BuildDetails
+    sparse_format: bool
+
+
+def variant_stage(variant: VariantConfig, ctx: RunContext, candidate_workers: int = 1,
+                  pool: ProcessPoolExecutor | None = None) -> VariantRecord:
     """Build one variant from the baseline (the best of its candidates where it has some), export
-    it, evaluate it on the shared seeds."""
+    it, evaluate it on the shared seeds. candidate_workers: processes that build its candidates
+    side by side (local only; the bytes are the same for any number), in `pool` where given."""
     started = time.perf_counter()
     out = ctx.layout.policy(variant.name)
     if variant.candidates is None:
-        built, exported = _build_and_export(variant, ctx, out, ctx.layout.shared_pruning)
+        built = _build_and_export(variant, ctx, out, ctx.layout.shared_pruning)
         picked = None
     else:
-        built, exported, picked = _pick_candidate(variant, ctx, out)
+        built, picked = _pick_candidate(variant, ctx, out, candidate_workers, pool)
     size = measure_size(built.params, built.nonzero_params, out.tflite, out.saved_model)
     stats, agreement, decisive = _evaluate(out.tflite, ctx)
     ctx.log(f"[{variant.name}] return {stats.mean:.1f}, TFLite {size.tflite_bytes} bytes "
             f"({size.tflite_gzip_bytes} gzipped), agreement {agreement:.3f}")
     recipe_fields = variant.model_dump(mode="json", exclude_none=True, exclude={"name", "candidates"})
-    compression = Compression(**{**recipe_fields, **built.details.to_dict()}, tflite_sparse_format=exported["sparse_format"],
+    compression = Compression(**{**recipe_fields, **built.details.to_dict()}, tflite_sparse_format=built.sparse_format,
                               build_seconds=round(time.perf_counter() - started, 1))  # with its evaluation
     if picked is not None:
         compression.candidates = picked
@@ -79,9 +93,8 @@ def variant_stage(variant: VariantConfig, ctx: RunContext) -> VariantRecord:
                          action_agreement=agreement, action_agreement_decisive=decisive, compression=compression)
 
 
-def _build_and_export(variant: VariantConfig, ctx: RunContext, out: PolicyFiles,
-                      shared: Path | None) -> tuple[BuiltVariant, dict[str, bool]]:
-    """Build `variant` from the baseline and export it into `out`: (BuiltVariant, export_policy's info)."""
+def _build_and_export(variant: VariantConfig, ctx: RunContext, out: PolicyFiles, shared: Path | None) -> BuildOutcome:
+    """Build `variant` from the baseline and export it into `out`."""
     baseline = ctx.model  # loaded (on first use) before the seed: loading draws initial weights
     # Fresh Keras name counters and a seed from the recipe and the variant's name alone: a variant
     # rebuilt after a crash, alone, or after other units in the same worker process gets the same
@@ -90,7 +103,16 @@ def _build_and_export(variant: VariantConfig, ctx: RunContext, out: PolicyFiles,
     set_seed(variant_seed(ctx.recipe.seed, variant.name))
     built = build_variant(variant, baseline, _load_replay(ctx.layout.replay, ctx.info), ctx.recipe, ctx.info,
                           quiet=ctx.quiet, shared=shared)
-    return built, export_policy(built.export_model, ctx.info, out.folder, built, ctx.heldout[:500])
+    exported = export_policy(built.export_model, ctx.info, out.folder, built, ctx.heldout[:500])
+    return BuildOutcome(built.params, built.nonzero_params, built.details, exported["sparse_format"])
+
+
+def candidate_build_unit(recipe: Recipe, run_dir: str, variant: VariantConfig, folder: str) -> BuildOutcome:
+    """One candidate's build and export into `folder`, in a pool worker: the same threads and the
+    same seed (from its name) as in the unit's own process, so the same bytes."""
+    configure_threads(recipe.train.intra_op_threads)
+    ctx = reopen_run(recipe, Path(run_dir), quiet=True, log=lambda _: None)
+    return _build_and_export(variant, ctx, PolicyFiles(Path(folder)), shared=None)
 
 
 def candidate_name(name: str, k: int) -> str:
@@ -98,41 +120,44 @@ def candidate_name(name: str, k: int) -> str:
     return f"{name}.c{k}"
 
 
-def _pick_candidate(variant: VariantConfig, ctx: RunContext,
-                    out: PolicyFiles) -> tuple[BuiltVariant, dict[str, bool], CandidatesPick]:
-    """Build each of variant.candidates.count candidates into out/candidates/, play each and the
-    baseline on the same fresh episodes, and move the best one's files into `out` (the first of
-    equals). Returns its (BuiltVariant, export info) and the pick's record for results.json."""
+def _pick_candidate(variant: VariantConfig, ctx: RunContext, out: PolicyFiles, workers: int = 1,
+                    pool: ProcessPoolExecutor | None = None) -> tuple[BuildOutcome, CandidatesPick]:
+    """Build each of variant.candidates.count candidates into out/candidates/ (`workers` at once),
+    play each and the baseline on the same fresh episodes, and move the best one's files into
+    `out` (the first of equals). Returns its build and the pick's record for results.json.
+
+    Why side by side: a search unit whose seed has the machine to itself (3 seeds on 2 cores)
+    would otherwise build its candidates one after another with a core idle."""
     cfg = variant.candidates
+    # No shared pruning: candidates that loaded one pruning would all be the same build.
+    named = [variant.model_copy(update={"name": candidate_name(variant.name, k), "candidates": None})
+             for k in range(cfg.count)]
+    if workers > 1 and ctx.recipe.executor == "local":
+        units = [(ctx.recipe, str(ctx.run_dir), v, str(out.candidate(v.name).folder)) for v in named]
+        builds = map_units(candidate_build_unit, units, "local", workers, pool=pool)
+    else:
+        builds = [_build_and_export(v, ctx, out.candidate(v.name), shared=None) for v in named]
 
     def play(tflite: Path) -> np.ndarray:
         return np.asarray(evaluate(TFLitePolicy(tflite), ctx.recipe.env, cfg.episodes, cfg.seed).episodes)
 
     baseline = play(ctx.layout.policy(BASELINE).tflite)
-    differences: list[float] = []
-    best: tuple[int, BuiltVariant, dict[str, bool]] | None = None
-    for k in range(cfg.count):
-        name = candidate_name(variant.name, k)
-        # No shared pruning: candidates that loaded one pruning would all be the same build.
-        built, exported = _build_and_export(variant.model_copy(update={"name": name, "candidates": None}),
-                                            ctx, out.candidate(name), shared=None)
-        differences.append(float(np.mean(play(out.candidate(name).tflite) - baseline)))
-        ctx.log(f"[{variant.name}] candidate {k}: {differences[-1]:+.1f} against the baseline on "
-                f"{cfg.episodes} fresh episodes")
-        if best is None or differences[-1] > differences[best[0]]:
-            best = (k, built, exported)
-    k, built, exported = best
-    chosen = out.candidate(candidate_name(variant.name, k))
+    differences = [float(np.mean(play(out.candidate(v.name).tflite) - baseline)) for v in named]
+    for k, difference in enumerate(differences):
+        ctx.log(f"[{variant.name}] candidate {k}: {difference:+.1f} against the baseline on {cfg.episodes} fresh episodes")
+    k = differences.index(max(differences))
+    chosen = out.candidate(named[k].name)
     replace_dir(chosen.saved_model, out.saved_model)
     os.replace(chosen.tflite, out.tflite)
     shutil.rmtree(out.candidates)
-    return built, exported, CandidatesPick(**cfg.model_dump(mode="json"), picked=k,
-                                           fresh_differences=[round(d, 3) for d in differences])
+    return builds[k], CandidatesPick(**cfg.model_dump(mode="json"), picked=k,
+                                     fresh_differences=[round(d, 3) for d in differences])
 
 
-def variant_stages(recipe: Recipe) -> list[Stage]:
+def variant_stages(recipe: Recipe, candidate_workers: int = 1, pool: ProcessPoolExecutor | None = None) -> list[Stage]:
     """One stage per variant; each reads only the baseline's files, so it can run alone."""
-    return [Stage(keys.variant(v.name), partial(variant_stage, v)) for v in recipe.variants]
+    return [Stage(keys.variant(v.name), partial(variant_stage, v, candidate_workers=candidate_workers, pool=pool))
+            for v in recipe.variants]
 
 
 def variant_unit(recipe: Recipe, run_dir: str, variant: VariantConfig, quiet: bool) -> VariantRecord:
@@ -175,8 +200,8 @@ def build_variants(ctx: RunContext, workers: int = 1, pool: ProcessPoolExecutor 
     started ahead (build_pool), else map_units starts one."""
 
     todo = unbuilt_variants(ctx)
-    if workers <= 1 or len(todo) <= 1:
-        run_stages(ctx, variant_stages(ctx.recipe))
+    if workers <= 1 or len(todo) <= 1:  # a lone variant's candidates may still use the workers
+        run_stages(ctx, variant_stages(ctx.recipe, candidate_workers=workers, pool=pool))
         return
     todo.sort(key=lambda v: -build_cost(v, ctx.recipe))  # costliest first (the pool starts them in order)
     units = [(ctx.recipe, str(ctx.run_dir), v, ctx.quiet) for v in todo]
@@ -206,10 +231,12 @@ def build_variants(ctx: RunContext, workers: int = 1, pool: ProcessPoolExecutor 
 
 
 def variant_workers(ctx: RunContext) -> int:
-    """Variants a single-seed run builds at once: `workers` (null: one per CPU), fewer where memory
-    does not hold that many processes with the baseline's replay loaded."""
+    """Builds a single-seed run makes at once: `workers` (null: one per CPU), fewer where memory
+    does not hold that many processes with the baseline's replay loaded. A variant's candidates
+    count as builds: a lone variant built 3 times keeps 2 cores busy."""
 
-    wanted = worker_count(len(ctx.recipe.variants), ctx.recipe.workers)
+    builds = sum(v.candidates.count if v.candidates else 1 for v in ctx.recipe.variants)
+    wanted = worker_count(builds, ctx.recipe.workers)
     return resources.fits_at_once(resources.plan(ctx.recipe, ctx.info), wanted)
 
 
