@@ -330,3 +330,17 @@ def test_a_dueling_baseline_is_exported_and_compressed_as_the_plain_network(tmp_
     # measure.saved_model_memory: none: no policy's TensorFlow memory is probed, every TFLite one is.
     assert all(v["memory_bytes"]["cpu_rss"]["saved_model"] is None and v["memory_bytes"]["cpu_rss"]["tflite"]["peak_rss"] > 0
                for v in results["variants"])
+
+
+def test_a_lone_variant_built_several_times_counts_its_candidates_as_builds_for_the_workers():
+    """variant_workers: a single variant with candidates: {count: 3} keeps 2 workers busy (its
+    candidates side by side), a plain one keeps 1; never more than the recipe's workers."""
+    from types import SimpleNamespace
+
+    from compress_dqn.envs.environment import probe_env
+
+    student = "student: {net_arch: [2]}, fine_tune: {steps: 2, learning_rate: 1e-4}"
+    for extra, workers, expected in (("", 2, 1), (", candidates: {count: 3}", 2, 2), (", candidates: {count: 3}", 1, 1)):
+        recipe = load_recipe(TINY, [f"variants=[{{name: s, {student}{extra}}}]", f"workers={workers}"])
+        ctx = SimpleNamespace(recipe=recipe, info=probe_env(recipe.env))
+        assert variants_module.variant_workers(ctx) == expected
