@@ -287,3 +287,28 @@ def test_the_quantized_baseline_is_a_one_rung_family_and_names_must_not_clash(tm
     with pytest.raises(UserError, match="qat-int8 also name"):
         run_search(clash, tmp_path / "run", quiet=True, log=lambda m: None)
     assert not (tmp_path / "run").exists()
+
+
+class _Opened(Exception):
+    pass
+
+
+@pytest.mark.parametrize("unit", ["candidate_unit", "finish_unit"])
+def test_a_search_or_seed_unit_sets_its_tensorflow_threads_before_it_opens_the_run(monkeypatch, unit):
+    """A unit's builds run with the recipe's thread count, not TensorFlow's default of a thread per
+    core for each of its pools: two units side by side would oversubscribe 2 cores."""
+    from compress_dqn.run import seeds as seeds_module
+
+    module = search_module if unit == "candidate_unit" else seeds_module
+    calls: list[int | None] = []
+
+    def opened(*args, **kwargs):
+        raise _Opened
+
+    monkeypatch.setattr(module, "configure_threads", calls.append)
+    monkeypatch.setattr(module, "reopen_run", opened)
+    recipe = load_recipe(TINY, ["train.intra_op_threads=1", "variants=[{name: s, student: {net_arch: [2]}}]"])
+    args = (recipe.variants[0], True) if unit == "candidate_unit" else (True, None)
+    with pytest.raises(_Opened):
+        getattr(module, unit)(recipe, "unused", *args)
+    assert calls == [1]
