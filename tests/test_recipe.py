@@ -148,20 +148,20 @@ def test_byte_sizes_too_large_for_a_float_still_format():
 
 def test_validate_and_help_do_not_import_tensorflow():
     code = (
-        "import sys, time; t=time.perf_counter()\n"
+        "import sys, time; t=time.process_time()\n"
         "from compress_dqn.cli import main\n"
         "for args in (['--help'], ['validate', sys.argv[1]]):\n"
         "    try:\n"
         "        main(args)\n"
         "    except SystemExit as e:\n"
         "        assert e.code in (0, None), e.code\n"
-        "print('TF', 'tensorflow' in sys.modules, time.perf_counter() - t)\n"
+        "print('TF', 'tensorflow' in sys.modules, time.process_time() - t)\n"
     )
     result = subprocess.run([sys.executable, "-c", code, str(TINY)], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     flag, seconds = result.stdout.strip().splitlines()[-1].split()[1:]
     assert flag == "False"
-    assert float(seconds) < 3.0  # ~0.5 s here; generous for a loaded CI machine
+    assert float(seconds) < 3.0  # CPU seconds, not wall time (a loaded machine stretches the latter): ~0.5 s
 
 
 def test_validate_cli_reports_env_and_replay_size():
