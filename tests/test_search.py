@@ -297,16 +297,16 @@ class _Opened(Exception):
 def test_a_search_or_seed_unit_sets_its_tensorflow_threads_before_it_opens_the_run(monkeypatch, unit):
     """A unit's builds run with the recipe's thread count, not TensorFlow's default of a thread per
     core for each of its pools: two units side by side would oversubscribe 2 cores."""
-    from compress_dqn.run import seeds as seeds_module
+    from compress_dqn.run import context, seeds as seeds_module
 
     module = search_module if unit == "candidate_unit" else seeds_module
     calls: list[int | None] = []
 
-    def opened(*args, **kwargs):
+    def threads_then_stop(threads: int | None) -> None:  # reopen_run sets them before anything else
+        calls.append(threads)
         raise _Opened
 
-    monkeypatch.setattr(module, "configure_threads", calls.append)
-    monkeypatch.setattr(module, "reopen_run", opened)
+    monkeypatch.setattr(context, "configure_threads", threads_then_stop)
     recipe = load_recipe(TINY, ["train.intra_op_threads=1", "variants=[{name: s, student: {net_arch: [2]}}]"])
     args = (recipe.variants[0], True) if unit == "candidate_unit" else (True, None)
     with pytest.raises(_Opened):

@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 from pydantic import BaseModel
 
-from compress_dqn._tf import configure_device, tf_keras
+from compress_dqn._tf import configure_device, configure_threads, tf_keras
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.errors import UserError
@@ -110,6 +110,11 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
 
 
 def reopen_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[str], None] = print) -> RunContext:
-    """The context of a run directory that open_run prepared (for a unit that runs one of its stages)."""
+    """The context of a run directory that open_run prepared (for a unit that runs one of its stages).
+
+    It sets the recipe's TensorFlow thread count first, as a unit's first TensorFlow call must: left
+    at TensorFlow's default (a thread per core for each op pool), two units side by side on 2 cores
+    oversubscribe them and every build slows down."""
+    configure_threads(recipe.train.intra_op_threads)
     run_dir = Path(run_dir)
     return RunContext(recipe, run_dir, probe_env(recipe.env), Stages(run_dir), log, quiet, configure_device(recipe.device))

@@ -22,7 +22,6 @@ from typing import Callable, NamedTuple
 
 from pydantic import BaseModel, JsonValue, ValidationError
 
-from compress_dqn._tf import configure_threads
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation.findings import pareto_front
 from compress_dqn.evaluation.results import (SearchCost, SearchMark, SearchSummary, SeedOutcome, SeedsResults, Tried,
@@ -63,9 +62,6 @@ def candidate_unit(recipe: Recipe, seed_dir: str, variant: VariantConfig, quiet:
     can run it (pydantic records travel pickled); finished steps are stages of the seed's run.
     look_workers: processes that play its looks (the episodes, hence the verdict, are the same
     for any number)."""
-    # Before the first TensorFlow op: left at TensorFlow's default (a thread per core for each op
-    # pool), two units side by side on 2 cores oversubscribe them and every build slows down.
-    configure_threads(recipe.train.intra_op_threads)
     ctx = reopen_run(recipe, Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
     stages = [Stage(keys.variant(variant.name), lambda c: variant_stage(variant, c, candidate_workers=look_workers))]
     if ctx.recipe.search.objective == "latency":

@@ -8,7 +8,6 @@ from typing import Callable
 
 import numpy as np
 
-from compress_dqn._tf import configure_threads
 from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.evaluation.findings import at_one_percent
 from compress_dqn.evaluation.report import write_report
@@ -77,7 +76,6 @@ def baseline_unit(recipe: Recipe, seed_dir: str, quiet: bool) -> float:
 
 def finish_unit(recipe: Recipe, seed_dir: str, quiet: bool, search: SearchMark | None) -> RunResults:
     """One seed's remaining stages and its results.json, as an executor unit."""
-    configure_threads(recipe.train.intra_op_threads)  # its builds: as candidate_unit's (run/search.py)
     ctx = reopen_run(recipe, Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
     return finish_run(ctx, search)
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from compress_dqn._tf import configure_threads, set_seed, tf_keras
+from compress_dqn._tf import set_seed, tf_keras
 from compress_dqn.compress.build import build_cost, build_variant
 from compress_dqn.compress.details import BuildDetails
 from compress_dqn.deploy.policy import TFLitePolicy
@@ -110,8 +110,7 @@ def _build_and_export(variant: VariantConfig, ctx: RunContext, out: PolicyFiles,
 def candidate_build_unit(recipe: Recipe, run_dir: str, variant: VariantConfig, folder: str) -> BuildOutcome:
     """One candidate's build and export into `folder`, in a pool worker: the same threads and the
     same seed (from its name) as in the unit's own process, so the same bytes."""
-    configure_threads(recipe.train.intra_op_threads)
-    ctx = reopen_run(recipe, Path(run_dir), quiet=True, log=lambda _: None)
+    ctx = reopen_run(recipe, Path(run_dir), quiet=True, log=lambda _: None)  # sets the threads
     return _build_and_export(variant, ctx, PolicyFiles(Path(folder)), shared=None)
 
 
@@ -165,8 +164,7 @@ def variant_unit(recipe: Recipe, run_dir: str, variant: VariantConfig, quiet: bo
     (stages.json keeps one writer). Same TensorFlow threads and seeds as in that process, so the
     same bytes wherever it runs. Records and recipes are pydantic models: they travel to a worker
     and back (a process pool or Ray) pickled as the data they hold."""
-    configure_threads(recipe.train.intra_op_threads)  # before the first TensorFlow op of this process
-    ctx = reopen_run(recipe, Path(run_dir), quiet=True, log=(lambda _: None) if quiet else print)
+    ctx = reopen_run(recipe, Path(run_dir), quiet=True, log=(lambda _: None) if quiet else print)  # sets the threads
     return variant_stage(variant, ctx)
 
 
