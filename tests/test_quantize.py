@@ -124,6 +124,42 @@ def test_float_head_is_for_qat_only():
         QuantizeConfig(mode="int8", float_head=True)
 
 
+def test_qat_teacher_float_distils_to_the_float_model_it_starts_from(trained_tiny, tmp_path, monkeypatch):
+    """quantize.qat_teacher: float: QAT's targets come from the student's own float weights, held
+    fixed while the fake-quantized copy trains; the default keeps the baseline as the teacher."""
+    from compress_dqn.compress import build
+
+    teachers = {}
+    real = build.fine_tune
+
+    def spy(model, ft, recipe, teacher, replay, *args, **kwargs):
+        if kwargs.get("label", "").endswith("/qat"):
+            teachers[kwargs["label"]] = (teacher, [w.copy() for w in teacher.get_weights()])
+        return real(model, ft, recipe, teacher, replay, *args, **kwargs)
+
+    monkeypatch.setattr(build, "fine_tune", spy)
+    _, result = trained_tiny
+    student = {"student": {"net_arch": [16]}, "fine_tune": {"steps": 50}}
+    tflite_for(trained_tiny, tmp_path / "self", **student, quantize={"mode": "qat", "qat_steps": 50, "qat_teacher": "float"})
+    teacher, before = teachers.pop("v/qat")
+    assert [w.shape for w in teacher.get_weights()] != [w.shape for w in result.model.get_weights()]  # the 16-unit student
+    for held, after in zip(before, teacher.get_weights()):  # frozen through the QAT steps
+        np.testing.assert_array_equal(held, after)
+    tflite_for(trained_tiny, tmp_path / "baseline", **student, quantize={"mode": "qat", "qat_steps": 50})
+    assert teachers.pop("v/qat")[0] is result.model
+
+
+def test_qat_teacher_is_for_qat_distillation_only():
+    from pydantic import ValidationError
+
+    from compress_dqn.recipe.schema import QuantizeConfig, VariantConfig
+
+    with pytest.raises(ValidationError, match="qat_teacher applies to mode qat only"):
+        QuantizeConfig(mode="int8", qat_teacher="float")
+    with pytest.raises(ValidationError, match="fine_tune.method must be distill"):
+        VariantConfig(name="v", quantize={"mode": "qat", "qat_teacher": "float"}, fine_tune={"method": "td"})
+
+
 def test_pqat_keeps_sparsity_through_qat(trained_tiny, tmp_path):
     path, built = tflite_for(trained_tiny, tmp_path, prune={"sparsity": 0.9, "frequency": 5},
                              quantize={"mode": "qat"}, fine_tune={"steps": 150})

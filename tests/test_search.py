@@ -226,6 +226,10 @@ def test_float_head_students_are_named_for_it_and_weigh_their_float_heads():
     (plain,) = ladders(load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}]}"]),
                        (10, 10, 4), 3)["student"]
     assert plain.variant.name == "student-c8k3-32-qat-int8" and not plain.variant.quantize.float_head
+    (own,) = ladders(load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}], "
+                                           "qat_float_head: true, qat_teacher: float}"]), (10, 10, 4), 3)["student"]
+    assert own.variant.name == "student-c8k3-32-qat-int8-float-heads-self" and own.variant.quantize.qat_teacher == "float"
+    assert plain.variant.quantize.qat_teacher == "baseline"
 
 
 def test_conv_students_are_named_and_sized_from_their_layers():

@@ -303,7 +303,9 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
     qat = quantize.qat_model(plain, preserve, quantize.FLOAT_HEADS if q.float_head else ())
     quantize.calibrate_ranges(qat, plain, seen)
     trained = qat if normalization is None else quantize.behind_normalization(qat, *normalization)
-    details.qat = fine_tune(trained, qat_fine_tune(variant), recipe, baseline, replay, wrapped=True,
+    # The float model on raw observations, frozen: what qat_teacher "float" distils to.
+    teacher = baseline if q.qat_teacher == "baseline" else independent_copy(model)
+    details.qat = fine_tune(trained, qat_fine_tune(variant), recipe, teacher, replay, wrapped=True,
                             label=f"{variant.name}/qat", quiet=quiet)
     details.qat.preserve = preserve
     if preserve == "sparsity":

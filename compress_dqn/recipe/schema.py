@@ -439,6 +439,12 @@ class QuantizeConfig(StrictModel):
     gaps can be below one int8 step of its advantage output (whose range spans the rare states
     where one action is far better), and int8 then ties or flips them; the heads are a few
     hundred weights (4 bytes each). TFLite Micro and the C export run the float heads as well."""
+    qat_teacher: Literal["baseline", "float"] = "baseline"
+    """qat: whom the QAT fine-tune distils to: the baseline, or the variant's own float model as QAT
+    starts from it (a student's distilled weights). Why float: its fake-quantized copy can match
+    its float self exactly, so QAT's steps go to undoing the rounding; against the baseline a small
+    student also chases what its capacity cannot reach, and int8 students lost return their float
+    builds kept (docs/minatar.md). Needs fine_tune.method: distill."""
     qat_steps: _count(1) | None = None
     """Gradient steps of the QAT fine-tune (default: fine_tune.steps)."""
     qat_learning_rate: _real(0.0, 1.0, lo_open=True) | None = None
@@ -449,6 +455,8 @@ class QuantizeConfig(StrictModel):
     def _post_training_options(self) -> QuantizeConfig:
         if self.float_head and self.mode != "qat":
             raise ValueError(f"float_head applies to mode qat only, not {self.mode}; remove it or use mode: qat")
+        if self.qat_teacher != "baseline" and self.mode != "qat":
+            raise ValueError(f"qat_teacher applies to mode qat only, not {self.mode}; remove it or use mode: qat")
         if self.action_head and self.mode != "int8":
             raise ValueError(f"action_head applies to mode int8 only, not {self.mode}; remove it or use mode: int8")
         if self.input_scaling != "std" and self.mode not in ("int8", "int16x8"):
@@ -568,6 +576,8 @@ class VariantConfig(StrictModel):
             self.fine_tune = FineTuneConfig()
         if self.student and self.fine_tune and self.fine_tune.method != "distill":
             raise ValueError("a student learns from the baseline: fine_tune.method must be distill")
+        if self.quantize and self.quantize.qat_teacher == "float" and self.fine_tune.method != "distill":
+            raise ValueError("quantize.qat_teacher: float distils to the float model: fine_tune.method must be distill")
         if not (self.prune or self.quantize or self.cluster or self.student):
             raise ValueError("a variant needs at least one of prune, quantize, cluster, student")
         return self
@@ -616,6 +626,9 @@ class SearchConfig(StrictModel):
     """Adam step size of each QAT fine-tune (a tenth of the distillation's by default)."""
     qat_float_head: bool = False
     """QAT students keep their output heads in float (quantize.float_head; named ...-qat-int8-float-heads)."""
+    qat_teacher: Literal["baseline", "float"] = "baseline"
+    """Whom QAT students distil to (quantize.qat_teacher): the baseline, or their own float weights
+    (named ...-qat-int8[-float-heads]-self)."""
     max_candidates: _count(1) | None = None
     """Budget: candidates evaluated at most (each on every seed); null: no limit."""
     max_seconds: _real(0.0, None, lo_open=True) | None = None

@@ -102,6 +102,9 @@ def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantCo
         if search.qat_float_head:
             name += "-float-heads"
             data["quantize"]["float_head"] = True
+        if search.qat_teacher == "float":
+            name += "-self"
+            data["quantize"]["qat_teacher"] = "float"
     elif search.student_quantize != "none":
         name += f"-{search.student_quantize}"
         data["quantize"] = {"mode": search.student_quantize}
