@@ -121,9 +121,9 @@ COUNT = {"cases": 0, "refused": 0}
 
 
 @settings(max_examples=1000, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.too_slow])
 @given(structural_edits=st.lists(structural, max_size=3), raw_edit=st.one_of(st.none(), raw_edits))
-def test_mutated_recipes_never_crash(tmp_path_factory, structural_edits, raw_edit):
+def _check_mutated_recipe(tmp_path_factory, structural_edits, raw_edit):
     work = tmp_path_factory.mktemp("fuzz")
     recipe = work / "recipe.yaml"
     recipe.write_bytes(_mutate(structural_edits, raw_edit))
@@ -139,12 +139,11 @@ def test_mutated_recipes_never_crash(tmp_path_factory, structural_edits, raw_edi
         assert ran.exit_code == 2 and not Path(out).exists(), ran.output
 
 
-def test_the_fuzz_ran_a_thousand_cases_and_most_were_refused():
-    # Runs after the fuzz test in file order: the counts prove the property was exercised.
-    if COUNT["cases"] == 0:
-        import pytest
-
-        pytest.skip("counts only the fuzz test above; run the whole file")
+def test_a_thousand_mutated_recipes_never_crash_and_most_are_refused(tmp_path_factory):
+    # One test runs the fuzz and checks its counts, so the counts prove the property was exercised
+    # wherever the test runs (a separate counting test could land on another xdist worker and skip).
+    COUNT.update(cases=0, refused=0)
+    _check_mutated_recipe(tmp_path_factory)
     print(f"fuzz: {COUNT['cases']} mutated recipes, {COUNT['refused']} refused with exit 2, 0 tracebacks")
     assert COUNT["cases"] >= 1000
     assert COUNT["refused"] >= 500
