@@ -442,9 +442,10 @@ class QuantizeConfig(StrictModel):
     qat_teacher: Literal["baseline", "float"] = "baseline"
     """qat: whom the QAT fine-tune distils to: the baseline, or the variant's own float model as QAT
     starts from it (a student's distilled weights). Why float: its fake-quantized copy can match
-    its float self exactly, so QAT's steps go to undoing the rounding; against the baseline a small
-    student also chases what its capacity cannot reach, and int8 students lost return their float
-    builds kept (docs/minatar.md). Needs fine_tune.method: distill."""
+    its float self exactly, so QAT's steps go to undoing the rounding rather than to chasing what a
+    small student cannot reach. It pays where the float student kept the return; where it fell
+    short, QAT to the baseline goes on distilling and does better (docs/minatar.md). Needs
+    fine_tune.method: distill."""
     qat_steps: _count(1) | None = None
     """Gradient steps of the QAT fine-tune (default: fine_tune.steps)."""
     qat_learning_rate: _real(0.0, 1.0, lo_open=True) | None = None
