@@ -298,13 +298,14 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
     if normalization is not None:
         plain = fold_input_normalization(model, *normalization)
         seen = ((observations - normalization[0]) / normalization[1]).astype(np.float32)
+    # The float model on raw observations, copied before QAT wraps its layers and trains: what
+    # qat_teacher "float" distils to, held fixed.
+    teacher = baseline if q.qat_teacher == "baseline" else independent_copy(model)
     if q.per_channel_dense:
         plain = flattened_dense_as_conv(plain)
     qat = quantize.qat_model(plain, preserve, quantize.FLOAT_HEADS if q.float_head else ())
     quantize.calibrate_ranges(qat, plain, seen)
     trained = qat if normalization is None else quantize.behind_normalization(qat, *normalization)
-    # The float model on raw observations, frozen: what qat_teacher "float" distils to.
-    teacher = baseline if q.qat_teacher == "baseline" else independent_copy(model)
     details.qat = fine_tune(trained, qat_fine_tune(variant), recipe, teacher, replay, wrapped=True,
                             label=f"{variant.name}/qat", quiet=quiet)
     details.qat.preserve = preserve

@@ -88,6 +88,8 @@ def _real(lo: float | None, hi: float | None, lo_open: bool = False, hi_open: bo
 
 Count = _count(0)
 PositiveCount = _count(1)
+QatTeacher = Literal["baseline", "float"]
+"""Whom a QAT fine-tune distils to (QuantizeConfig.qat_teacher)."""
 Seed = Annotated[int, BeforeValidator(_parse_count), Field(ge=0, le=2**32 - 1)]
 """A training seed: NumPy's legacy global seed (which TensorFlow's seeding sets) takes 0..2**32-1."""
 Probability = _real(0.0, 1.0)
@@ -439,7 +441,7 @@ class QuantizeConfig(StrictModel):
     gaps can be below one int8 step of its advantage output (whose range spans the rare states
     where one action is far better), and int8 then ties or flips them; the heads are a few
     hundred weights (4 bytes each). TFLite Micro and the C export run the float heads as well."""
-    qat_teacher: Literal["baseline", "float"] = "baseline"
+    qat_teacher: QatTeacher = "baseline"
     """qat: whom the QAT fine-tune distils to: the baseline, or the variant's own float model as QAT
     starts from it (a student's distilled weights). Why float: its fake-quantized copy can match
     its float self exactly, so QAT's steps go to undoing the rounding rather than to chasing what a
@@ -627,7 +629,7 @@ class SearchConfig(StrictModel):
     """Adam step size of each QAT fine-tune (a tenth of the distillation's by default)."""
     qat_float_head: bool = False
     """QAT students keep their output heads in float (quantize.float_head; named ...-qat-int8-float-heads)."""
-    qat_teacher: Literal["baseline", "float"] = "baseline"
+    qat_teacher: QatTeacher = "baseline"
     """Whom QAT students distil to (quantize.qat_teacher): the baseline, or their own float weights
     (named ...-qat-int8[-float-heads]-self)."""
     max_candidates: _count(1) | None = None
