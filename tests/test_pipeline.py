@@ -217,6 +217,32 @@ def test_a_variant_with_candidates_keeps_the_best_on_fresh_episodes_the_same_byt
         (tmp_path / "alone" / tflite.format(f"s.c{picked['picked']}")).read_bytes()
 
 
+@pytest.mark.slow
+def test_candidates_qat_teachers_quantize_each_float_build_once_per_teacher_and_pick_among_all(tmp_path):
+    """candidates: {count: 2, qat_teachers: [baseline, float]}: two float builds (seeded by
+    NAME.c0, NAME.c1), each QAT'd to the baseline and to itself: four candidates, recorded by name,
+    the best one kept. A teacher's build is the same bytes whether or not the other teacher's QAT
+    ran before it in the same build."""
+    student = ("student: {net_arch: [4]}, fine_tune: {steps: 30, learning_rate: 1e-3}, "
+               "quantize: {mode: qat, qat_steps: 20}")
+    teachers = "candidates: {count: 2, episodes: 8, qat_teachers: [baseline, float]}"
+    recipe = load_recipe(TINY, [f"variants=[{{name: s, {student}, {teachers}}}]", NO_TF_MEMORY])
+    run(recipe, tmp_path / "both", quiet=True, log=lambda m: None)
+    picked = json.loads((tmp_path / "both" / "stages.json").read_text())["variant:s"]["compression"]["candidates"]
+    assert picked["builds"] == ["s.c0.baseline", "s.c0.float", "s.c1.baseline", "s.c1.float"]
+    assert picked["qat_teachers"] == ["baseline", "float"] and len(picked["fresh_differences"]) == 4
+    assert picked["picked"] == picked["fresh_differences"].index(max(picked["fresh_differences"]))
+    assert not (tmp_path / "both" / "variants" / "s" / "candidates").exists()
+    assert len(set(picked["fresh_differences"])) > 1  # different builds
+    # The float teacher alone: the same float builds and the same QAT, so the same returns.
+    alone = load_recipe(TINY, [f"variants=[{{name: s, {student}, candidates: {{count: 2, episodes: 8, "
+                               "qat_teachers: [float]}}]", NO_TF_MEMORY])
+    run(alone, tmp_path / "alone", quiet=True, log=lambda m: None)
+    alone_pick = json.loads((tmp_path / "alone" / "stages.json").read_text())["variant:s"]["compression"]["candidates"]
+    assert alone_pick["builds"] == ["s.c0.float", "s.c1.float"]
+    assert alone_pick["fresh_differences"] == picked["fresh_differences"][1::2]
+
+
 class _Stop(Exception):
     pass
 

@@ -160,6 +160,23 @@ def test_qat_teacher_is_for_qat_distillation_only():
         VariantConfig(name="v", quantize={"mode": "qat", "qat_teacher": "float"}, fine_tune={"method": "td"})
 
 
+def test_candidates_qat_teachers_are_for_qat_each_named_once():
+    from pydantic import ValidationError
+
+    from compress_dqn.recipe.schema import VariantConfig
+
+    both = {"count": 2, "qat_teachers": ["baseline", "float"]}
+    assert VariantConfig(name="v", quantize={"mode": "qat"}, candidates=both).candidates.qat_teachers == ["baseline", "float"]
+    with pytest.raises(ValidationError, match="need quantize.mode: qat"):
+        VariantConfig(name="v", quantize={"mode": "int8"}, candidates=both)
+    with pytest.raises(ValidationError, match="not both"):
+        VariantConfig(name="v", quantize={"mode": "qat", "qat_teacher": "float"}, candidates=both)
+    with pytest.raises(ValidationError, match="fine_tune.method must be distill"):
+        VariantConfig(name="v", quantize={"mode": "qat"}, fine_tune={"method": "td"}, candidates=both)
+    with pytest.raises(ValidationError, match="list each teacher once"):
+        VariantConfig(name="v", quantize={"mode": "qat"}, candidates={"qat_teachers": ["float", "float"]})
+
+
 def test_pqat_keeps_sparsity_through_qat(trained_tiny, tmp_path):
     path, built = tflite_for(trained_tiny, tmp_path, prune={"sparsity": 0.9, "frequency": 5},
                              quantize={"mode": "qat"}, fine_tune={"steps": 150})

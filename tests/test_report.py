@@ -146,6 +146,21 @@ def test_a_variant_picked_among_candidates_says_what_each_build_scored_and_which
     assert "the best of" not in (tmp_path / "report.md").read_text()
 
 
+def test_candidates_qat_to_two_teachers_are_named_in_the_report(tmp_path):
+    data = json.loads(FIXED.read_text())
+    student = next(v for v in data["variants"] if v["name"] == "student-32x32-qat-int8")
+    student.setdefault("compression", {})["candidates"] = {
+        "count": 2, "episodes": 200, "seed": 200000, "qat_teachers": ["baseline", "float"], "picked": 1,
+        "builds": ["s.c0.baseline", "s.c0.float", "s.c1.baseline", "s.c1.float"],
+        "fresh_differences": [-1.0, 0.5, -2.0, 0.25]}
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    write_report(tmp_path)
+    expected = ("student-32x32-qat-int8: the best of 4 builds (2 float builds, each QAT'd to the baseline and to its own float "
+                "weights) by their paired difference from the baseline on 200 fresh episodes (seeds 200000.., used "
+                "by nothing else): -1.0, +0.5, -2.0, +0.2; kept s.c0.float.")
+    assert expected in (tmp_path / "report.md").read_text()
+
+
 def test_a_baseline_only_run_says_it_has_no_variants_not_that_none_kept_the_return():
     from compress_dqn.evaluation.report import NO_VARIANTS
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from compress_dqn.errors import UserError
 from compress_dqn.run import search as search_module
 from compress_dqn.recipe.schema import load_recipe
 from compress_dqn.run.ladders import ladders
@@ -230,6 +231,13 @@ def test_float_head_students_are_named_for_it_and_weigh_their_float_heads():
                                            "qat_float_head: true, qat_teacher: float}"]), (10, 10, 4), 3)["student"]
     assert own.variant.name == "student-c8k3-32-qat-int8-float-heads-self" and own.variant.quantize.qat_teacher == "float"
     assert plain.variant.quantize.qat_teacher == "baseline"
+    (both,) = ladders(load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}], "
+                                            "qat_float_head: true, qat_teacher: both, student_candidates: {count: 2}}"]),
+                      (10, 10, 4), 3)["student"]
+    assert both.variant.name == "student-c8k3-32-qat-int8-float-heads" and both.variant.quantize.qat_teacher == "baseline"
+    assert both.variant.candidates.qat_teachers == ["baseline", "float"] and both.variant.candidates.count == 2
+    with pytest.raises(UserError, match="qat_teacher: both .* needs student_quantize: qat and student_candidates"):
+        load_recipe(MINATAR, ["search={students: [[32]], qat_teacher: both}"])
 
 
 def test_conv_students_are_named_and_sized_from_their_layers():

@@ -18,7 +18,7 @@ import json
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from compress_dqn.compress.rewrites import (
 )
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.fileio import load_dict, save_arrays
-from compress_dqn.recipe.schema import FineTuneConfig, QuantizeConfig, Recipe, VariantConfig
+from compress_dqn.recipe.schema import FineTuneConfig, QatTeacher, QuantizeConfig, Recipe, VariantConfig
 from compress_dqn.replay.buffer import ReplayBuffer, sampling_undone
 from compress_dqn.rl.callbacks import KeepBestPolicy
 from compress_dqn.rl.networks import WEIGHT_LAYERS, count_params, independent_copy
@@ -128,7 +128,8 @@ def build_cost(variant: VariantConfig, recipe: Recipe) -> float:
         cost += STEP_COST[kind] * _fine_tune_gradient_steps(variant.fine_tune, recipe)
     if q is not None and q.mode == "qat":
         kind = ("pqat" if variant.prune else "cqat" if variant.cluster else "qat") if q.preserve else "qat"
-        cost += STEP_COST[kind] * _fine_tune_gradient_steps(qat_fine_tune(variant), recipe)
+        teachers = variant.candidates.qat_teachers if variant.candidates else None
+        cost += STEP_COST[kind] * _fine_tune_gradient_steps(qat_fine_tune(variant), recipe) * len(teachers or [1])
     return cost * (variant.candidates.count if variant.candidates else 1)  # each candidate is a build
 
 
@@ -356,12 +357,51 @@ def build_variant(
     """Apply the variant's techniques to (a copy of) the baseline. shared: a folder where pruned
     models are kept for the run's other variants (see _pruned_and_recovered); None: keep none."""
     details = BuildDetails()
+    model = _recovered(variant, baseline, replay, recipe, info, details, quiet, shared)
+    return _finished(variant, model, baseline, replay, recipe, info, details, quiet)
+
+
+def build_variant_per_teacher(
+    variant: VariantConfig,
+    teachers: Sequence[QatTeacher],
+    baseline: tf_keras.Model,
+    replay: ReplayBuffer,
+    recipe: Recipe,
+    info: EnvInfo,
+    quiet: bool = False,
+) -> list[BuiltVariant]:
+    """A QAT variant built once up to its float model (a student's distillation, most of the
+    cost), then QAT'd once per teacher (quantize.qat_teacher) from that model: one build each.
+
+    Each QAT starts from the same random state and replay draws, seeded by the variant's name and
+    its teacher, so a teacher's build does not depend on which teachers came before it."""
+    details = BuildDetails()
+    model = _recovered(variant, baseline, replay, recipe, info, details, quiet, shared=None)
+    built = []
+    for teacher in teachers:
+        set_seed(fine_tune_seed(recipe.seed, f"{variant.name}/qat-{teacher}"))
+        own = variant.model_copy(update={"quantize": variant.quantize.model_copy(update={"qat_teacher": teacher})})
+        with sampling_undone(replay):
+            built.append(_finished(own, independent_copy(model), baseline, replay, recipe, info,
+                                   details.model_copy(deep=True), quiet))
+    return built
+
+
+def _recovered(variant: VariantConfig, baseline: tf_keras.Model, replay: ReplayBuffer, recipe: Recipe, info: EnvInfo,
+               details: BuildDetails, quiet: bool, shared: Path | None) -> tf_keras.Model:
+    """The variant's float model: a student distilled, or the baseline's copy pruned or clustered
+    and recovered, its output layer split into value and advantage heads."""
     model = build_student(info, variant.student) if variant.student else independent_copy(baseline)
     model = _compress_and_recover(variant, model, recipe, baseline, replay, details, quiet, shared)
     # Exact reparameterisation of the output layer into advantage + value heads: quantized
     # variants keep the action gaps (see rewrites.split_value_advantage). What is measured below
     # is what is exported: the split heads, not the layer they replace.
-    model = split_value_advantage(model)
+    return split_value_advantage(model)
+
+
+def _finished(variant: VariantConfig, model: tf_keras.Model, baseline: tf_keras.Model, replay: ReplayBuffer,
+              recipe: Recipe, info: EnvInfo, details: BuildDetails, quiet: bool) -> BuiltVariant:
+    """The float model quantized as the variant asks (QAT here, post-training int8 at conversion)."""
     if variant.prune:
         details.sparsity = prune.kernel_sparsity(model)
     elif variant.cluster:

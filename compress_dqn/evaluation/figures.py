@@ -182,11 +182,16 @@ class CandidatesPick(OpenRecord):
     """A variant built as the best of several builds: the recipe's candidates block, which build was
     kept and each build's paired difference on fresh episodes."""
 
+    omit_none: ClassVar[frozenset[str]] = frozenset({"builds", "qat_teachers"})
     count: int
     episodes: int
     seed: int
     picked: int
     fresh_differences: list[float]
+    builds: list[str] | None = None
+    """Each difference's build (NAME.cK, and .TEACHER where qat_teachers made several of one
+    build); absent in records written before it was kept."""
+    qat_teachers: list[str] | None = None
 
 
 class Compression(OpenRecord):

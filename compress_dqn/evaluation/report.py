@@ -403,6 +403,9 @@ def _baseline_notes(train: TrainFigures, results: RunResults) -> list[str]:
     return notes
 
 
+_TEACHERS = {"baseline": "the baseline", "float": "its own float weights"}
+
+
 def _candidate_notes(results: RunResults) -> list[str]:
     """One line per variant built as the best of several candidates: what each scored, which was kept."""
     notes = []
@@ -411,9 +414,12 @@ def _candidate_notes(results: RunResults) -> list[str]:
         if picked is None:
             continue
         scores = ", ".join(f"{d:+.1f}" for d in picked.fresh_differences)
-        notes.append(f"{v.name}: the best of {picked.count} builds by their paired difference from the baseline on "
-                     f"{picked.episodes} fresh episodes (seeds {picked.seed}.., used by nothing else): {scores}; "
-                     f"kept build {picked.picked}. Its verdict comes from the evaluation episodes, not these.")
+        kept = picked.builds[picked.picked] if picked.builds else f"build {picked.picked}"
+        teachers = (f" ({picked.count} float builds, each QAT'd to "
+                    f"{' and to '.join(_TEACHERS.get(t, t) for t in picked.qat_teachers)})" if picked.qat_teachers else "")
+        notes.append(f"{v.name}: the best of {len(picked.fresh_differences)} builds{teachers} by their paired "
+                     f"difference from the baseline on {picked.episodes} fresh episodes (seeds {picked.seed}.., used by "
+                     f"nothing else): {scores}; kept {kept}. Its verdict comes from the evaluation episodes, not these.")
     return notes
 
 

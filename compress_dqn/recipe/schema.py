@@ -552,6 +552,18 @@ class CandidatesConfig(StrictModel):
     """Fresh episodes each candidate plays (seeds seed..); the baseline plays them too, paired."""
     seed: Count = 200000
     """First seed of those episodes: apart from the evaluation's, the selection's and the held-out ones."""
+    qat_teachers: list[QatTeacher] | None = None
+    """QAT each build's float model once per teacher listed (quantize.qat_teacher), each result a
+    candidate: `count` builds give count x len(qat_teachers) candidates for the cost of `count`
+    distillations. Why: which teacher suits a student depends on how close its float build came
+    to the baseline, which is known only once it is built (docs/minatar.md). null: the variant's
+    quantize.qat_teacher alone."""
+
+    @model_validator(mode="after")
+    def _distinct_teachers(self) -> CandidatesConfig:
+        if self.qat_teachers is not None and (not self.qat_teachers or len(set(self.qat_teachers)) != len(self.qat_teachers)):
+            raise ValueError("candidates.qat_teachers: list each teacher once, e.g. [baseline, float]")
+        return self
 
 
 class VariantConfig(StrictModel):
@@ -581,9 +593,22 @@ class VariantConfig(StrictModel):
             raise ValueError("a student learns from the baseline: fine_tune.method must be distill")
         if self.quantize and self.quantize.qat_teacher == "float" and self.fine_tune.method != "distill":
             raise ValueError("quantize.qat_teacher: float distils to the float model: fine_tune.method must be distill")
+        self._candidate_teachers()
         if not (self.prune or self.quantize or self.cluster or self.student):
             raise ValueError("a variant needs at least one of prune, quantize, cluster, student")
         return self
+
+
+    def _candidate_teachers(self) -> None:
+        teachers = self.candidates.qat_teachers if self.candidates else None
+        if teachers is None:
+            return
+        if not (self.quantize and self.quantize.mode == "qat"):
+            raise ValueError("candidates.qat_teachers: QAT's teachers need quantize.mode: qat; remove it or use mode qat")
+        if self.quantize.qat_teacher != "baseline":
+            raise ValueError("give the QAT teacher once: candidates.qat_teachers or quantize.qat_teacher, not both")
+        if "float" in teachers and self.fine_tune.method != "distill":
+            raise ValueError("candidates.qat_teachers: float distils to the float model: fine_tune.method must be distill")
 
 
 def _tuning(steps: int, learning_rate: float) -> Any:
@@ -629,9 +654,10 @@ class SearchConfig(StrictModel):
     """Adam step size of each QAT fine-tune (a tenth of the distillation's by default)."""
     qat_float_head: bool = False
     """QAT students keep their output heads in float (quantize.float_head; named ...-qat-int8-float-heads)."""
-    qat_teacher: QatTeacher = "baseline"
-    """Whom QAT students distil to (quantize.qat_teacher): the baseline, or their own float weights
-    (named ...-qat-int8[-float-heads]-self)."""
+    qat_teacher: QatTeacher | Literal["both"] = "baseline"
+    """Whom QAT students distil to (quantize.qat_teacher): the baseline, their own float weights
+    (named ...-qat-int8[-float-heads]-self), or both: each build's float student is QAT'd to each,
+    and student_candidates picks among all (candidates.qat_teachers)."""
     max_candidates: _count(1) | None = None
     """Budget: candidates evaluated at most (each on every seed); null: no limit."""
     max_seconds: _real(0.0, None, lo_open=True) | None = None
@@ -641,6 +667,9 @@ class SearchConfig(StrictModel):
     def _something_to_try(self) -> SearchConfig:
         if not self.students and not self.sparsities and self.quantized_baseline == "none":
             raise ValueError("search: give students, sparsities or quantized_baseline; nothing to try")
+        if self.qat_teacher == "both" and (self.student_candidates is None or self.student_quantize != "qat"):
+            raise ValueError("search.qat_teacher: both makes each QAT build two candidates: it needs "
+                             "student_quantize: qat and student_candidates")
         if any(not (s.net_arch if isinstance(s, StudentConfig) else s) for s in self.students):
             raise ValueError("search.students: each entry is a list of hidden widths, e.g. [32, 32], or "
                              "{conv: [...], net_arch: [...]} with at least one hidden width")

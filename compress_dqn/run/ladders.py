@@ -105,6 +105,8 @@ def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantCo
         if search.qat_teacher == "float":
             name += "-self"
             data["quantize"]["qat_teacher"] = "float"
+        elif search.qat_teacher == "both":  # validated: student_candidates is set
+            data["candidates"]["qat_teachers"] = ["baseline", "float"]
     elif search.student_quantize != "none":
         name += f"-{search.student_quantize}"
         data["quantize"] = {"mode": search.student_quantize}

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from compress_dqn._tf import set_seed, tf_keras
-from compress_dqn.compress.build import build_cost, build_variant
+from compress_dqn.compress.build import BuiltVariant, build_cost, build_variant, build_variant_per_teacher
 from compress_dqn.compress.details import BuildDetails
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo
@@ -95,23 +95,50 @@ def variant_stage(variant: VariantConfig, ctx: RunContext, candidate_workers: in
 
 def _build_and_export(variant: VariantConfig, ctx: RunContext, out: PolicyFiles, shared: Path | None) -> BuildOutcome:
     """Build `variant` from the baseline and export it into `out`."""
+    baseline = _seeded(variant, ctx)
+    built = build_variant(variant, baseline, _load_replay(ctx.layout.replay, ctx.info), ctx.recipe, ctx.info,
+                          quiet=ctx.quiet, shared=shared)
+    return _exported(built, ctx, out)
+
+
+def _seeded(variant: VariantConfig, ctx: RunContext) -> tf_keras.Model:
+    """The baseline, with TensorFlow reset and seeded for a build of `variant`."""
     baseline = ctx.model  # loaded (on first use) before the seed: loading draws initial weights
     # Fresh Keras name counters and a seed from the recipe and the variant's name alone: a variant
     # rebuilt after a crash, alone, or after other units in the same worker process gets the same
     # weights and the same layer (so TFLite tensor) names, hence the same bytes.
     tf_keras.backend.clear_session()
     set_seed(variant_seed(ctx.recipe.seed, variant.name))
-    built = build_variant(variant, baseline, _load_replay(ctx.layout.replay, ctx.info), ctx.recipe, ctx.info,
-                          quiet=ctx.quiet, shared=shared)
+    return baseline
+
+
+def _exported(built: BuiltVariant, ctx: RunContext, out: PolicyFiles) -> BuildOutcome:
     exported = export_policy(built.export_model, ctx.info, out.folder, built, ctx.heldout[:500])
     return BuildOutcome(built.params, built.nonzero_params, built.details, exported["sparse_format"])
 
 
-def candidate_build_unit(recipe: Recipe, run_dir: str, variant: VariantConfig, folder: str) -> BuildOutcome:
-    """One candidate's build and export into `folder`, in a pool worker: the same threads and the
-    same seed (from its name) as in the unit's own process, so the same bytes."""
+def _build_candidate(variant: VariantConfig, ctx: RunContext, out: PolicyFiles) -> list[BuildOutcome]:
+    """One candidate build, exported into `out`; with candidates.qat_teachers, its float model QAT'd
+    once per teacher, each exported into teacher_folder(out, teacher)."""
+    teachers = variant.candidates.qat_teachers if variant.candidates else None
+    if teachers is None:
+        return [_build_and_export(variant.model_copy(update={"candidates": None}), ctx, out, shared=None)]
+    baseline = _seeded(variant, ctx)
+    built = build_variant_per_teacher(variant, teachers, baseline, _load_replay(ctx.layout.replay, ctx.info),
+                                      ctx.recipe, ctx.info, quiet=ctx.quiet)
+    return [_exported(b, ctx, teacher_folder(out, t)) for b, t in zip(built, teachers)]
+
+
+def teacher_folder(out: PolicyFiles, teacher: str) -> PolicyFiles:
+    """Where a candidate's build QAT'd to `teacher` is exported: NAME.cK.TEACHER beside NAME.cK."""
+    return PolicyFiles(out.folder.with_name(f"{out.folder.name}.{teacher}"))
+
+
+def candidate_build_unit(recipe: Recipe, run_dir: str, variant: VariantConfig, folder: str) -> list[BuildOutcome]:
+    """One candidate's build(s) and export into `folder`, in a pool worker: the same threads and
+    the same seed (from its name) as in the unit's own process, so the same bytes."""
     ctx = reopen_run(recipe, Path(run_dir), quiet=True, log=lambda _: None)  # sets the threads
-    return _build_and_export(variant, ctx, PolicyFiles(Path(folder)), shared=None)
+    return _build_candidate(variant, ctx, PolicyFiles(Path(folder)))
 
 
 def candidate_name(name: str, k: int) -> str:
@@ -129,27 +156,33 @@ def _pick_candidate(variant: VariantConfig, ctx: RunContext, out: PolicyFiles, w
     would otherwise build its candidates one after another with a core idle."""
     cfg = variant.candidates
     # No shared pruning: candidates that loaded one pruning would all be the same build.
-    named = [variant.model_copy(update={"name": candidate_name(variant.name, k), "candidates": None})
+    named = [variant.model_copy(update={"name": candidate_name(variant.name, k),
+                                        "candidates": cfg if cfg.qat_teachers else None})
              for k in range(cfg.count)]
     if workers > 1 and ctx.recipe.executor == "local":
         units = [(ctx.recipe, str(ctx.run_dir), v, str(out.candidate(v.name).folder)) for v in named]
-        builds = map_units(candidate_build_unit, units, "local", workers, pool=pool)
+        built = map_units(candidate_build_unit, units, "local", workers, pool=pool)
     else:
-        builds = [_build_and_export(v, ctx, out.candidate(v.name), shared=None) for v in named]
+        built = [_build_candidate(v, ctx, out.candidate(v.name)) for v in named]
+    files = [out.candidate(v.name) for v in named]
+    if cfg.qat_teachers:
+        files = [teacher_folder(f, t) for f in files for t in cfg.qat_teachers]
+    builds = [b for each in built for b in each]
 
     def play(tflite: Path) -> np.ndarray:
         return np.asarray(evaluate(TFLitePolicy(tflite), ctx.recipe.env, cfg.episodes, cfg.seed).episodes)
 
     baseline = play(ctx.layout.policy(BASELINE).tflite)
-    differences = [float(np.mean(play(out.candidate(v.name).tflite) - baseline)) for v in named]
-    for k, difference in enumerate(differences):
-        ctx.log(f"[{variant.name}] candidate {k}: {difference:+.1f} against the baseline on {cfg.episodes} fresh episodes")
+    differences = [float(np.mean(play(f.tflite) - baseline)) for f in files]
+    for f, difference in zip(files, differences):
+        ctx.log(f"[{variant.name}] candidate {f.folder.name}: {difference:+.1f} against the baseline on "
+                f"{cfg.episodes} fresh episodes")
     k = differences.index(max(differences))
-    chosen = out.candidate(named[k].name)
-    replace_dir(chosen.saved_model, out.saved_model)
-    os.replace(chosen.tflite, out.tflite)
+    replace_dir(files[k].saved_model, out.saved_model)
+    os.replace(files[k].tflite, out.tflite)
     shutil.rmtree(out.candidates)
-    return builds[k], CandidatesPick(**cfg.model_dump(mode="json"), picked=k,
+    return builds[k], CandidatesPick(**cfg.model_dump(mode="json", exclude_none=True), picked=k,
+                                     builds=[f.folder.name for f in files],
                                      fresh_differences=[round(d, 3) for d in differences])
 
 
