@@ -324,3 +324,20 @@ def test_a_search_or_seed_unit_sets_its_tensorflow_threads_before_it_opens_the_r
     with pytest.raises(_Opened):
         getattr(module, unit)(recipe, "unused", *args)
     assert calls == [1]
+
+
+def test_a_single_seed_run_sets_its_tensorflow_threads_before_it_opens_the_run(monkeypatch, tmp_path):
+    """A run whose baseline is trained builds its variants in its own process: with the recipe's
+    threads, as a unit would, or the same variant's bytes would depend on where it was built."""
+    from compress_dqn.run import context
+
+    calls: list[int | None] = []
+
+    def threads_then_stop(threads: int | None) -> None:
+        calls.append(threads)
+        raise _Opened
+
+    monkeypatch.setattr(context, "configure_threads", threads_then_stop)
+    with pytest.raises(_Opened):
+        context.open_run(load_recipe(TINY, ["train.intra_op_threads=1"]), tmp_path / "run")
+    assert calls == [1] and not (tmp_path / "run").exists()

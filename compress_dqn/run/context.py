@@ -93,7 +93,11 @@ def open_run(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable[[
     """Check the environment and the resources, then create or reopen run_dir. Returns (context, resumed).
 
     The environment is probed before anything is written: a bad id leaves no run directory behind.
+    It sets the recipe's TensorFlow thread count first, as reopen_run does: a run whose baseline is
+    already trained builds its variants here, and left at TensorFlow's default they would be built
+    on other thread pools, so other bytes, than the same variants built in a unit.
     """
+    configure_threads(recipe.train.intra_op_threads)
     run_dir = Path(run_dir)
     info = probe_env(recipe.env)
     if run_dir.exists() and not run_dir.is_dir():
