@@ -26,7 +26,7 @@ from compress_dqn.evaluation.measure import measure_size
 from compress_dqn.evaluation.play import evaluate
 from compress_dqn.export.writers import export_policy
 from compress_dqn.fileio import replace_dir
-from compress_dqn.recipe.schema import Recipe, VariantConfig
+from compress_dqn.recipe.schema import QatTeacher, Recipe, VariantConfig
 from compress_dqn.replay.buffer import ReplayBuffer, load_replay
 from compress_dqn.run import resources
 from compress_dqn.run.context import RunContext, Stage, reopen_run, run_stages
@@ -117,12 +117,12 @@ def _exported(built: BuiltVariant, ctx: RunContext, out: PolicyFiles) -> BuildOu
     return BuildOutcome(built.params, built.nonzero_params, built.details, exported["sparse_format"])
 
 
-def _build_candidate(variant: VariantConfig, ctx: RunContext, out: PolicyFiles) -> list[BuildOutcome]:
-    """One candidate build, exported into `out`; with candidates.qat_teachers, its float model QAT'd
-    once per teacher, each exported into teacher_folder(out, teacher)."""
-    teachers = variant.candidates.qat_teachers if variant.candidates else None
+def _build_candidate(variant: VariantConfig, ctx: RunContext, out: PolicyFiles,
+                     teachers: list[QatTeacher] | None) -> list[BuildOutcome]:
+    """One candidate build, exported into `out`; with `teachers` (candidates.qat_teachers), its
+    float model QAT'd once per teacher, each exported into teacher_folder(out, teacher)."""
     if teachers is None:
-        return [_build_and_export(variant.model_copy(update={"candidates": None}), ctx, out, shared=None)]
+        return [_build_and_export(variant, ctx, out, shared=None)]
     baseline = _seeded(variant, ctx)
     built = build_variant_per_teacher(variant, teachers, baseline, _load_replay(ctx.layout.replay, ctx.info),
                                       ctx.recipe, ctx.info, quiet=ctx.quiet)
@@ -134,11 +134,12 @@ def teacher_folder(out: PolicyFiles, teacher: str) -> PolicyFiles:
     return PolicyFiles(out.folder.with_name(f"{out.folder.name}.{teacher}"))
 
 
-def candidate_build_unit(recipe: Recipe, run_dir: str, variant: VariantConfig, folder: str) -> list[BuildOutcome]:
+def candidate_build_unit(recipe: Recipe, run_dir: str, variant: VariantConfig, folder: str,
+                         teachers: list[QatTeacher] | None) -> list[BuildOutcome]:
     """One candidate's build(s) and export into `folder`, in a pool worker: the same threads and
     the same seed (from its name) as in the unit's own process, so the same bytes."""
     ctx = reopen_run(recipe, Path(run_dir), quiet=True, log=lambda _: None)  # sets the threads
-    return _build_candidate(variant, ctx, PolicyFiles(Path(folder)))
+    return _build_candidate(variant, ctx, PolicyFiles(Path(folder)), teachers)
 
 
 def candidate_name(name: str, k: int) -> str:
@@ -156,14 +157,13 @@ def _pick_candidate(variant: VariantConfig, ctx: RunContext, out: PolicyFiles, w
     would otherwise build its candidates one after another with a core idle."""
     cfg = variant.candidates
     # No shared pruning: candidates that loaded one pruning would all be the same build.
-    named = [variant.model_copy(update={"name": candidate_name(variant.name, k),
-                                        "candidates": cfg if cfg.qat_teachers else None})
+    named = [variant.model_copy(update={"name": candidate_name(variant.name, k), "candidates": None})
              for k in range(cfg.count)]
     if workers > 1 and ctx.recipe.executor == "local":
-        units = [(ctx.recipe, str(ctx.run_dir), v, str(out.candidate(v.name).folder)) for v in named]
+        units = [(ctx.recipe, str(ctx.run_dir), v, str(out.candidate(v.name).folder), cfg.qat_teachers) for v in named]
         built = map_units(candidate_build_unit, units, "local", workers, pool=pool)
     else:
-        built = [_build_candidate(v, ctx, out.candidate(v.name)) for v in named]
+        built = [_build_candidate(v, ctx, out.candidate(v.name), cfg.qat_teachers) for v in named]
     files = [out.candidate(v.name) for v in named]
     if cfg.qat_teachers:
         files = [teacher_folder(f, t) for f in files for t in cfg.qat_teachers]
