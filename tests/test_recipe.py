@@ -190,6 +190,15 @@ def test_an_excluded_layer_the_network_does_not_have_is_refused_before_training(
     assert [v.name for v in load_recipe(path).variants] == ["p", "s"]
 
 
+def test_a_clustered_fine_tune_of_its_own_is_refused_where_nothing_is_distilled_first(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("env: {id: CartPole-v1}\nvariants:\n  - {name: c, cluster: {clusters: 4, steps: 100}}\n")
+    with pytest.raises(UserError, match=r"variants\.0: .*cluster\.steps and cluster\.learning_rate tune a student"):
+        load_recipe(path)
+    path.write_text(path.read_text().replace("cluster:", "student: {net_arch: [8]}, cluster:"))
+    assert load_recipe(path).variants[0].cluster.steps == 100
+
+
 def test_validate_warns_about_what_is_valid_but_will_not_work_here(tmp_path):
     from click.testing import CliRunner
 

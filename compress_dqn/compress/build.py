@@ -112,6 +112,13 @@ def qat_fine_tune(variant: VariantConfig) -> FineTuneConfig:
     return ft.model_copy(update={"steps": q.qat_steps or ft.steps, "learning_rate": q.qat_learning_rate or ft.learning_rate})
 
 
+def cluster_fine_tune(variant: VariantConfig) -> FineTuneConfig:
+    """A clustered student's fine-tune after its distillation: its fine_tune with clustering's own
+    steps and step size where the recipe gives them."""
+    ft, c = variant.fine_tune, variant.cluster
+    return ft.model_copy(update={"steps": c.steps or ft.steps, "learning_rate": c.learning_rate or ft.learning_rate})
+
+
 # What one gradient step of each kind costs, relative to a pruning step: clustering's wrapper finds
 # every weight's centroid at each step. The timings behind these ratios: docs/executors.md.
 STEP_COST = {"distill": 1.0, "prune": 1.0, "cluster": 2.2, "qat": 1.2, "pqat": 2.1, "cqat": 2.2}
@@ -123,7 +130,10 @@ def build_cost(variant: VariantConfig, recipe: Recipe) -> float:
     workers idle (docs/executors.md)."""
     q = variant.quantize
     cost = 0.0
-    if variant.prune or variant.cluster or variant.student:
+    if variant.student and variant.cluster:  # distilled in float, then clustered
+        cost += STEP_COST["distill"] * _fine_tune_gradient_steps(variant.fine_tune, recipe)
+        cost += STEP_COST["cluster"] * _fine_tune_gradient_steps(cluster_fine_tune(variant), recipe)
+    elif variant.prune or variant.cluster or variant.student:
         kind = "prune" if variant.prune else "cluster" if variant.cluster else "distill"
         cost += STEP_COST[kind] * _fine_tune_gradient_steps(variant.fine_tune, recipe)
     if q is not None and q.mode == "qat":
@@ -266,12 +276,16 @@ def _compress_and_recover(variant: VariantConfig, model: tf_keras.Model, recipe:
     ft, label = variant.fine_tune, variant.name
     if variant.prune:
         return _pruned_and_recovered(variant, model, recipe, baseline, replay, details, quiet, shared)
-    if variant.cluster:
-        wrapped = cluster.cluster_model(model, variant.cluster)
-        details.fine_tune = fine_tune(wrapped, ft, recipe, baseline, replay, wrapped=True, label=label, quiet=quiet)
-        return cluster.strip(wrapped)
     if variant.student:
         details.fine_tune = fine_tune(model, ft, recipe, baseline, replay, label=label, quiet=quiet)
+    if variant.cluster:
+        wrapped = cluster.cluster_model(model, variant.cluster)
+        if variant.student:  # a distilled student clusters from its float weights, as a baseline's copy does
+            details.cluster_fine_tune = fine_tune(wrapped, cluster_fine_tune(variant), recipe, baseline, replay,
+                                                  wrapped=True, label=f"{label}/cluster", quiet=quiet)
+        else:
+            details.fine_tune = fine_tune(wrapped, ft, recipe, baseline, replay, wrapped=True, label=label, quiet=quiet)
+        return cluster.strip(wrapped)
     return model
 
 

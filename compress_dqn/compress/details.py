@@ -47,6 +47,8 @@ class BuildDetails(Details):
 
     fine_tune: FineTune | None = None
     qat: FineTune | None = None
+    cluster_fine_tune: FineTune | None = None
+    """A student's clustered fine-tune after its distillation (fine_tune)."""
     sparsity: dict[str, float] | None = None
     """Share of exact zeros per pruned layer's kernel."""
     sparsity_after_qat: dict[str, float] | None = None

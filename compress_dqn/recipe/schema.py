@@ -477,6 +477,12 @@ class ClusterConfig(StrictModel):
     """Centroid initialisation."""
     exclude: list[str] = Field(default_factory=list)
     """Layer names left unclustered."""
+    steps: PositiveCount | None = None
+    """A student's clustered fine-tune, after its distillation in float (gradient steps); default:
+    the variant's fine_tune.steps. Clustering a student's random start would train all of its
+    distillation through the wrapper, at ~2x the cost a step."""
+    learning_rate: _real(0.0, 1.0, lo_open=True) | None = None
+    """The clustered fine-tune's Adam step size after a student's distillation; default: fine_tune's."""
 
 
 class StudentConfig(StrictModel):
@@ -585,6 +591,9 @@ class VariantConfig(StrictModel):
                              "reference are reported under those names); rename the variant")
         if self.prune and self.cluster:
             raise ValueError("prune and cluster in one variant are not supported; make two variants")
+        if self.cluster and not self.student and (self.cluster.steps or self.cluster.learning_rate):
+            raise ValueError("cluster.steps and cluster.learning_rate tune a student after its distillation; "
+                             "a clustered copy of the baseline uses fine_tune.steps and fine_tune.learning_rate")
         needs_tuning = self.prune or self.cluster or self.student or (self.quantize and self.quantize.mode == "qat")
         if needs_tuning and self.fine_tune is None:
             self.fine_tune = FineTuneConfig()
