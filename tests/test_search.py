@@ -240,6 +240,20 @@ def test_float_head_students_are_named_for_it_and_weigh_their_float_heads():
         load_recipe(MINATAR, ["search={students: [[32]], qat_teacher: both}"])
 
 
+def test_clustered_students_are_named_for_it_keep_their_clusters_through_qat_and_weigh_fewer_bits():
+    recipe = load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}], "
+                                   "qat_float_head: true, student_cluster: {clusters: 8, exclude: [conv_0, q_values], "
+                                   "steps: 400, learning_rate: 1e-4}}"])
+    (rung,) = ladders(recipe, (10, 10, 4), 3)["student"]
+    assert rung.variant.name == "student-c8k3-32-cl8-cqat-int8-float-heads"
+    assert rung.variant.cluster.clusters == 8 and rung.variant.cluster.steps == 400
+    assert rung.variant.quantize.mode == "qat" and rung.variant.quantize.preserve
+    # The clustered hidden kernel at 3 bits a weight; the conv (a byte) and float heads excluded.
+    assert rung.estimated_bytes == 3 * 3 * 4 * 8 + 512 * 32 * 3 / 8 + 4 * 32 * 3
+    with pytest.raises(UserError, match="search.student_cluster: .*set student_quantize: qat"):
+        load_recipe(MINATAR, ["search={students: [[32]], student_quantize: int8, student_cluster: {clusters: 8}}"])
+
+
 def test_conv_students_are_named_and_sized_from_their_layers():
     """An image task's ladder: students with fewer filters and a smaller dense layer, each estimated
     from its own conv output size (valid padding), and the pruning family from the baseline's layers."""

@@ -644,6 +644,11 @@ class SearchConfig(StrictModel):
     student_candidates: CandidatesConfig | None = None
     """Build each student this many times and keep the build that plays best on fresh episodes
     (as a variant's `candidates:`); null: one build per student."""
+    student_cluster: ClusterConfig | None = None
+    """Cluster each student's kernels after its distillation (cluster.steps at
+    cluster.learning_rate), then cluster-preserving QAT (named ...-clK-cqat-int8): each output
+    unit's int8 weights keep at most `clusters` values, which gzip stores in fewer bits than a
+    byte; null: no clustering. Needs student_quantize: qat."""
     sparsities: list[_real(0.0, 1.0, lo_open=True, hi_open=True)] = Field(default_factory=list)
     """Magnitude-pruning targets to try on the baseline (each then post-training int8); [] leaves pruning out."""
     prune_exclude: list[str] = Field(default_factory=lambda: [layer_names.hidden(0), layer_names.OUTPUT])
@@ -677,6 +682,9 @@ class SearchConfig(StrictModel):
         if self.qat_teacher == "both" and (self.student_candidates is None or self.student_quantize != "qat"):
             raise ValueError("search.qat_teacher: both makes each QAT build two candidates: it needs "
                              "student_quantize: qat and student_candidates")
+        if self.student_cluster is not None and self.student_quantize != "qat":
+            raise ValueError("search.student_cluster: clustered students keep their clusters through "
+                             "quantization-aware int8; set student_quantize: qat or remove student_cluster")
         if any(not (s.net_arch if isinstance(s, StudentConfig) else s) for s in self.students):
             raise ValueError("search.students: each entry is a list of hidden widths, e.g. [32, 32], or "
                              "{conv: [...], net_arch: [...]} with at least one hidden width")

@@ -62,7 +62,11 @@ def _estimate(variant: VariantConfig, train: Any, obs_shape: tuple[int, ...], n_
         weights = {name: w if name in variant.prune.exclude else w * (1 - variant.prune.sparsity)
                    for name, w in weights.items()}
     mode = variant.quantize.mode if variant.quantize else None
-    total = sum(weights.values()) * _BYTES_PER_WEIGHT[mode]
+    per_weight = {name: _BYTES_PER_WEIGHT[mode] for name in weights}
+    if variant.cluster:  # at best log2(clusters) bits a weight once gzipped
+        per_weight.update({name: min(per_weight[name], np.log2(variant.cluster.clusters) / 8)
+                           for name in weights if name not in variant.cluster.exclude})
+    total = sum(w * per_weight[name] for name, w in weights.items())
     if variant.quantize and variant.quantize.float_head:  # the output layer's weights stay fp32
         total += weights["q_values"] * (_BYTES_PER_WEIGHT[None] - _BYTES_PER_WEIGHT[mode])
     return float(total)
@@ -96,8 +100,11 @@ def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantCo
                                   "fine_tune": search.student_fine_tune.model_dump()}
     if search.student_candidates is not None:
         data["candidates"] = search.student_candidates.model_dump()
+    if search.student_cluster is not None:  # validated: student_quantize is qat
+        name += f"-cl{search.student_cluster.clusters}-c"
+        data["cluster"] = search.student_cluster.model_dump()
     if search.student_quantize == "qat":
-        name += "-qat-int8"
+        name += "qat-int8" if search.student_cluster is not None else "-qat-int8"
         data["quantize"] = {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}
         if search.qat_float_head:
             name += "-float-heads"
