@@ -63,7 +63,9 @@ def _estimate(variant: VariantConfig, train: Any, obs_shape: tuple[int, ...], n_
                    for name, w in weights.items()}
     mode = variant.quantize.mode if variant.quantize else None
     per_weight = {name: _BYTES_PER_WEIGHT[mode] for name in weights}
-    if variant.cluster:  # at best log2(clusters) bits a weight once gzipped
+    # A clustered kernel at log2(clusters) bits a weight, as K equally used values would take.
+    # Not a bound: gzip's repeats took a 16-value MinAtar kernel to 2-3.5 bits (docs/minatar.md).
+    if variant.cluster:
         per_weight.update({name: min(per_weight[name], np.log2(variant.cluster.clusters) / 8)
                            for name in weights if name not in variant.cluster.exclude})
     total = sum(w * per_weight[name] for name, w in weights.items())
@@ -100,11 +102,12 @@ def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantCo
                                   "fine_tune": search.student_fine_tune.model_dump()}
     if search.student_candidates is not None:
         data["candidates"] = search.student_candidates.model_dump()
-    if search.student_cluster is not None:  # validated: student_quantize is qat
-        name += f"-cl{search.student_cluster.clusters}-c"
+    clustered = search.student_cluster is not None  # validated: student_quantize is qat
+    if clustered:
+        name += f"-cl{search.student_cluster.clusters}"
         data["cluster"] = search.student_cluster.model_dump()
     if search.student_quantize == "qat":
-        name += "qat-int8" if search.student_cluster is not None else "-qat-int8"
+        name += "-cqat-int8" if clustered else "-qat-int8"
         data["quantize"] = {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}
         if search.qat_float_head:
             name += "-float-heads"
