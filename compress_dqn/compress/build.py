@@ -105,18 +105,19 @@ def _fine_tune_gradient_steps(ft: FineTuneConfig, recipe: Recipe) -> int:
     return max(1, phases * recipe.train.gradient_steps)
 
 
+def _own_tuning(ft: FineTuneConfig, steps: int | None, learning_rate: float | None) -> FineTuneConfig:
+    """`ft` with a later phase's own steps and step size where the recipe gives them."""
+    return ft.model_copy(update={"steps": steps or ft.steps, "learning_rate": learning_rate or ft.learning_rate})
+
+
 def qat_fine_tune(variant: VariantConfig) -> FineTuneConfig:
-    """The QAT fine-tune of a variant with quantize.mode qat: its fine_tune with QAT's own steps
-    and step size where the recipe gives them."""
-    ft, q = variant.fine_tune, variant.quantize
-    return ft.model_copy(update={"steps": q.qat_steps or ft.steps, "learning_rate": q.qat_learning_rate or ft.learning_rate})
+    """The QAT fine-tune of a variant with quantize.mode qat."""
+    return _own_tuning(variant.fine_tune, variant.quantize.qat_steps, variant.quantize.qat_learning_rate)
 
 
 def cluster_fine_tune(variant: VariantConfig) -> FineTuneConfig:
-    """A clustered student's fine-tune after its distillation: its fine_tune with clustering's own
-    steps and step size where the recipe gives them."""
-    ft, c = variant.fine_tune, variant.cluster
-    return ft.model_copy(update={"steps": c.steps or ft.steps, "learning_rate": c.learning_rate or ft.learning_rate})
+    """A clustered student's fine-tune after its distillation."""
+    return _own_tuning(variant.fine_tune, variant.cluster.steps, variant.cluster.learning_rate)
 
 
 # What one gradient step of each kind costs, relative to a pruning step: clustering's wrapper finds
@@ -278,15 +279,16 @@ def _compress_and_recover(variant: VariantConfig, model: tf_keras.Model, recipe:
         return _pruned_and_recovered(variant, model, recipe, baseline, replay, details, quiet, shared)
     if variant.student:
         details.fine_tune = fine_tune(model, ft, recipe, baseline, replay, label=label, quiet=quiet)
-    if variant.cluster:
-        wrapped = cluster.cluster_model(model, variant.cluster)
-        if variant.student:  # a distilled student clusters from its float weights, as a baseline's copy does
-            details.cluster_fine_tune = fine_tune(wrapped, cluster_fine_tune(variant), recipe, baseline, replay,
-                                                  wrapped=True, label=f"{label}/cluster", quiet=quiet)
-        else:
-            details.fine_tune = fine_tune(wrapped, ft, recipe, baseline, replay, wrapped=True, label=label, quiet=quiet)
-        return cluster.strip(wrapped)
-    return model
+    if not variant.cluster:
+        return model
+    # A distilled student clusters from its float weights, as a baseline's copy does.
+    wrapped = cluster.cluster_model(model, variant.cluster)
+    if variant.student:
+        details.cluster_fine_tune = fine_tune(wrapped, cluster_fine_tune(variant), recipe, baseline, replay,
+                                              wrapped=True, label=f"{label}/cluster", quiet=quiet)
+    else:
+        details.fine_tune = fine_tune(wrapped, ft, recipe, baseline, replay, wrapped=True, label=label, quiet=quiet)
+    return cluster.strip(wrapped)
 
 
 def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: Recipe, baseline: tf_keras.Model,
