@@ -282,3 +282,63 @@ def test_a_dense_layer_on_a_flattened_conv_output_becomes_an_equal_per_channel_c
     kernels = {tuple(t["shape"]): len(t["quantization_parameters"]["scales"]) for t in interp.get_tensor_details()
                if np.dtype(t["dtype"]) == np.int8 and len(t["shape"]) == 4 and t["shape"][0] == 16}
     assert kernels == {(16, 8, 8, 4): 16}
+
+
+def test_a_low_bit_kernel_exports_as_int8_bytes_within_its_bit_range_and_plays_as_trained(tmp_path):
+    """quantize.kernel_bits: the QAT file stores the layer's kernel in int8 with a scale per unit and
+    at most 2^b-1 values, and LiteRT's Q-values match the fake-quantized model's (its actions too)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.compress.quantize import calibrate_ranges, converter_setup, qat_model
+    from compress_dqn.compress.rewrites import flattened_dense_as_conv, split_value_advantage
+    from compress_dqn.export.writers import convert_tflite, export_saved_model
+    from compress_dqn.recipe.schema import QuantizeConfig
+    from compress_dqn.rl.networks import q_from_outputs
+
+    tf_keras.utils.set_random_seed(0)
+    model = flattened_dense_as_conv(split_value_advantage(tf_keras.Sequential([
+        tf_keras.Input((10, 10, 4)), tf_keras.layers.Conv2D(4, 3, activation="relu", name="conv_0"),
+        tf_keras.layers.Flatten(name="flatten"), tf_keras.layers.Dense(16, activation="relu", name="hidden_0"),
+        tf_keras.layers.Dense(3, name="q_values")])))
+    states = np.random.default_rng(0).integers(0, 2, (300, 10, 10, 4)).astype(np.float32)
+    with pytest.raises(ValueError, match="no layer named hidden_9 for kernel_bits"):
+        qat_model(model, kernel_bits={"hidden_9": 4})
+    qat = qat_model(model, kernel_bits={"hidden_0": 4})
+    calibrate_ranges(qat, model, states)
+    saved = export_saved_model(qat, (10, 10, 4), np.float32, tmp_path / "saved_model")
+    path = tmp_path / "qat.tflite"
+    path.write_bytes(convert_tflite(saved, converter_setup(QuantizeConfig(mode="qat", kernel_bits={"hidden_0": 4}))))
+    interp = Interpreter(model_path=str(path), experimental_preserve_all_tensors=True)
+    interp.allocate_tensors()
+    kernels = {tuple(t["shape"]): t for t in interp.get_tensor_details() if np.dtype(t["dtype"]) == np.int8}
+    hidden = interp.get_tensor(kernels[(16, 8, 8, 4)]["index"])
+    assert len(kernels[(16, 8, 8, 4)]["quantization_parameters"]["scales"]) == 16
+    assert hidden.min() >= -7 and hidden.max() <= 7 and len(np.unique(hidden)) > 7
+    conv = interp.get_tensor(kernels[(4, 3, 3, 4)]["index"])
+    assert np.abs(conv).max() == 127  # the layers not named keep 8 bits
+    runner = interp.get_signature_runner()
+    (name,) = runner.get_input_details()
+    played = [runner(**{name: s[None]}) for s in states[:50]]
+    q_values = np.concatenate([p["q_values"] for p in played])
+    expected = q_from_outputs(qat(states[:50], training=False)).numpy()
+    np.testing.assert_allclose(q_values, expected, atol=0.02 * np.abs(expected).max())
+    assert np.array_equal(np.concatenate([p["action"] for p in played]), q_values.argmax(1))
+
+
+def test_a_students_low_bit_dense_kernel_reaches_its_file(trained_tiny, tmp_path):
+    """A variant's quantize.kernel_bits reaches the build: an MLP student's Dense kernel (one scale,
+    tfmot's Dense config) is exported within 4 bits, the next layer at 8."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    recipe, result = trained_tiny
+    v = variant(recipe, student={"net_arch": [16, 16]}, fine_tune={"steps": 60},
+                quantize={"mode": "qat", "qat_steps": 20, "kernel_bits": {"hidden_0": 4}})
+    built = build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
+    export_policy(built.export_model, result.info, tmp_path, built, result.replay.sample_observations(100))
+    interp = Interpreter(model_path=str(tmp_path / "policy.tflite"))
+    interp.allocate_tensors()
+    kernels = {tuple(t["shape"]): interp.get_tensor(t["index"]) for t in interp.get_tensor_details()
+               if np.dtype(t["dtype"]) == np.int8 and len(t["shape"]) == 2 and t["shape"][0] > 1}
+    assert np.abs(kernels[(16, 4)]).max() <= 7 and len(np.unique(kernels[(16, 4)])) > 7
+    assert np.abs(kernels[(16, 16)]).max() == 127

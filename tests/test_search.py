@@ -254,6 +254,21 @@ def test_clustered_students_are_named_for_it_keep_their_clusters_through_qat_and
         load_recipe(MINATAR, ["search={students: [[32]], student_quantize: int8, student_cluster: {clusters: 8}}"])
 
 
+def test_low_bit_students_are_named_for_it_and_weigh_their_bits():
+    recipe = load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}], "
+                                   "qat_float_head: true, student_kernel_bits: {hidden_0: 4}}"])
+    (rung,) = ladders(recipe, (10, 10, 4), 3)["student"]
+    assert rung.variant.name == "student-c8k3-32-qat-int8-hidden_0-4bit-float-heads"
+    assert rung.variant.quantize.kernel_bits == {"hidden_0": 4} and rung.variant.quantize.float_head
+    # The hidden kernel at 4 bits a weight; the conv a byte, the float heads 4 bytes.
+    assert rung.estimated_bytes == 3 * 3 * 4 * 8 + 512 * 32 * 4 / 8 + 4 * 32 * 3
+    for conflict in ("student_quantize: int8", "student_cluster: {clusters: 16}"):
+        with pytest.raises(UserError, match="search.student_kernel_bits: .*set student_quantize: qat and remove student_cluster"):
+            load_recipe(MINATAR, [f"search={{students: [[32]], student_kernel_bits: {{hidden_0: 4}}, {conflict}}}"])
+    with pytest.raises(UserError, match="kernel_bits"):
+        load_recipe(MINATAR, ["search={students: [[32]], student_kernel_bits: {hidden_0: 3}}"])
+
+
 def test_conv_students_are_named_and_sized_from_their_layers():
     """An image task's ladder: students with fewer filters and a smaller dense layer, each estimated
     from its own conv output size (valid padding), and the pruning family from the baseline's layers."""

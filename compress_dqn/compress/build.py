@@ -320,7 +320,7 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
     teacher = baseline if q.qat_teacher == "baseline" else independent_copy(model)
     if q.per_channel_dense:
         plain = flattened_dense_as_conv(plain)
-    qat = quantize.qat_model(plain, preserve, quantize.FLOAT_HEADS if q.float_head else ())
+    qat = quantize.qat_model(plain, preserve, quantize.FLOAT_HEADS if q.float_head else (), q.kernel_bits)
     quantize.calibrate_ranges(qat, plain, seen)
     trained = qat if normalization is None else quantize.behind_normalization(qat, *normalization)
     details.qat = fine_tune(trained, qat_fine_tune(variant), recipe, teacher, replay, wrapped=True,

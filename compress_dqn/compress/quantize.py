@@ -14,36 +14,50 @@ import numpy as np
 import tensorflow_model_optimization as tfmot
 
 from compress_dqn._tf import tf, tf_keras
+# tfmot exports the n-bit configs only from this module.
+from tensorflow_model_optimization.python.core.quantization.keras.experimental.default_n_bit import (
+    default_n_bit_quantize_registry as _n_bit,
+)
 from compress_dqn.compress.rewrites import SPLIT_HEADS
 from compress_dqn.rl.networks import independent_copy, weight_layers
 from compress_dqn.recipe.schema import QuantizeConfig
 
 Preserve = Literal["sparsity", "clusters"] | None
+_N_BIT_CONFIGS = {"DefaultNBitConvQuantizeConfig": _n_bit.DefaultNBitConvQuantizeConfig,
+                  "DefaultNBitQuantizeConfig": _n_bit.DefaultNBitQuantizeConfig}
 
 
 FLOAT_HEADS = SPLIT_HEADS
 """The split output heads (compress.rewrites.split_value_advantage) that QAT's float_head leaves in float."""
 
 
-def qat_model(model: tf_keras.Model, preserve: Preserve = None, float_layers: tuple[str, ...] = ()) -> tf_keras.Model:
+def qat_model(model: tf_keras.Model, preserve: Preserve = None, float_layers: tuple[str, ...] = (),
+              kernel_bits: dict[str, int] | None = None) -> tf_keras.Model:
     """A copy of a plain model with fake-quant wrappers for quantization-aware training.
 
     An image network's input Rescaling (uint8 -> float) has no QAT config. Left in the quantized
     model unannotated, it keeps tfmot from quantizing what follows it: the first conv then trains
     and converts in float. So the layers after it are quantized as a model of their own, whose
     input quantizer sees the rescaled frame, and the Rescaling stays in front in float.
-    Layers named in float_layers are not annotated: they train and convert in float."""
+    Layers named in float_layers are not annotated: they train and convert in float. Layers named
+    in kernel_bits train their kernel at that many bits (quantize.kernel_bits)."""
     copy = independent_copy(model)
-    missing = set(float_layers) - {layer.name for layer in copy.layers}
-    if missing:
-        raise ValueError(f"no layer named {', '.join(sorted(missing))} to keep in float")
+    kernel_bits = kernel_bits or {}
+    names = {layer.name for layer in copy.layers}
+    for what, wanted in (("to keep in float", set(float_layers)), ("for kernel_bits", set(kernel_bits))):
+        if wanted - names:
+            raise ValueError(f"no layer named {', '.join(sorted(wanted - names))} {what}; the layers are "
+                             f"{', '.join(sorted(n for n in names if n in {l.name for l in weight_layers(copy)}))}")
+    if set(float_layers) & set(kernel_bits):
+        raise ValueError(f"{', '.join(sorted(set(float_layers) & set(kernel_bits)))} stays in float: "
+                         "remove it from kernel_bits")
     front = _input_rescaling(copy)
     if front is None:
-        return _quantize_applied(copy, preserve, float_layers)
+        return _quantize_applied(copy, preserve, float_layers, kernel_bits)
     body = _layers_after(copy, front)
     inputs = tf_keras.Input(copy.input_shape[1:], dtype=copy.inputs[0].dtype, name="obs")
     scaled = tf_keras.layers.Rescaling(front.scale, front.offset, name=front.name)(inputs)
-    return tf_keras.Model(inputs, _quantize_applied(body, preserve, float_layers)(scaled), name=copy.name)
+    return tf_keras.Model(inputs, _quantize_applied(body, preserve, float_layers, kernel_bits)(scaled), name=copy.name)
 
 
 def _input_rescaling(model: tf_keras.Model) -> tf_keras.layers.Rescaling | None:
@@ -65,18 +79,32 @@ def _layers_after(model: tf_keras.Model, front: tf_keras.layers.Layer) -> tf_ker
                                                         else model.outputs[0]), name=f"{model.name}_quantized")
 
 
-def _quantize_applied(model: tf_keras.Model, preserve: Preserve, float_layers: tuple[str, ...] = ()) -> tf_keras.Model:
+def _low_bit_config(layer: tf_keras.layers.Layer, bits: int) -> tfmot.quantization.keras.QuantizeConfig:
+    """tfmot's n-bit config for a kernel at `bits` (symmetric, narrow range) and an 8-bit output:
+    a scale per output channel for a Conv2D (a Dense computed as one, per_channel_dense), one for a Dense."""
+    if not isinstance(layer, (tf_keras.layers.Conv2D, tf_keras.layers.Dense)):
+        raise ValueError(f"kernel_bits: {layer.name} is a {type(layer).__name__}, not a Dense or Conv2D layer")
+    config = _n_bit.DefaultNBitConvQuantizeConfig if isinstance(layer, tf_keras.layers.Conv2D) else _n_bit.DefaultNBitQuantizeConfig
+    return config(["kernel"], ["activation"], False, num_bits_weight=bits, num_bits_activation=8)
+
+
+def _quantize_applied(model: tf_keras.Model, preserve: Preserve, float_layers: tuple[str, ...] = (),
+                      kernel_bits: dict[str, int] | None = None) -> tf_keras.Model:
     quant = tfmot.quantization.keras
+    kernel_bits = kernel_bits or {}
 
     def annotate(layer: tf_keras.layers.Layer) -> tf_keras.layers.Layer:
         if layer.name in float_layers:
             return layer.__class__.from_config(layer.get_config())
+        if layer.name in kernel_bits:
+            return quant.quantize_annotate_layer(layer, _low_bit_config(layer, kernel_bits[layer.name]))
         return quant.quantize_annotate_layer(layer)
 
     annotated = tf_keras.models.clone_model(model, clone_function=annotate)
     annotated.set_weights(model.get_weights())
     if preserve is None:
-        return quant.quantize_apply(annotated)
+        with quant.quantize_scope(_N_BIT_CONFIGS):
+            return quant.quantize_apply(annotated)
     combine = tfmot.experimental.combine
     scheme = (
         combine.Default8BitPrunePreserveQuantizeScheme()

@@ -441,6 +441,14 @@ class QuantizeConfig(StrictModel):
     gaps can be below one int8 step of its advantage output (whose range spans the rare states
     where one action is far better), and int8 then ties or flips them; the heads are a few
     hundred weights (4 bytes each). TFLite Micro and the C export run the float heads as well."""
+    kernel_bits: dict[str, Annotated[int, Field(ge=4, le=7)]] = Field(default_factory=dict)
+    """qat: layers whose kernel trains and exports at 4-7 bits instead of 8, e.g. {hidden_0: 4}. The
+    kernel keeps one scale per output unit (per_channel_dense on a CNN) and is stored in int8 bytes
+    holding at most 2^b-1 values (at 4 bits -7..7), the same bytes in every unit: every runtime plays
+    it as any int8 kernel, and gzip's Huffman stage stores each in about b bits or fewer. Not under
+    4: the converter stores fewer bits on the 4-bit grid, re-rounding what QAT trained. Why not clustering
+    for that: a cluster's centroid becomes a different byte under each unit's scale, so a clustered
+    kernel with a scale per unit holds many more distinct bytes (docs/minatar.md)."""
     qat_teacher: QatTeacher = "baseline"
     """qat: whom the QAT fine-tune distils to: the baseline, or the variant's own float model as QAT
     starts from it (a student's distilled weights). Why float: its fake-quantized copy can match
@@ -457,6 +465,8 @@ class QuantizeConfig(StrictModel):
     def _post_training_options(self) -> QuantizeConfig:
         if self.float_head and self.mode != "qat":
             raise ValueError(f"float_head applies to mode qat only, not {self.mode}; remove it or use mode: qat")
+        if self.kernel_bits and self.mode != "qat":
+            raise ValueError(f"kernel_bits applies to mode qat only, not {self.mode}; remove it or use mode: qat")
         if self.qat_teacher != "baseline" and self.mode != "qat":
             raise ValueError(f"qat_teacher applies to mode qat only, not {self.mode}; remove it or use mode: qat")
         if self.action_head and self.mode != "int8":
@@ -601,6 +611,9 @@ class VariantConfig(StrictModel):
             raise ValueError("a student learns from the baseline: fine_tune.method must be distill")
         if self.quantize and self.quantize.qat_teacher == "float" and self.fine_tune.method != "distill":
             raise ValueError("quantize.qat_teacher: float distils to the float model: fine_tune.method must be distill")
+        if self.quantize and self.quantize.kernel_bits and self.quantize.preserve and (self.prune or self.cluster):
+            raise ValueError("quantize.kernel_bits has no sparsity- or cluster-preserving QAT; drop kernel_bits, "
+                             "or set quantize.preserve: false")
         self._candidate_teachers()
         if not (self.prune or self.quantize or self.cluster or self.student):
             raise ValueError("a variant needs at least one of prune, quantize, cluster, student")
@@ -649,6 +662,9 @@ class SearchConfig(StrictModel):
     cluster.learning_rate), then cluster-preserving QAT (named ...-clK-cqat-int8): each output
     unit's int8 weights keep at most `clusters` values, which gzip stores in fewer bits than a
     byte; null: no clustering. Needs student_quantize: qat."""
+    student_kernel_bits: dict[str, Annotated[int, Field(ge=4, le=7)]] = Field(default_factory=dict)
+    """QAT students' layers whose kernel trains and exports at fewer bits (quantize.kernel_bits), e.g.
+    {hidden_0: 4}: named ...-qat-int8-hidden_0-4bit. Needs student_quantize: qat, no student_cluster."""
     sparsities: list[_real(0.0, 1.0, lo_open=True, hi_open=True)] = Field(default_factory=list)
     """Magnitude-pruning targets to try on the baseline (each then post-training int8); [] leaves pruning out."""
     prune_exclude: list[str] = Field(default_factory=lambda: [layer_names.hidden(0), layer_names.OUTPUT])
@@ -685,6 +701,9 @@ class SearchConfig(StrictModel):
         if self.student_cluster is not None and self.student_quantize != "qat":
             raise ValueError("search.student_cluster: clustered students keep their clusters through "
                              "quantization-aware int8; set student_quantize: qat or remove student_cluster")
+        if self.student_kernel_bits and (self.student_quantize != "qat" or self.student_cluster is not None):
+            raise ValueError("search.student_kernel_bits: low-bit kernels are trained by QAT without clustering; "
+                             "set student_quantize: qat and remove student_cluster, or remove student_kernel_bits")
         if any(not (s.net_arch if isinstance(s, StudentConfig) else s) for s in self.students):
             raise ValueError("search.students: each entry is a list of hidden widths, e.g. [32, 32], or "
                              "{conv: [...], net_arch: [...]} with at least one hidden width")

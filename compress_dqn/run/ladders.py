@@ -68,6 +68,8 @@ def _estimate(variant: VariantConfig, train: Any, obs_shape: tuple[int, ...], n_
     if variant.cluster:
         per_weight.update({name: min(per_weight[name], np.log2(variant.cluster.clusters) / 8)
                            for name in weights if name not in variant.cluster.exclude})
+    if variant.quantize:  # a low-bit kernel as its 2^b-1 values equally used would take
+        per_weight.update({name: bits / 8 for name, bits in variant.quantize.kernel_bits.items() if name in weights})
     total = sum(w * per_weight[name] for name, w in weights.items())
     if variant.quantize and variant.quantize.float_head:  # the output layer's weights stay fp32
         total += weights["q_values"] * (_BYTES_PER_WEIGHT[None] - _BYTES_PER_WEIGHT[mode])
@@ -109,6 +111,9 @@ def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantCo
     if search.student_quantize == "qat":
         name += "-cqat-int8" if clustered else "-qat-int8"
         data["quantize"] = {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}
+        if search.student_kernel_bits:
+            name += "".join(f"-{layer}-{bits}bit" for layer, bits in search.student_kernel_bits.items())
+            data["quantize"]["kernel_bits"] = dict(search.student_kernel_bits)
         if search.qat_float_head:
             name += "-float-heads"
             data["quantize"]["float_head"] = True
