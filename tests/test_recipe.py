@@ -199,10 +199,10 @@ def test_a_clustered_fine_tune_of_its_own_is_refused_where_nothing_is_distilled_
     assert load_recipe(path).variants[0].cluster.steps == 100
 
 
-def test_low_bit_kernels_are_refused_outside_qat_under_four_bits_and_with_preserving_qat(tmp_path):
+def test_low_bit_kernels_are_refused_outside_qat_at_eight_bits_and_with_preserving_qat(tmp_path):
     path = tmp_path / "r.yaml"
     cases = [("{mode: int8, kernel_bits: {hidden_0: 4}}", "", "kernel_bits applies to mode qat only"),
-             ("{mode: qat, kernel_bits: {hidden_0: 3}}", "", r"kernel_bits\.hidden_0"),
+             ("{mode: qat, kernel_bits: {hidden_0: 8}}", "", r"kernel_bits\.hidden_0"),
              ("{mode: qat, kernel_bits: {hidden_0: 4}}", ", cluster: {clusters: 4}", "kernel_bits has no .*preserving QAT")]
     for quantize, extra, message in cases:
         path.write_text(f"env: {{id: CartPole-v1}}\nvariants:\n  - {{name: q, quantize: {quantize}{extra}}}\n")

@@ -266,7 +266,7 @@ def test_low_bit_students_are_named_for_it_and_weigh_their_bits():
         with pytest.raises(UserError, match="search.student_kernel_bits: .*set student_quantize: qat and remove student_cluster"):
             load_recipe(MINATAR, [f"search={{students: [[32]], student_kernel_bits: {{hidden_0: 4}}, {conflict}}}"])
     with pytest.raises(UserError, match="kernel_bits"):
-        load_recipe(MINATAR, ["search={students: [[32]], student_kernel_bits: {hidden_0: 3}}"])
+        load_recipe(MINATAR, ["search={students: [[32]], student_kernel_bits: {hidden_0: 1}}"])
 
 
 def test_conv_students_are_named_and_sized_from_their_layers():

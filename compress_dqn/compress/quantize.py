@@ -14,17 +14,12 @@ import numpy as np
 import tensorflow_model_optimization as tfmot
 
 from compress_dqn._tf import tf, tf_keras
-# tfmot exports the n-bit configs only from this module.
-from tensorflow_model_optimization.python.core.quantization.keras.experimental.default_n_bit import (
-    default_n_bit_quantize_registry as _n_bit,
-)
+from compress_dqn.compress import low_bit
 from compress_dqn.compress.rewrites import SPLIT_HEADS
 from compress_dqn.rl.networks import independent_copy, weight_layers
 from compress_dqn.recipe.schema import QuantizeConfig
 
 Preserve = Literal["sparsity", "clusters"] | None
-_N_BIT_CONFIGS = {"DefaultNBitConvQuantizeConfig": _n_bit.DefaultNBitConvQuantizeConfig,
-                  "DefaultNBitQuantizeConfig": _n_bit.DefaultNBitQuantizeConfig}
 
 
 FLOAT_HEADS = SPLIT_HEADS
@@ -79,13 +74,10 @@ def _layers_after(model: tf_keras.Model, front: tf_keras.layers.Layer) -> tf_ker
                                                         else model.outputs[0]), name=f"{model.name}_quantized")
 
 
-def _low_bit_config(layer: tf_keras.layers.Layer, bits: int) -> tfmot.quantization.keras.QuantizeConfig:
-    """tfmot's n-bit config for a kernel at `bits` (symmetric, narrow range) and an 8-bit output:
-    a scale per output channel for a Conv2D (a Dense computed as one, per_channel_dense), one for a Dense."""
+def _low_bit_config(layer: tf_keras.layers.Layer, bits: int) -> low_bit.LowBitKernelConfig:
     if not isinstance(layer, (tf_keras.layers.Conv2D, tf_keras.layers.Dense)):
         raise ValueError(f"kernel_bits: {layer.name} is a {type(layer).__name__}, not a Dense or Conv2D layer")
-    config = _n_bit.DefaultNBitConvQuantizeConfig if isinstance(layer, tf_keras.layers.Conv2D) else _n_bit.DefaultNBitQuantizeConfig
-    return config(["kernel"], ["activation"], False, num_bits_weight=bits, num_bits_activation=8)
+    return low_bit.LowBitKernelConfig(bits, per_axis=isinstance(layer, tf_keras.layers.Conv2D))
 
 
 def _quantize_applied(model: tf_keras.Model, preserve: Preserve, float_layers: tuple[str, ...] = (),
@@ -103,7 +95,7 @@ def _quantize_applied(model: tf_keras.Model, preserve: Preserve, float_layers: t
     annotated = tf_keras.models.clone_model(model, clone_function=annotate)
     annotated.set_weights(model.get_weights())
     if preserve is None:
-        with quant.quantize_scope(_N_BIT_CONFIGS):
+        with quant.quantize_scope(low_bit.SCOPE):
             return quant.quantize_apply(annotated)
     combine = tfmot.experimental.combine
     scheme = (

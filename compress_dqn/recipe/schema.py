@@ -441,14 +441,14 @@ class QuantizeConfig(StrictModel):
     gaps can be below one int8 step of its advantage output (whose range spans the rare states
     where one action is far better), and int8 then ties or flips them; the heads are a few
     hundred weights (4 bytes each). TFLite Micro and the C export run the float heads as well."""
-    kernel_bits: dict[str, Annotated[int, Field(ge=4, le=7)]] = Field(default_factory=dict)
-    """qat: layers whose kernel trains and exports at 4-7 bits instead of 8, e.g. {hidden_0: 4}. The
-    kernel keeps one scale per output unit (per_channel_dense on a CNN) and is stored in int8 bytes
-    holding at most 2^b-1 values (at 4 bits -7..7), the same bytes in every unit: every runtime plays
-    it as any int8 kernel, and gzip's Huffman stage stores each in about b bits or fewer. Not under
-    4: the converter stores fewer bits on the 4-bit grid, re-rounding what QAT trained. Why not clustering
-    for that: a cluster's centroid becomes a different byte under each unit's scale, so a clustered
-    kernel with a scale per unit holds many more distinct bytes (docs/minatar.md)."""
+    kernel_bits: dict[str, Annotated[int, Field(ge=2, le=7)]] = Field(default_factory=dict)
+    """qat: layers whose kernel trains and exports at 2-7 bits instead of 8, e.g. {hidden_0: 4}. The
+    kernel keeps one scale per output unit (per_channel_dense on a CNN) and takes the 2^b-1 integers
+    -(2^(b-1)-1)..2^(b-1)-1, the same in every unit, stored exactly as INT4 (b <= 4) or INT8
+    (compress.low_bit): runtimes play it as any such kernel, and gzip stores each weight in about b
+    bits or fewer. Why not clustering for that: a cluster's centroid becomes a different byte under
+    each unit's scale, so a clustered kernel with a scale per unit holds many more distinct bytes
+    (docs/minatar.md)."""
     qat_teacher: QatTeacher = "baseline"
     """qat: whom the QAT fine-tune distils to: the baseline, or the variant's own float model as QAT
     starts from it (a student's distilled weights). Why float: its fake-quantized copy can match
@@ -662,7 +662,7 @@ class SearchConfig(StrictModel):
     cluster.learning_rate), then cluster-preserving QAT (named ...-clK-cqat-int8): each output
     unit's int8 weights keep at most `clusters` values, which gzip stores in fewer bits than a
     byte; null: no clustering. Needs student_quantize: qat."""
-    student_kernel_bits: dict[str, Annotated[int, Field(ge=4, le=7)]] = Field(default_factory=dict)
+    student_kernel_bits: dict[str, Annotated[int, Field(ge=2, le=7)]] = Field(default_factory=dict)
     """QAT students' layers whose kernel trains and exports at fewer bits (quantize.kernel_bits), e.g.
     {hidden_0: 4}: named ...-qat-int8-hidden_0-4bit. Needs student_quantize: qat, no student_cluster."""
     sparsities: list[_real(0.0, 1.0, lo_open=True, hi_open=True)] = Field(default_factory=list)
