@@ -138,6 +138,43 @@ def test_a_float_head_qat_student_in_c_plays_as_the_reference_kernels(tmp_path):
     assert len({act(s) for s in states[:200]}) > 1  # a policy that takes one action everywhere would prove nothing
 
 
+@pytest.mark.slow
+def test_a_low_bit_kernel_student_in_c_and_onnx_plays_as_the_reference_kernels(tmp_path):
+    """quantize.kernel_bits: the hidden layer's INT4 kernel (two weights a byte, a scale per unit)
+    read as int8 by the exporters: C and ONNX take LiteRT's reference-kernel action on every state."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.compress.quantize import FLOAT_HEADS, calibrate_ranges, converter_setup, qat_model
+    from compress_dqn.compress.rewrites import flattened_dense_as_conv, split_value_advantage
+    from compress_dqn.deploy.c_export import generate_c
+    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.export.writers import convert_tflite, export_saved_model
+    from compress_dqn.recipe.schema import QuantizeConfig
+
+    tf_keras.utils.set_random_seed(0)
+    model = flattened_dense_as_conv(split_value_advantage(tf_keras.Sequential([
+        tf_keras.Input((10, 10, 4)), tf_keras.layers.Rescaling(1 / 255, name="rescale"),
+        tf_keras.layers.Conv2D(4, 3, activation="relu", name="conv_0"), tf_keras.layers.Flatten(name="flatten"),
+        tf_keras.layers.Dense(16, activation="relu", name="hidden_0"), tf_keras.layers.Dense(3, name="q_values")])))
+    states = np.random.default_rng(1).integers(0, 2, (1000, 10, 10, 4)).astype(np.uint8) * 255
+    qat = qat_model(model, float_layers=FLOAT_HEADS, kernel_bits={"hidden_0": 3})
+    calibrate_ranges(qat, model, states[:256].astype(np.float32))
+    saved = export_saved_model(qat, (10, 10, 4), np.uint8, tmp_path / "saved_model")
+    path = tmp_path / "low_bit.tflite"
+    path.write_bytes(with_float_q_values(convert_tflite(saved, converter_setup(QuantizeConfig(mode="qat", float_head=True)))))
+    kernel = next(t for op in read_policy_graph(path).ops for t in op.inputs
+                  if t is not None and t.value is not None and t.shape == (16, 8, 8, 4))
+    assert kernel.dtype == np.int8 and set(np.unique(kernel.value)) == set(range(-3, 4)) and kernel.scales.size == 16
+    reference = TFLitePolicy(path, reference_kernels=True).actions(states).tolist()
+    assert len(set(reference[:200])) > 1  # a policy that takes one action everywhere would prove nothing
+    policy = generate_c(path, "low_bit")
+    act = c_actor(compile_shared(policy, tmp_path), policy)
+    assert [act(s) for s in states] == reference
+    onnx_act = _onnx_actor(_onnx_session(path, tmp_path))
+    assert [onnx_act(s) for s in states] == reference
+
+
 # Dynamic-range files: the tiny run's is float throughout (the converter keeps layers under 1,024 weights
 # in float), so these build files whose layers LiteRT runs with its hybrid kernels.
 

@@ -3,7 +3,8 @@
 The C and ONNX exporters (c_export.py, onnx_export.py) translate this, not the flatbuffer: one
 reader decides which ops a policy holds and refuses, by name, those neither can translate.
 Constants come out as numpy arrays; float16 constants behind a DEQUANTIZE are widened here
-(exactly, as LiteRT does at run time), so no exporter sees that op.
+(exactly, as LiteRT does at run time), so no exporter sees that op, and INT4 weights (two a byte)
+come out as int8 arrays of the same values: the exporters store them a byte each.
 """
 
 from __future__ import annotations
@@ -145,19 +146,23 @@ class _Reader:
         if index not in self._tensors:
             t = self.graph.tensors[index]
             type_name = self._types[t.type]
-            if type_name not in _DTYPES:
-                raise UserError(f"tensor {index} is {type_name}; the exporter reads {sorted(_DTYPES)} only")
-            dtype = np.dtype(_DTYPES[type_name]).newbyteorder("<")
+            packed = type_name == "INT4"  # a low-bit kernel (quantize.kernel_bits), read as int8
+            if type_name not in _DTYPES and not packed:
+                raise UserError(f"tensor {index} is {type_name}; the exporter reads {sorted([*_DTYPES, 'INT4'])} only")
+            dtype = np.dtype(np.int8 if packed else _DTYPES[type_name]).newbyteorder("<")
             shape = tuple(int(d) for d in (t.shape if t.shape is not None else []))
-            tensor = Tensor(index, shape, np.dtype(_DTYPES[type_name]))
+            tensor = Tensor(index, shape, np.dtype(dtype.type))
             q = t.quantization
             if q is not None and q.scale is not None and len(q.scale):
                 tensor.scales = np.asarray(q.scale, np.float32)
                 tensor.zero_points = np.asarray(q.zeroPoint, np.int64)
                 tensor.axis = int(q.quantizedDimension)
             data = self.model.buffers[t.buffer].data if t.buffer < len(self.model.buffers) else None
+            if packed and not (data is not None and len(data)) or packed and t.sparsity is not None:
+                raise UserError(f"tensor {index} is INT4 and not a dense constant; the exporter reads INT4 weights only")
             if data is not None and len(data):
-                values = np.frombuffer(bytes(np.asarray(data, np.uint8)), dtype=dtype)
+                raw = bytes(np.asarray(data, np.uint8))
+                values = _unpacked_int4(raw, int(np.prod(shape))) if packed else np.frombuffer(raw, dtype=dtype)
                 tensor.value = _dense(t.sparsity, values, shape) if t.sparsity is not None else values.reshape(shape or ())
                 tensor.sparse = t.sparsity is not None
             self._tensors[index] = tensor
@@ -184,6 +189,13 @@ class _Reader:
             options = {k: v for k, v in vars(raw.builtinOptions).items()} if raw.builtinOptions is not None else {}
             ops.append(Op(kind, inputs, outputs, options))
         return ops
+
+
+def _unpacked_int4(raw: bytes, count: int) -> np.ndarray:
+    """INT4 values packed two a byte, the first in the low nibble (TFLite's layout), as int8."""
+    nibbles = np.frombuffer(raw, np.uint8)
+    pairs = np.stack([nibbles & 0x0F, nibbles >> 4], axis=1).reshape(-1)[:count].astype(np.int8)
+    return np.where(pairs > 7, pairs - 16, pairs).astype(np.int8)
 
 
 def _dense(sparsity: Any, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
