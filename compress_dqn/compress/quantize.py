@@ -38,14 +38,7 @@ def qat_model(model: tf_keras.Model, preserve: Preserve = None, float_layers: tu
     in kernel_bits train their kernel at that many bits (quantize.kernel_bits)."""
     copy = independent_copy(model)
     kernel_bits = kernel_bits or {}
-    names = {layer.name for layer in copy.layers}
-    for what, wanted in (("to keep in float", set(float_layers)), ("for kernel_bits", set(kernel_bits))):
-        if wanted - names:
-            raise ValueError(f"no layer named {', '.join(sorted(wanted - names))} {what}; the layers are "
-                             f"{', '.join(sorted(n for n in names if n in {l.name for l in weight_layers(copy)}))}")
-    if set(float_layers) & set(kernel_bits):
-        raise ValueError(f"{', '.join(sorted(set(float_layers) & set(kernel_bits)))} stays in float: "
-                         "remove it from kernel_bits")
+    _check_layer_choices(copy, preserve, float_layers, kernel_bits)
     front = _input_rescaling(copy)
     if front is None:
         return _quantize_applied(copy, preserve, float_layers, kernel_bits)
@@ -53,6 +46,21 @@ def qat_model(model: tf_keras.Model, preserve: Preserve = None, float_layers: tu
     inputs = tf_keras.Input(copy.input_shape[1:], dtype=copy.inputs[0].dtype, name="obs")
     scaled = tf_keras.layers.Rescaling(front.scale, front.offset, name=front.name)(inputs)
     return tf_keras.Model(inputs, _quantize_applied(body, preserve, float_layers, kernel_bits)(scaled), name=copy.name)
+
+
+def _check_layer_choices(model: tf_keras.Model, preserve: Preserve, float_layers: tuple[str, ...],
+                         kernel_bits: dict[str, int]) -> None:
+    """ValueError, naming the model's weight layers, where float_layers or kernel_bits name none of
+    them, where one layer is in both, or where kernel_bits meets a preserving scheme (which has none)."""
+    names = sorted(layer.name for layer in weight_layers(model))
+    for what, wanted in (("to keep in float", set(float_layers)), ("for kernel_bits", set(kernel_bits))):
+        if wanted - set(names):
+            raise ValueError(f"no layer named {', '.join(sorted(wanted - set(names)))} {what}; "
+                             f"the weight layers are {', '.join(names)}")
+    if set(float_layers) & set(kernel_bits):
+        raise ValueError(f"{', '.join(sorted(set(float_layers) & set(kernel_bits)))} stays in float: remove it from kernel_bits")
+    if kernel_bits and preserve is not None:
+        raise ValueError(f"kernel_bits has no {preserve}-preserving QAT; drop kernel_bits or quantize.preserve")
 
 
 def _input_rescaling(model: tf_keras.Model) -> tf_keras.layers.Rescaling | None:
