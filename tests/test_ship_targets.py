@@ -141,7 +141,8 @@ def test_a_float_head_qat_student_in_c_plays_as_the_reference_kernels(tmp_path):
 @pytest.mark.slow
 def test_a_low_bit_kernel_student_in_c_and_onnx_plays_as_the_reference_kernels(tmp_path):
     """quantize.kernel_bits: the hidden layer's INT4 kernel (two weights a byte, a scale per unit)
-    read as int8 by the exporters: C and ONNX take LiteRT's reference-kernel action on every state."""
+    read as int8 by the exporters: C and ONNX take LiteRT's reference-kernel action on every state,
+    and TensorFlow Lite Micro exports and plays it."""
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import FLOAT_HEADS, calibrate_ranges, converter_setup, qat_model
     from compress_dqn.compress.rewrites import flattened_dense_as_conv, split_value_advantage
@@ -173,6 +174,12 @@ def test_a_low_bit_kernel_student_in_c_and_onnx_plays_as_the_reference_kernels(t
     assert [act(s) for s in states] == reference
     onnx_act = _onnx_actor(_onnx_session(path, tmp_path))
     assert [onnx_act(s) for s in states] == reference
+    from compress_dqn.deploy.micro import MicroPolicy
+    from compress_dqn.deploy.micro.cpp import export_micro
+
+    micro = export_micro(path, tmp_path / "micro")  # TFLM runs the INT4 kernel, unpacked into its arena
+    assert micro.runs and micro.arena_bytes > 16 * 8 * 8 * 4
+    assert MicroPolicy(path).actions(states[:200]).tolist() == reference[:200]
 
 
 # Dynamic-range files: the tiny run's is float throughout (the converter keeps layers under 1,024 weights

@@ -198,7 +198,7 @@ def try_compression(data: bytes, label: str = "<bytes>") -> Compression:
     chosen = 0
     for g, graph in enumerate(model.subgraphs):
         for t, tensor in enumerate(graph.tensors):
-            if tensor.buffer is None or len(tensor.buffer.data) == 0 or tensor.array is None:
+            if tensor.buffer is None or len(tensor.buffer.data) == 0 or _packed(tensor) or tensor.array is None:
                 continue
             plan = _lut_plan(tensor)
             if plan is not None:
@@ -227,6 +227,14 @@ def try_compression(data: bytes, label: str = "<bytes>") -> Compression:
     arena = measure_arena(packed, label).arena_bytes
     return Compression(packed, len(packed), f"{chosen} tensor(s) LUT-compressed, outputs identical; decoded "
                        f"weights need {arena} bytes of arena", chosen, arena)
+
+
+def _packed(tensor: Any) -> bool:
+    """An INT4 tensor (quantize.kernel_bits): already two weights a byte, and TFLM's compressor
+    has no numpy type to read it with."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    return tensor.dtype == schema.TensorType.INT4
 
 
 def _lut_plan(tensor: Any) -> tuple[int, int | None] | None:
