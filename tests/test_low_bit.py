@@ -43,16 +43,15 @@ def test_a_low_bit_kernel_is_stored_exactly_at_its_bit_width_and_plays_as_traine
         assert len(kernels[(16, 8, 8, 4)]["quantization_parameters"]["scales"]) == 16
         top = 2 ** (bits - 1) - 1
         assert set(np.unique(hidden)) == set(range(-top, top + 1)), bits
-    conv = interp.get_tensor(kernels[(4, 3, 3, 4)]["index"])
-    assert np.abs(conv).max() == 127  # the layers not named keep 8 bits
-    runner = interp.get_signature_runner()
-    (name,) = runner.get_input_details()
-    played = [runner(**{name: s[None]}) for s in states[:50]]
-    q_values = np.concatenate([p["q_values"] for p in played])
-    expected = q_from_outputs(qat(states[:50], training=False)).numpy()
-    np.testing.assert_allclose(q_values, expected, atol=0.02 * np.abs(expected).max())
-    assert np.array_equal(np.concatenate([p["action"] for p in played]), q_values.argmax(1))
-
+        conv = interp.get_tensor(kernels[(4, 3, 3, 4)]["index"])
+        assert np.abs(conv).max() == 127  # the layers not named keep 8 bits
+        runner = interp.get_signature_runner()
+        (name,) = runner.get_input_details()
+        played = [runner(**{name: s[None]}) for s in states[:50]]
+        q_values = np.concatenate([p["q_values"] for p in played])
+        expected = q_from_outputs(qat(states[:50], training=False)).numpy()
+        np.testing.assert_allclose(q_values, expected, atol=0.02 * np.abs(expected).max())
+        assert np.array_equal(np.concatenate([p["action"] for p in played]), q_values.argmax(1))
 
 def test_a_students_low_bit_dense_kernel_reaches_its_file(trained_tiny, tmp_path):
     """A variant's quantize.kernel_bits reaches the build: an MLP student's Dense kernel (one scale,
