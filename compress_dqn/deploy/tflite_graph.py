@@ -158,7 +158,7 @@ class _Reader:
                 tensor.zero_points = np.asarray(q.zeroPoint, np.int64)
                 tensor.axis = int(q.quantizedDimension)
             data = self.model.buffers[t.buffer].data if t.buffer < len(self.model.buffers) else None
-            if packed and not (data is not None and len(data)) or packed and t.sparsity is not None:
+            if packed and (data is None or not len(data) or t.sparsity is not None):
                 raise UserError(f"tensor {index} is INT4 and not a dense constant; the exporter reads INT4 weights only")
             if data is not None and len(data):
                 raw = bytes(np.asarray(data, np.uint8))
