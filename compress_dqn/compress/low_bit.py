@@ -11,7 +11,7 @@ Every runtime that plays INT4/INT8 kernels plays it; fewer values gzip to fewer 
 
 from __future__ import annotations
 
-from compress_dqn._tf import tf, tf_keras
+from compress_dqn._tf import tf
 from tensorflow_model_optimization.python.core.quantization.keras import quantizers
 from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import default_8bit_quantize_registry
 
@@ -33,11 +33,7 @@ class GridKernelQuantizer(quantizers.LastValueQuantizer):
         super().__init__(num_bits=storage_bits(bits), per_axis=per_axis, symmetric=True, narrow_range=True)
         self.bits = bits
 
-    def build(self, tensor_shape, name: str, layer: tf_keras.layers.Layer) -> dict[str, tf.Variable]:
-        shape = (tensor_shape[-1],) if self.per_axis else ()
-        return {f"{end}_var": layer.add_weight(f"{name}_{end}", shape=shape, trainable=False,
-                                               initializer=tf_keras.initializers.Constant(sign * 6.0))
-                for end, sign in (("min", -1), ("max", 1))}
+    # build: tfmot's own (a range per output channel where per_axis, else one).
 
     def __call__(self, inputs: tf.Tensor, training: bool, weights: dict[str, tf.Variable], **kwargs) -> tf.Tensor:
         if training:  # the range follows the kernel, as tfmot's last-value quantizer's does

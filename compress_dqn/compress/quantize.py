@@ -82,22 +82,16 @@ def _layers_after(model: tf_keras.Model, front: tf_keras.layers.Layer) -> tf_ker
                                                         else model.outputs[0]), name=f"{model.name}_quantized")
 
 
-def _low_bit_config(layer: tf_keras.layers.Layer, bits: int) -> low_bit.LowBitKernelConfig:
-    if not isinstance(layer, (tf_keras.layers.Conv2D, tf_keras.layers.Dense)):
-        raise ValueError(f"kernel_bits: {layer.name} is a {type(layer).__name__}, not a Dense or Conv2D layer")
-    return low_bit.LowBitKernelConfig(bits, per_axis=isinstance(layer, tf_keras.layers.Conv2D))
-
-
-def _quantize_applied(model: tf_keras.Model, preserve: Preserve, float_layers: tuple[str, ...] = (),
-                      kernel_bits: dict[str, int] | None = None) -> tf_keras.Model:
+def _quantize_applied(model: tf_keras.Model, preserve: Preserve, float_layers: tuple[str, ...],
+                      kernel_bits: dict[str, int]) -> tf_keras.Model:
     quant = tfmot.quantization.keras
-    kernel_bits = kernel_bits or {}
 
     def annotate(layer: tf_keras.layers.Layer) -> tf_keras.layers.Layer:
         if layer.name in float_layers:
             return layer.__class__.from_config(layer.get_config())
-        if layer.name in kernel_bits:
-            return quant.quantize_annotate_layer(layer, _low_bit_config(layer, kernel_bits[layer.name]))
+        if layer.name in kernel_bits:  # a Dense or Conv2D (_check_layer_choices); a Conv2D's kernel per channel
+            config = low_bit.LowBitKernelConfig(kernel_bits[layer.name], isinstance(layer, tf_keras.layers.Conv2D))
+            return quant.quantize_annotate_layer(layer, config)
         return quant.quantize_annotate_layer(layer)
 
     annotated = tf_keras.models.clone_model(model, clone_function=annotate)

@@ -405,6 +405,10 @@ class PruneConfig(StrictModel):
 QUANTIZE_MODES = ("dynamic", "float16", "int8", "int16x8", "qat")
 
 
+KernelBits = dict[str, Annotated[int, Field(ge=2, le=7)]]
+"""Layer name -> its kernel's bits in QAT (compress.low_bit stores 2-7 bits exactly)."""
+
+
 class QuantizeConfig(StrictModel):
     """Post-training quantization at TFLite conversion, or quantization-aware training (qat)."""
 
@@ -441,7 +445,7 @@ class QuantizeConfig(StrictModel):
     gaps can be below one int8 step of its advantage output (whose range spans the rare states
     where one action is far better), and int8 then ties or flips them; the heads are a few
     hundred weights (4 bytes each). TFLite Micro and the C export run the float heads as well."""
-    kernel_bits: dict[str, Annotated[int, Field(ge=2, le=7)]] = Field(default_factory=dict)
+    kernel_bits: KernelBits = Field(default_factory=dict)
     """qat: layers whose kernel trains and exports at 2-7 bits instead of 8, e.g. {hidden_0: 4}. The
     kernel keeps one scale per output unit (per_channel_dense on a CNN) and takes the 2^b-1 integers
     -(2^(b-1)-1)..2^(b-1)-1, the same in every unit, stored exactly as INT4 (b <= 4) or INT8
@@ -662,7 +666,7 @@ class SearchConfig(StrictModel):
     cluster.learning_rate), then cluster-preserving QAT (named ...-clK-cqat-int8): each output
     unit's int8 weights keep at most `clusters` values, which gzip stores in fewer bits than a
     byte; null: no clustering. Needs student_quantize: qat."""
-    student_kernel_bits: dict[str, Annotated[int, Field(ge=2, le=7)]] = Field(default_factory=dict)
+    student_kernel_bits: KernelBits = Field(default_factory=dict)
     """QAT students' layers whose kernel trains and exports at fewer bits (quantize.kernel_bits), e.g.
     {hidden_0: 4}: named ...-qat-int8-hidden_0-4bit. Needs student_quantize: qat, no student_cluster."""
     sparsities: list[_real(0.0, 1.0, lo_open=True, hi_open=True)] = Field(default_factory=list)
