@@ -269,6 +269,25 @@ def test_low_bit_students_are_named_for_it_and_weigh_their_bits():
         load_recipe(MINATAR, ["search={students: [[32]], student_kernel_bits: {hidden_0: 1}}"])
 
 
+def test_pruned_candidates_may_be_quantized_by_qat_or_dynamic_range_and_stay_dense():
+    recipe = load_recipe(MINATAR, ["search={students: [], sparsities: [0.95], prune_exclude: [conv_0, q_values], "
+                                   "prune_quantize: qat, qat_float_head: true, qat_steps: 300, prune_sparse_format: false}"])
+    (rung,) = ladders(recipe, (10, 10, 4), 3)["prune"]
+    assert rung.variant.name == "prune-95-qat-int8-float-heads"
+    assert rung.variant.quantize.mode == "qat" and rung.variant.quantize.float_head and rung.variant.quantize.preserve
+    assert rung.variant.quantize.qat_steps == 300
+    assert rung.variant.prune.sparsity == 0.95 and not rung.variant.prune.sparse_format
+    # The conv kept dense (a byte a weight), 5% of the 1024x128 kernel, the float heads at 4 bytes.
+    assert rung.estimated_bytes == pytest.approx(3 * 3 * 4 * 16 + 0.05 * 1024 * 128 + 4 * 128 * 3)
+    (default,) = ladders(load_recipe(MINATAR, ["search={students: [], sparsities: [0.9]}"]), (10, 10, 4), 3)["prune"]
+    assert default.variant.name == "prune-90-int8" and default.variant.quantize.mode == "int8"
+    assert default.variant.prune.sparse_format
+    (dynamic,) = ladders(load_recipe(MINATAR, ["search={students: [], sparsities: [0.95], prune_quantize: dynamic, "
+                                               "prune_exclude: [conv_0, q_values]}"]), (10, 10, 4), 3)["prune"]
+    assert dynamic.variant.name == "prune-95-dynamic" and dynamic.variant.quantize.mode == "dynamic"
+    assert dynamic.estimated_bytes == pytest.approx(3 * 3 * 4 * 16 + 0.05 * 1024 * 128 + 128 * 3)
+
+
 def test_conv_students_are_named_and_sized_from_their_layers():
     """An image task's ladder: students with fewer filters and a smaller dense layer, each estimated
     from its own conv output size (valid padding), and the pruning family from the baseline's layers."""

@@ -675,6 +675,17 @@ class SearchConfig(StrictModel):
     """Layers the pruning family keeps dense."""
     prune_fine_tune: FineTuneConfig = _tuning(6_000, 3e-4)
     """Recovery fine-tune of each pruned candidate."""
+    prune_quantize: Literal["int8", "dynamic", "qat"] = "int8"
+    """How each pruned candidate is quantized: int8 (post-training, weights and activations; named
+    prune-90-int8), dynamic (int8 weights, float activations; prune-90-dynamic), or qat
+    (sparsity-preserving QAT at qat_steps and qat_learning_rate, float heads with qat_float_head;
+    prune-90-qat-int8[-float-heads]). On MinAtar Space Invaders int8 activations cost the pruned
+    baseline its return and int8 weights alone did not (docs/minatar.md)."""
+    prune_sparse_format: bool = True
+    """Pruned candidates' prune.sparse_format. false: their kernels stay dense with their zeros,
+    which the C exporter translates for dynamic-range layers and TFLite Micro loads (it has no
+    DENSIFY); gzipped, such a file was no larger than the sparse format's (docs/minatar.md), while
+    the sparse format's own file is several times smaller ungzipped."""
     quantized_baseline: Literal["qat", "int8", "none"] = "none"
     """Also try the whole baseline in int8, a one-rung family: qat (quantization-aware, with the
     students' fine-tune at qat_steps and qat_learning_rate) or int8 (post-training). Where no
@@ -685,7 +696,8 @@ class SearchConfig(StrictModel):
     qat_learning_rate: _real(0.0, 1.0, lo_open=True) = 1e-4
     """Adam step size of each QAT fine-tune (a tenth of the distillation's by default)."""
     qat_float_head: bool = False
-    """QAT students keep their output heads in float (quantize.float_head; named ...-qat-int8-float-heads)."""
+    """QAT students, and pruned candidates with prune_quantize: qat, keep their output heads in float
+    (quantize.float_head; named ...-qat-int8-float-heads)."""
     qat_teacher: QatTeacher | Literal["both"] = "baseline"
     """Whom QAT students distil to (quantize.qat_teacher): the baseline, their own float weights
     (named ...-qat-int8[-float-heads]-self), or both: each build's float student is QAT'd to each,

@@ -129,8 +129,18 @@ def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantCo
 
 
 def _pruned(sparsity: float, search: SearchConfig) -> VariantConfig:
-    return VariantConfig(name=f"prune-{100 * sparsity:g}-int8", prune={"sparsity": sparsity, "exclude": search.prune_exclude},
-                         quantize={"mode": "int8"}, fine_tune=search.prune_fine_tune.model_dump())
+    name = f"prune-{100 * sparsity:g}-int8"
+    quantize: dict[str, JsonValue] = {"mode": "int8"}
+    if search.prune_quantize == "dynamic":
+        name, quantize = f"prune-{100 * sparsity:g}-dynamic", {"mode": "dynamic"}
+    elif search.prune_quantize == "qat":  # sparsity-preserving: QuantizeConfig.preserve's default
+        name = f"prune-{100 * sparsity:g}-qat-int8"
+        quantize = {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}
+        if search.qat_float_head:
+            name += "-float-heads"
+            quantize["float_head"] = True
+    prune = {"sparsity": sparsity, "exclude": search.prune_exclude, "sparse_format": search.prune_sparse_format}
+    return VariantConfig(name=name, prune=prune, quantize=quantize, fine_tune=search.prune_fine_tune.model_dump())
 
 
 def _quantized(search: SearchConfig) -> list[VariantConfig]:
