@@ -129,13 +129,11 @@ def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantCo
 
 
 def _pruned(sparsity: float, search: SearchConfig) -> VariantConfig:
-    name = f"prune-{100 * sparsity:g}-int8"
-    quantize: dict[str, JsonValue] = {"mode": "int8"}
-    if search.prune_quantize == "dynamic":
-        name, quantize = f"prune-{100 * sparsity:g}-dynamic", {"mode": "dynamic"}
-    elif search.prune_quantize == "qat":  # sparsity-preserving: QuantizeConfig.preserve's default
+    name = f"prune-{100 * sparsity:g}-{search.prune_quantize}"  # prune-90-int8, prune-90-dynamic
+    quantize: dict[str, JsonValue] = {"mode": search.prune_quantize}
+    if search.prune_quantize == "qat":  # sparsity-preserving: QuantizeConfig.preserve's default
         name = f"prune-{100 * sparsity:g}-qat-int8"
-        quantize = {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}
+        quantize.update(qat_steps=search.qat_steps, qat_learning_rate=search.qat_learning_rate)
         if search.qat_float_head:
             name += "-float-heads"
             quantize["float_head"] = True
