@@ -97,6 +97,11 @@ def parse_student(text: str) -> list[int] | StudentConfig:
     return StudentConfig(conv=conv, net_arch=net_arch) if conv else net_arch
 
 
+def _qat(search: SearchConfig) -> dict[str, JsonValue]:
+    """A QAT rung's quantize settings: the search's QAT length and step size, for every family."""
+    return {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}
+
+
 def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantConfig:
     student = spec if isinstance(spec, StudentConfig) else StudentConfig(net_arch=list(spec))
     name = student_name(student)
@@ -110,7 +115,7 @@ def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantCo
         data["cluster"] = search.student_cluster.model_dump()
     if search.student_quantize == "qat":
         name += "-cqat-int8" if clustered else "-qat-int8"
-        data["quantize"] = {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}
+        data["quantize"] = _qat(search)
         if search.student_kernel_bits:
             name += "".join(f"-{layer}-{bits}bit" for layer, bits in search.student_kernel_bits.items())
             data["quantize"]["kernel_bits"] = dict(search.student_kernel_bits)
@@ -133,7 +138,7 @@ def _pruned(sparsity: float, search: SearchConfig) -> VariantConfig:
     quantize: dict[str, JsonValue] = {"mode": search.prune_quantize}
     if search.prune_quantize == "qat":  # sparsity-preserving: QuantizeConfig.preserve's default
         name = f"prune-{100 * sparsity:g}-qat-int8"
-        quantize.update(qat_steps=search.qat_steps, qat_learning_rate=search.qat_learning_rate)
+        quantize = _qat(search)
         if search.qat_float_head:
             name += "-float-heads"
             quantize["float_head"] = True
@@ -146,8 +151,7 @@ def _quantized(search: SearchConfig) -> list[VariantConfig]:
         return [VariantConfig(name="ptq-int8", quantize={"mode": "int8"})]
     if search.quantized_baseline == "qat":
         return [VariantConfig(name="qat-int8", fine_tune=search.student_fine_tune.model_dump(),
-                              quantize={"mode": "qat", "qat_steps": search.qat_steps,
-                                        "qat_learning_rate": search.qat_learning_rate})]
+                              quantize=_qat(search))]
     return []
 
 
