@@ -11,7 +11,6 @@ has no other output.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,16 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.deploy.c_runtime import routines
-from compress_dqn.deploy.tflite_graph import Op, PolicyGraph, Tensor, read_policy_graph
+from compress_dqn.deploy.tflite_graph import (
+    Op,
+    PolicyGraph,
+    Tensor,
+    conv_geometry,
+    double_multiplier,
+    int8_bounds,
+    quantize_multiplier,
+    read_policy_graph,
+)
 from compress_dqn.errors import UserError
 
 _C_TYPES = {"float32": "float", "int8": "int8_t", "uint8": "uint8_t", "int32": "int32_t"}
@@ -234,26 +242,6 @@ def _dequantize(e: _Emitter, op: Op) -> None:
                    f"(float)((int32_t){e.buffers[x.index]}[i] - {zero}) * {scale};")
 
 
-def _int8_bounds(out: Tensor, activation: str) -> tuple[int, int]:
-    """CalculateActivationRangeQuantized: zero_point + roundf(bound / scale), in float as LiteRT does."""
-    scale, zero = np.float32(out.scales[0]), int(out.zero_points[0])
-
-    def q(bound: float) -> int:
-        v = float(np.float32(bound) / scale)
-        return zero + int(math.copysign(math.floor(abs(v) + 0.5), v))
-
-    lo, hi = -128, 127
-    if activation in ("RELU", "RELU6"):
-        lo = max(lo, q(0.0))
-    if activation == "RELU6":
-        hi = min(hi, q(6.0))
-    if activation == "RELU_N1_TO_1":
-        lo, hi = max(lo, q(-1.0)), min(hi, q(1.0))
-    if activation == "UNSUPPORTED":
-        raise UserError("a fused activation the C export does not translate")
-    return lo, hi
-
-
 def _fc(e: _Emitter, op: Op) -> None:
     x, w, bias = op.inputs[:3]
     out = op.outputs[0]
@@ -275,7 +263,7 @@ def _fc(e: _Emitter, op: Op) -> None:
         raise UserError(f"{e.graph.label}: a {x.dtype.name} x {w.dtype.name} FULLY_CONNECTED; translated: "
                         "float, and int8 with symmetric int8 weights")
     e.used.add("fc_s8")
-    m, s = zip(*(_double_multiplier(x.scales[0], fs, out.scales[0]) for fs in w.scales))
+    m, s = zip(*(double_multiplier(x.scales[0], fs, out.scales[0]) for fs in w.scales))
     wn = e.const(w.value, "int8_t", f"w{out.index}")
     bn = "0, 0"
     if bias is not None:
@@ -283,7 +271,7 @@ def _fc(e: _Emitter, op: Op) -> None:
         name = e.const(bias.value, "int16_t" if narrow else "int32_t", f"b{out.index}")
         bn = f"0, {name}" if narrow else f"{name}, 0"
     mn, sn = e.const(np.array(m, np.uint64), "uint64_t", f"m{out.index}"), e.const(np.array(s), "uint8_t", f"s{out.index}")
-    lo, hi = _int8_bounds(out, op.activation)
+    lo, hi = int8_bounds(out, op.activation)
     e.lines.append(f"  fc_s8({e.buffers[x.index]}, {n_in}, {int(x.zero_points[0])}, {wn}, {bn}, {n_out}, {mn}, {sn}, "
                    f"{int(w.scales.size > 1)}, {int(out.zero_points[0])}, {lo}, {hi}, {e.buffer(out)});")
 
@@ -322,29 +310,6 @@ def _fc_hybrid(e: _Emitter, op: Op) -> None:
                    f"{int(w.scales.size > 1)}, {asymmetric}, {lo}, {hi}, {_hybrid_scratch(e, op)}, {e.buffer(out)});")
 
 
-def _double_multiplier(input_scale: float, filter_scale: float, output_scale: float) -> tuple[int, int]:
-    """M = input_scale * filter_scale / output_scale in double (as LiteRT's reference FULLY_CONNECTED),
-    as m * 2^-s with m its 53-bit significand."""
-    value = float(np.float32(input_scale)) * float(np.float32(filter_scale)) / float(np.float32(output_scale))
-    if value <= 0:
-        return 0, 0
-    fraction, exponent = math.frexp(value)
-    return int(fraction * (1 << 53)), 53 - exponent
-
-
-def quantize_multiplier(value: float) -> tuple[int, int]:
-    """TFLite's QuantizeMultiplier: value = q * 2^(shift - 31), q in [2^30, 2^31), rounded half away."""
-    if value == 0:
-        return 0, 0
-    fraction, shift = math.frexp(value)
-    q = int(math.floor(fraction * (1 << 31) + 0.5))
-    if q == 1 << 31:
-        q, shift = q // 2, shift + 1
-    if shift < -31:
-        return 0, 0
-    return q, shift
-
-
 def _conv(e: _Emitter, op: Op) -> None:
     x, w, bias = op.inputs[:3]
     out = op.outputs[0]
@@ -378,27 +343,9 @@ def _conv(e: _Emitter, op: Op) -> None:
     wn = e.const(w.value, "int8_t", f"w{out.index}")
     bn = e.const(bias.value, "int32_t", f"b{out.index}") if bias is not None else "0"
     mn, sn = e.const(np.array(mult), "int32_t", f"m{out.index}"), e.const(np.array(shift), "int8_t", f"s{out.index}")
-    lo, hi = _int8_bounds(out, op.activation)
+    lo, hi = int8_bounds(out, op.activation)
     e.lines.append(f"  conv_s8({e.buffers[x.index]}, {ih}, {iw}, {ic}, {int(x.zero_points[0])}, {wn}, {bn}, {geometry}, "
                    f"{mn}, {sn}, {int(out.zero_points[0])}, {lo}, {hi}, {e.buffer(out)});")
-
-
-def conv_geometry(op: Op) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]:
-    """A CONV_2D's strides, dilations and pads (top, left, bottom, right), as TFLite's
-    ComputePaddingHeightWidth: SAME pads floor(total / 2) before and the rest after; VALID none."""
-    _, ih, iw, _ = op.inputs[0].shape
-    _, kh, kw, _ = op.inputs[1].shape
-    _, oh, ow, _ = op.outputs[0].shape
-    o = op.options
-    sh, sw, dh, dw = (int(o.get(k, 1)) for k in ("strideH", "strideW", "dilationHFactor", "dilationWFactor"))
-    if int(o.get("padding", 1)) != 0:  # Padding_VALID == 1
-        return (sh, sw), (dh, dw), (0, 0, 0, 0)
-
-    def total(size: int, kernel: int, stride: int, dilation: int, out: int) -> int:
-        return max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
-
-    th, tw = total(ih, kh, sh, dh, oh), total(iw, kw, sw, dw, ow)
-    return (sh, sw), (dh, dw), (th // 2, tw // 2, th - th // 2, tw - tw // 2)
 
 
 def _argmax(e: _Emitter, op: Op) -> str:

@@ -9,6 +9,7 @@ come out as int8 arrays of the same values: the exporters store them a byte each
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,3 +223,67 @@ def _needed(ops: list[Op], wanted: list[int]) -> list[Op]:
             keep.append(op)
             needed |= {t.index for t in op.inputs if t is not None and t.value is None}
     return keep[::-1]
+
+
+# The constants every integer target (C, ONNX) computes its requantization and geometry from.
+
+
+def int8_bounds(out: Tensor, activation: str) -> tuple[int, int]:
+    """CalculateActivationRangeQuantized: zero_point + roundf(bound / scale), in float as LiteRT does."""
+    scale, zero = np.float32(out.scales[0]), int(out.zero_points[0])
+
+    def q(bound: float) -> int:
+        v = float(np.float32(bound) / scale)
+        return zero + int(math.copysign(math.floor(abs(v) + 0.5), v))
+
+    lo, hi = -128, 127
+    if activation in ("RELU", "RELU6"):
+        lo = max(lo, q(0.0))
+    if activation == "RELU6":
+        hi = min(hi, q(6.0))
+    if activation == "RELU_N1_TO_1":
+        lo, hi = max(lo, q(-1.0)), min(hi, q(1.0))
+    if activation == "UNSUPPORTED":
+        raise UserError("a fused activation the C and ONNX exports do not translate")
+    return lo, hi
+
+
+def double_multiplier(input_scale: float, filter_scale: float, output_scale: float) -> tuple[int, int]:
+    """M = input_scale * filter_scale / output_scale in double (as LiteRT's reference FULLY_CONNECTED),
+    as m * 2^-s with m its 53-bit significand."""
+    value = float(np.float32(input_scale)) * float(np.float32(filter_scale)) / float(np.float32(output_scale))
+    if value <= 0:
+        return 0, 0
+    fraction, exponent = math.frexp(value)
+    return int(fraction * (1 << 53)), 53 - exponent
+
+
+def quantize_multiplier(value: float) -> tuple[int, int]:
+    """TFLite's QuantizeMultiplier: value = q * 2^(shift - 31), q in [2^30, 2^31), rounded half away."""
+    if value == 0:
+        return 0, 0
+    fraction, shift = math.frexp(value)
+    q = int(math.floor(fraction * (1 << 31) + 0.5))
+    if q == 1 << 31:
+        q, shift = q // 2, shift + 1
+    if shift < -31:
+        return 0, 0
+    return q, shift
+
+
+def conv_geometry(op: Op) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]:
+    """A CONV_2D's strides, dilations and pads (top, left, bottom, right), as TFLite's
+    ComputePaddingHeightWidth: SAME pads floor(total / 2) before and the rest after; VALID none."""
+    _, ih, iw, _ = op.inputs[0].shape
+    _, kh, kw, _ = op.inputs[1].shape
+    _, oh, ow, _ = op.outputs[0].shape
+    o = op.options
+    sh, sw, dh, dw = (int(o.get(k, 1)) for k in ("strideH", "strideW", "dilationHFactor", "dilationWFactor"))
+    if int(o.get("padding", 1)) != 0:  # Padding_VALID == 1
+        return (sh, sw), (dh, dw), (0, 0, 0, 0)
+
+    def total(size: int, kernel: int, stride: int, dilation: int, out: int) -> int:
+        return max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
+
+    th, tw = total(ih, kh, sh, dh, oh), total(iw, kw, sw, dw, ow)
+    return (sh, sw), (dh, dw), (th // 2, tw // 2, th - th // 2, tw - tw // 2)
