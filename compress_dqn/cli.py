@@ -409,7 +409,7 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
               help="micro: C++ for TensorFlow Lite Micro (model array, header, example, README). "
                    "tflite: the one self-contained .tflite to ship, with LiteRT usage for Python and C++. "
                    "c: one dependency-free C99 file and header (NAME_act), with measured Cortex-M flash and RAM. "
-                   "onnx: an ONNX model (QDQ for int8 policies) for onnxruntime.")
+                   "onnx: an ONNX model for onnxruntime (int8 policies in integer ops; see --onnx-int8).")
 @click.option("--out", type=click.Path(path_type=Path),
               help="micro, c: output directory (default: micro/NAME, c/NAME); tflite, onnx: the file "
                    "(default: ./NAME.tflite, ./NAME.onnx).")
@@ -417,14 +417,21 @@ def bench(policy: Path, calls: int, memory: bool) -> None:
 @click.option("--name", help="micro, c: C/C++ identifier for the files and namespace (default: the variant or file name).")
 @click.option("--compress", "tflm_compress", is_flag=True,
               help="micro: keep TFLM's look-up-table weight compression when it shrinks the model losslessly.")
+@click.option("--onnx-int8", type=click.Choice(["exact", "qdq"]),
+              help="onnx, int8 policies: exact (the default) repeats LiteRT's reference kernels in integer ops, the same "
+                   "actions on every CPU; qdq is QuantizeLinear/DequantizeLinear for onnxruntime's fused int8 kernels, "
+                   "about 3x faster a call, whose actions can differ at rounding boundaries by CPU (docs/shipping.md).")
 @_user_errors
-def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None, tflm_compress: bool) -> None:
+def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None, tflm_compress: bool,
+           onnx_int8: str | None) -> None:
     """Export a .tflite policy to ship (tflite) or for a microcontroller with measured flash and RAM (micro); prints JSON."""
     from compress_dqn.store.manifest import check_artifact
 
     check_artifact(policy)
+    if onnx_int8 is not None and target != "onnx":
+        raise UserError(f"--onnx-int8 is for --target onnx; drop it for --target {target}")
     if target in ("c", "onnx"):
-        _export_c_or_onnx(policy, target, out, int8_io, name, tflm_compress)
+        _export_c_or_onnx(policy, target, out, int8_io, name, tflm_compress, onnx_int8 or "exact")
         return
     if target == "tflite":
         from compress_dqn.deploy.ship import export_tflite_file
@@ -443,7 +450,7 @@ def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str
 
 
 def _export_c_or_onnx(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None,
-                      tflm_compress: bool) -> None:
+                      tflm_compress: bool, onnx_int8: str) -> None:
     if int8_io or tflm_compress or (name and target == "onnx"):
         raise UserError(f"--int8-io and --compress are for --target micro{', --name for micro and c' if name else ''}; "
                         f"drop them for --target {target}")
@@ -458,7 +465,7 @@ def _export_c_or_onnx(policy: Path, target: str, out: Path | None, int8_io: bool
 
     if out is not None and out.is_dir():
         raise UserError(f"{out}: is a directory; --out names the .onnx file to write")
-    click.echo(json.dumps(export_onnx_file(policy, out)))
+    click.echo(json.dumps(export_onnx_file(policy, out, int8=onnx_int8)))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -172,8 +172,10 @@ def test_a_low_bit_kernel_student_in_c_and_onnx_plays_as_the_reference_kernels(t
     policy = generate_c(path, "low_bit")
     act = c_actor(compile_shared(policy, tmp_path), policy)
     assert [act(s) for s in states] == reference
-    onnx_act = _onnx_actor(_onnx_session(path, tmp_path))
-    assert [onnx_act(s) for s in states] == reference
+    for session in _onnx_sessions(path, tmp_path):  # the exact form, with onnxruntime's optimizations and without
+        assert [_onnx_actor(session)(s) for s in states] == reference
+        assert session.run(["action"], {"observations": states})[0].tolist() == reference
+    _assert_exact_on_an_emulated_avx2_cpu(tmp_path / "low_bit.onnx", states, reference, tmp_path / "avx2")
     from compress_dqn.deploy.micro import MicroPolicy
     from compress_dqn.deploy.micro.cpp import export_micro
 
@@ -356,6 +358,44 @@ def _onnx_session(path: Path, folder: Path):
     out = folder / f"{path.stem}.onnx"
     export_onnx_file(path, out)
     return ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+
+
+def _onnx_sessions(path: Path, folder: Path, int8: str = "exact") -> list:
+    """onnxruntime's sessions on the export, with its default graph optimizations (which fuse kernels by CPU)
+    and with them off, one thread each."""
+    import onnxruntime as ort
+
+    from compress_dqn.deploy.onnx_export import export_onnx_file
+
+    out = folder / f"{path.stem}.onnx"
+    export_onnx_file(path, out, int8=int8)
+    sessions = []
+    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL):
+        options = ort.SessionOptions()
+        options.graph_optimization_level, options.intra_op_num_threads = level, 1
+        sessions.append(ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"]))
+    return sessions
+
+
+def _assert_exact_on_an_emulated_avx2_cpu(onnx_file: Path, states: np.ndarray, reference: list[int], folder: Path) -> None:
+    """onnxruntime picks its kernels by the CPU's instruction sets; an AVX2-only CPU (where QDQ's fused s8s8
+    kernels took other actions) is checked under qemu-user's Haswell, onnxruntime alone in the emulator."""
+    import os
+    import shutil
+
+    if shutil.which("qemu-x86_64") is None:
+        if os.environ.get("CI"):
+            pytest.fail("qemu-x86_64 is missing: .ci/run installs Debian's qemu-user for this check")
+        pytest.skip("qemu-x86_64 not installed (apt-get install qemu-user): the AVX2 check needs it")
+    folder.mkdir()
+    np.savez(folder / "policy.npz", states=states, actions=np.asarray(reference, np.int64))
+    shutil.copy(onnx_file, folder / "policy.exact.onnx")
+    done = subprocess.run(["qemu-x86_64", "-cpu", "Haswell", sys.executable, str(HERE.parent / "benchmarks" / "onnx_exactness.py"),
+                           "count", str(folder), "--forms", "exact"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    *rows, cpu = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert cpu["AVX2"] and not cpu["AVX512F"] and not cpu["AVX512VNNI"], cpu  # the emulated CPU, not the host's
+    assert rows and all(row[k] == 0 for row in rows for k in row if k.startswith("differ")), rows
 
 
 def _onnx_actor(session):
@@ -563,6 +603,29 @@ def test_an_outsiders_onnxruntime_player_gets_evaluates_returns_on_every_variant
         played = json.loads(done.stdout)
         assert played["returns"] == _evaluate(policy), name
         assert played["q_argmax_differs"] == 0, name
+
+
+@pytest.mark.slow
+def test_every_int8_variant_in_onnx_acts_as_the_reference_kernels_and_keeps_the_output_rule(tiny_run, tmp_path):
+    """The exact form (the default) repeats LiteRT's reference int8 kernels in integer ops: the reference's
+    action on every state, with onnxruntime's graph optimizations and without. The qdq form leaves rounding
+    to the CPU's fused kernels, so only the output rule is asserted there: argmax(q_values) is its action."""
+    import onnx
+
+    heldout = np.load(tiny_run / "baseline" / "heldout_obs.npz")["observations"][:1000].astype(np.float32)
+    states = np.concatenate([heldout, np.random.default_rng(3).normal(0, 1.5, (1000, 4)).astype(np.float32)])
+    for name in ("ptq-int8", "qat-int8", "student-qat"):
+        path = _policies(tiny_run)[name]
+        reference = TFLitePolicy(path, reference_kernels=True).actions(states).tolist()
+        for session in _onnx_sessions(path, tmp_path):
+            assert session.run(["action"], {"observations": states})[0].tolist() == reference, name
+            assert [_onnx_actor(session)(s) for s in states[::10]] == reference[::10], name
+        kinds = {node.op_type for node in onnx.load(str(tmp_path / "policy.onnx")).graph.node}
+        assert "MatMulInteger" in kinds and "QuantizeLinear" not in kinds, kinds
+        for session in _onnx_sessions(path, tmp_path, int8="qdq"):
+            action, q = session.run(["action", "q_values"], {"observations": states})
+            assert np.array_equal(action, q.argmax(axis=1)), name
+        assert "QuantizeLinear" in {node.op_type for node in onnx.load(str(tmp_path / "policy.onnx")).graph.node}
 
 
 @pytest.mark.slow

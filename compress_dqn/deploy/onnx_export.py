@@ -1,43 +1,53 @@
 """`export --target onnx`: a .tflite policy as ONNX for onnxruntime (and Unity, Godot, TensorRT, OpenVINO).
 
-An int8 file becomes QDQ ONNX (int8 weights and activations as QuantizeLinear/DequantizeLinear
-pairs around float ops, which onnxruntime fuses into its integer kernels); a float file (fp32,
-float16) becomes fp32 ONNX, its weights widened; a dynamic-range file's hybrid layers repeat LiteRT's
-hybrid arithmetic in standard ops (onnx_hybrid.py: the input quantized per row, integer products,
-float scales), so they compute its values bit for bit. The model takes raw observations
-(`observations`, the environment's dtype and layout: the normalization is inside, an int8-input
-policy's too) and gives `action` (int32, the policy) and `q_values` (float), whose argmax is the
-action wherever the .tflite's is. onnxruntime rounds its own way (ties to even where TFLite rounds
-ties away, its own requantization), so an int8 ONNX policy can differ from the .tflite on states at a
-rounding boundary; float layers compute the same functions, summed in onnxruntime's order.
+An int8 file's ops repeat LiteRT's reference int8 kernels in standard integer ops (onnx_integer.py:
+uint8 x uint8 products, the requantization written out), so its actions are the reference kernels'
+on any CPU (`int8="exact"`, the default); `int8="qdq"` writes QuantizeLinear/DequantizeLinear pairs
+around float ops instead, which onnxruntime fuses into the integer kernels of the CPU it runs on:
+smaller and faster, but those round their own way (ties to even, float requantization, and on AVX2
+CPUs without VNNI other kernels than on AVX-512 ones), so actions can differ on states at a rounding
+boundary. A float file (fp32, float16) becomes fp32 ONNX, its weights widened; a dynamic-range
+file's hybrid layers repeat LiteRT's hybrid arithmetic in standard ops (onnx_hybrid.py), bit for bit.
+The model takes raw observations (`observations`, the environment's dtype and layout: the
+normalization is inside, an int8-input policy's too) and gives `action` (int32, the policy) and
+`q_values` (float), whose argmax is the action wherever the .tflite's is. Float layers compute the
+same functions as LiteRT's, summed in onnxruntime's order: their last bits can differ.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from compress_dqn.deploy import onnx_integer
 from compress_dqn.deploy.onnx_hybrid import conv_hybrid, fc_hybrid, is_hybrid
-from compress_dqn.deploy.tflite_graph import Op, PolicyGraph, Tensor, read_policy_graph
+from compress_dqn.deploy.tflite_graph import Op, PolicyGraph, Tensor, conv_geometry, read_policy_graph
 from compress_dqn.errors import UserError
+
+Int8Form = Literal["exact", "qdq"]
+INT8_FORMS: tuple[Int8Form, ...] = ("exact", "qdq")
 
 OPSET = 17
 _BINARY = {"SUB": "Sub", "DIV": "Div", "MUL": "Mul", "ADD": "Add"}
 
 
 class _Builder:
-    """ONNX nodes and initializers, each TFLite tensor a float ONNX value (an int8 one also as int8)."""
+    """ONNX nodes and initializers, each TFLite tensor a float ONNX value; a computed int8 one also as its
+    integers: int32 values (exact) or an int8 QuantizeLinear output (qdq)."""
 
-    def __init__(self, graph: PolicyGraph) -> None:
+    def __init__(self, graph: PolicyGraph, int8: Int8Form = "exact") -> None:
         import onnx
 
-        self.onnx, self.graph = onnx, graph
+        self.onnx, self.graph, self.exact = onnx, graph, int8 == "exact"
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
         self.float_of: dict[int, str] = {}
         self.int8_of: dict[int, str] = {}
+        self.int_of: dict[int, str] = {}
+        self.widened: list[str] = []  # int8 ops run in float here (exact mode): what may round otherwise
         self.count = 0
 
     def name(self, tag: str) -> str:
@@ -62,6 +72,9 @@ class _Builder:
             if t.quantized and t.dtype == np.int8:
                 return self._dequantized_constant(t)
             self.float_of[t.index] = self.init(t.real(), f"c{t.index}")
+            return self.float_of[t.index]
+        if t.index in self.int_of:
+            self.float_of[t.index] = onnx_integer.dequantize(self, self.int_of[t.index], t)
             return self.float_of[t.index]
         if t.index in self.int8_of:
             scale, zero = self._qparams(t)
@@ -101,16 +114,32 @@ class _Builder:
             value = self.node("Clip", [value, self.init(np.float32(low), "lo"), self.init(np.float32(high), "hi")], "clip")
         elif activation != "NONE":
             raise UserError(f"{self.graph.label}: a fused activation ONNX export does not translate")
-        if out.quantized and out.dtype == np.int8:
+        if out.quantized and out.dtype == np.int8 and self.exact:
+            self.int_of[out.index] = onnx_integer.quantize(self, value, out)
+        elif out.quantized and out.dtype == np.int8:
             scale, zero = self._qparams(out)
             self.int8_of[out.index] = self.node("QuantizeLinear", [value, scale, zero], f"q{out.index}")
         else:
             self.float_of[out.index] = value
 
 
+def _integer(b: _Builder, op: Op) -> bool:
+    """Whether the exact form runs this FULLY_CONNECTED / CONV_2D as LiteRT's reference int8 kernel."""
+    x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    if not b.exact or not (x.quantized and x.dtype == np.int8 and out.quantized and out.dtype == np.int8):
+        return False
+    if x.index in b.int_of and w.value is not None and w.dtype == np.int8 and not np.any(w.zero_points != 0):
+        return True
+    b.widened.append(op.kind)
+    return False
+
+
 def _fc(b: _Builder, op: Op) -> None:
     if is_hybrid(op):
         fc_hybrid(b, op)
+        return
+    if _integer(b, op):
+        b.int_of[op.outputs[0].index] = onnx_integer.fc_int8(b, op, b.int_of[op.inputs[0].index])
         return
     x, w, bias = op.inputs[:3]
     flat = b.node("Flatten", [b.value(x)], "flat", axis=1)
@@ -119,10 +148,11 @@ def _fc(b: _Builder, op: Op) -> None:
 
 
 def _conv(b: _Builder, op: Op) -> None:
-    from compress_dqn.deploy.c_export import conv_geometry
-
     if is_hybrid(op):
         conv_hybrid(b, op, conv_geometry(op))
+        return
+    if _integer(b, op):
+        b.int_of[op.outputs[0].index] = onnx_integer.conv_int8(b, op, b.int_of[op.inputs[0].index])
         return
     x, w, bias = op.inputs[:3]
     stride, dilation, pads = conv_geometry(op)
@@ -136,6 +166,9 @@ def _conv(b: _Builder, op: Op) -> None:
 def _reshape(b: _Builder, op: Op) -> None:
     shape = b.init(np.array([-1, *op.outputs[0].shape[1:]], np.int64), "shape")
     out = op.outputs[0]
+    if op.inputs[0].index in b.int_of and out.quantized:
+        b.int_of[out.index] = b.node("Reshape", [b.int_of[op.inputs[0].index], shape], f"r{out.index}")
+        return
     if op.inputs[0].index in b.int8_of and out.quantized:
         b.int8_of[out.index] = b.node("Reshape", [b.int8_of[op.inputs[0].index], shape], f"r{out.index}")
         return
@@ -144,6 +177,8 @@ def _reshape(b: _Builder, op: Op) -> None:
 
 def _elementwise(b: _Builder, op: Op) -> None:
     a, c = op.inputs[:2]
+    if b.exact and op.outputs[0].dtype == np.int8:
+        b.widened.append(op.kind)
     b.result(op.outputs[0], b.node(_BINARY[op.kind], [b.value(a), b.value(c)], op.kind.lower()), op.activation)
 
 
@@ -152,6 +187,8 @@ def _cast(b: _Builder, op: Op) -> None:
 
 
 def _quantize(b: _Builder, op: Op) -> None:
+    if b.exact and op.inputs[0].dtype != np.float32:
+        b.widened.append("QUANTIZE (requantize)")
     b.result(op.outputs[0], b.value(op.inputs[0]))
 
 
@@ -160,7 +197,9 @@ def _dequantize(b: _Builder, op: Op) -> None:
 
 
 def _argmax(b: _Builder, op: Op) -> None:
-    index = b.node("ArgMax", [b.value(op.inputs[0])], "argmax", axis=-1, keepdims=0)  # first of equal maxima
+    x = op.inputs[0]
+    values = b.int_of[x.index] if x.index in b.int_of else b.value(x)  # int8 values order as their reals do
+    index = b.node("ArgMax", [values], "argmax", axis=-1, keepdims=0)  # first of equal maxima
     b.float_of[op.outputs[0].index] = b.node("Cast", [index], "action", to=6)
 
 
@@ -169,12 +208,25 @@ _TRANSLATE = {"FULLY_CONNECTED": _fc, "CONV_2D": _conv, "RESHAPE": _reshape, "SU
               "ARG_MAX": _argmax}
 
 
-def to_onnx(source: Any) -> Any:
+def to_onnx(source: Any, int8: Int8Form = "exact") -> Any:
     """The ONNX ModelProto of a .tflite policy (path or bytes)."""
+    return _translate(read_policy_graph(source, ("action", "q_values")), int8).model
+
+
+@dataclass
+class _Translation:
+    """A ModelProto and the int8 ops the exact form ran in float (none for compress-dqn's own policies)."""
+
+    model: Any
+    widened: list[str]
+
+
+def _translate(graph: PolicyGraph, int8: Int8Form) -> _Translation:
     import onnx
 
-    graph = read_policy_graph(source, ("action", "q_values"))
-    b = _Builder(graph)
+    if int8 not in INT8_FORMS:
+        raise UserError(f"--onnx-int8 {int8}: choose one of {', '.join(INT8_FORMS)}")
+    b = _Builder(graph, int8)
     obs = graph.observation
     raw_type = np.float32 if obs.quantized else obs.dtype.type
     b.float_of[obs.index] = "observations"
@@ -197,7 +249,7 @@ def to_onnx(source: Any) -> Any:
                                    opset_imports=[onnx.helper.make_opsetid("", OPSET)], producer_name="compress-dqn")
     model.ir_version = 8
     onnx.checker.check_model(model)
-    return model
+    return _Translation(model, b.widened)
 
 
 def _int8_input(b: _Builder, graph: PolicyGraph) -> None:
@@ -207,9 +259,12 @@ def _int8_input(b: _Builder, graph: PolicyGraph) -> None:
         x = b.node("Div", [b.node("Sub", [x, b.init(mean.astype(np.float32), "mean")], "sub"),
                            b.init(std.astype(np.float32), "std")], "div")
     x = b.node("Reshape", [x, b.init(np.array([-1, *obs.shape[1:]], np.int64), "shape")], "obs")
+    del b.float_of[obs.index]
+    if b.exact:
+        b.int_of[obs.index] = onnx_integer.caller_quantize(b, x, obs)
+        return
     scale, zero = b._qparams(obs)
     b.int8_of[obs.index] = b.node("QuantizeLinear", [x, scale, zero], f"q{obs.index}")
-    del b.float_of[obs.index]
 
 
 def default_file(policy: Path) -> Path:
@@ -218,7 +273,7 @@ def default_file(policy: Path) -> Path:
     return Path(f"{policy.parent.name}.onnx" if policy.stem == "policy" and policy.parent.name else f"{policy.stem}.onnx")
 
 
-def export_onnx_file(policy: Path, out: Path | None = None) -> dict[str, Any]:
+def export_onnx_file(policy: Path, out: Path | None = None, int8: Int8Form = "exact") -> dict[str, Any]:
     """Write the ONNX model of a .tflite policy; returns what was written."""
     from compress_dqn.fileio import write_bytes_atomic
 
@@ -228,10 +283,15 @@ def export_onnx_file(policy: Path, out: Path | None = None) -> dict[str, Any]:
         raise UserError("--target onnx needs the onnx package: pip install 'compress-dqn[onnx]'") from None
     policy = Path(policy)
     out = Path(out) if out is not None else default_file(policy)
-    model = to_onnx(policy)
-    data = model.SerializeToString()
+    graph = read_policy_graph(policy, ("action", "q_values"))
+    translation = _translate(graph, int8)
+    data = translation.model.SerializeToString()
     write_bytes_atomic(out, data)
-    graph = read_policy_graph(policy)
-    kind = "QDQ int8" if graph.integer else "hybrid int8 (LiteRT's dynamic range)" if any(is_hybrid(op) for op in graph.ops) else "fp32"
-    return {"policy": str(policy), "out": str(out), "bytes": len(data), "quantized": kind,
-            "opset": OPSET, "input": "observations", "outputs": ["action", "q_values"]}
+    integer = any(t.dtype == np.int8 and t.quantized for op in graph.ops for t in op.outputs)
+    kind = ("int8 (LiteRT's reference kernels in integer ops)" if integer and int8 == "exact" else "QDQ int8" if integer
+            else "hybrid int8 (LiteRT's dynamic range)" if any(is_hybrid(op) for op in graph.ops) else "fp32")
+    record = {"policy": str(policy), "out": str(out), "bytes": len(data), "quantized": kind,
+              "opset": OPSET, "input": "observations", "outputs": ["action", "q_values"]}
+    if translation.widened:
+        record["widened"] = sorted(set(translation.widened))  # int8 ops the exact form ran in float
+    return record

@@ -81,7 +81,7 @@ def _asymmetric(b: GraphBuilder, low: str, high: str) -> tuple[str, str, str, st
     error_max = b.node("Add", [_c(b, 127.0, np.float64), b.node("Abs", [hi_steps], "abs")], "error_max")
     zero = b.node("Where", [b.node("Less", [error_min, error_max], "nearer"), from_min, from_max], "zero")
     zero = b.node("Clip", [zero, _c(b, -128.0, np.float64), _c(b, 127.0, np.float64)], "zero")
-    zero = b.node("Where", [empty, _c(b, 0, np.int32), _round_away(b, zero, _F64)], "zero_point")
+    zero = b.node("Where", [empty, _c(b, 0, np.int32), round_away(b, zero, _F64)], "zero_point")
     factor = b.node("Cast", [scale], "factor", to=_F32)
     inverse = b.node("Div", [_c(b, 1.0, np.float32), factor], "inverse")
     inverse = b.node("Where", [b.node("Equal", [factor, _c(b, 0.0, np.float32)], "underflow"),
@@ -98,7 +98,7 @@ def _symmetric(b: GraphBuilder, low: str, high: str) -> tuple[str, str, str]:
     return factor, b.node("Div", [_c(b, 127.0, np.float32), top], "inverse"), empty
 
 
-def _round_away(b: GraphBuilder, v: str, elem: int) -> str:
+def round_away(b: GraphBuilder, v: str, elem: int) -> str:
     """round(v), ties away from zero, as int32: trunc(v) (a Cast), then +-1 where v - trunc(v) reaches a half
     (that difference is exact)."""
     dtype = np.float64 if elem == _F64 else np.float32
@@ -121,7 +121,7 @@ def _round(b: GraphBuilder, p: str, n: int) -> str:
         half = b.node("Cast", [b.node("Add", [p, sign], "plus_half")], "half_trunc", to=_I32)
         if split == n:
             return half
-    tail = _round_away(b, p, _F32)
+    tail = round_away(b, p, _F32)
     if half is None:
         return tail
     return b.node("Where", [b.init(np.arange(n) < split, "vector_part"), half, tail], "round")
@@ -144,7 +144,7 @@ def quantize_rows(b: GraphBuilder, flat: str, n: int, asymmetric: bool) -> _Quan
     return _Quantized(shifted, zero, factor, empty)
 
 
-def _shifted_weights(values: np.ndarray) -> np.ndarray:
+def shifted_weights(values: np.ndarray) -> np.ndarray:
     return (values.astype(np.int16) + 128).astype(np.uint8)
 
 
@@ -166,7 +166,7 @@ def fc_hybrid(b: GraphBuilder, op: Op) -> None:
     n_out, n_in = w.shape
     asymmetric = bool(op.options.get("asymmetricQuantizeInputs", False))
     q = quantize_rows(b, b.node("Flatten", [b.value(x)], "flat", axis=1), n_in, asymmetric)
-    weights = b.init(_shifted_weights(w.value.T), f"w{w.index}")
+    weights = b.init(shifted_weights(w.value.T), f"w{w.index}")
     dot = b.node("MatMulInteger", [q.shifted, weights, "", _c(b, 128, np.uint8, "z128")], "dot")  # w . (q + 128)
     dot = _less_offset(b, dot, q.zero, w.value.astype(np.int32).sum(axis=1, dtype=np.int32), f"rowsum{w.index}")
     if w.scales.size > 1:
@@ -179,7 +179,7 @@ def fc_hybrid(b: GraphBuilder, op: Op) -> None:
     b.result(op.outputs[0], y, op.activation)
 
 
-def _inside_sums(w: np.ndarray, geometry: tuple, out_hw: tuple[int, int], in_hw: tuple[int, int]) -> np.ndarray:
+def inside_sums(w: np.ndarray, geometry: tuple, out_hw: tuple[int, int], in_hw: tuple[int, int]) -> np.ndarray:
     """[channel, oy, ox]: the sum of a channel's weights over the taps that fall inside the image."""
     (sh, sw), (dh, dw), (top, left, _, _) = geometry
     taps = w.astype(np.int64).sum(axis=-1)  # [oc, kh, kw]
@@ -207,10 +207,10 @@ def conv_hybrid(b: GraphBuilder, op: Op, geometry: tuple) -> None:
         top, left, bottom, right = pads
         image = b.node("Pad", [image, b.init(np.array([0, 0, top, left, 0, 0, bottom, right], np.int64), "pads")],
                        "q_padded")
-    kernel = b.init(_shifted_weights(w.value.transpose(0, 3, 1, 2)), f"w{w.index}")
+    kernel = b.init(shifted_weights(w.value.transpose(0, 3, 1, 2)), f"w{w.index}")
     acc = b.node("ConvInteger", [image, kernel, "", _c(b, 128, np.uint8, "z128")], "acc", strides=list(stride),
                  dilations=list(dilation))
-    inside = _inside_sums(w.value, geometry, (oh, ow), (ih, iw))
+    inside = inside_sums(w.value, geometry, (oh, ow), (ih, iw))
     zero = None if q.zero is None else b.node("Reshape", [q.zero, b.init(np.array([-1, 1, 1, 1], np.int64), "shape")], "zero4")
     acc = _less_offset(b, acc, zero, inside, f"inside{w.index}")
     v = b.node("Cast", [acc], "accf", to=_F32)
