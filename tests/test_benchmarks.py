@@ -150,3 +150,14 @@ def test_minatar_int8_layers_names_the_component_that_flips_actions():
     assert everything["agreement"] <= 1
     parts = ("conv weights", "hidden weights per unit", "head weights", "head outputs")  # all in "everything"
     assert everything["advantage_error"] >= max(named[p]["advantage_error"] for p in parts) / 2
+
+
+def test_onnx_exactness_counts_the_actions_each_onnx_form_changes(tiny_variants_run):
+    """Smoke size: the tiny run's ptq-int8 on 256 states, both forms; the exact form changes none."""
+    policy = tiny_variants_run / "variants" / "ptq-int8" / "policy.tflite"
+    prepared, *rows, cpu = bench("onnx_exactness", str(policy))
+    assert prepared == {"policy": str(policy), "name": "ptq-int8", "states": 256}
+    assert [(r["policy"], r["form"]) for r in rows] == [("ptq-int8", "exact"), ("ptq-int8", "qdq")]
+    assert all(r["states"] == 256 and r["bytes"] > r["gzipped_bytes"] > 0 and r["p50_us_batch1"] > 0 for r in rows)
+    assert rows[0]["differ_default"] == rows[0]["differ_optimizations_off_batch"] == 0
+    assert cpu["AVX2"] in (True, False) and "onnxruntime" in cpu
