@@ -16,7 +16,7 @@ import numpy as np
 from compress_dqn._tf import tf_keras
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.evaluation.results import PortCheck
-from compress_dqn.port.load import KINDS, file_kind, read_port
+from compress_dqn.port.load import file_kind, read_port
 from compress_dqn.replay.buffer import ReplayBuffer, sampling_undone
 
 CHECK_STATES = 512
@@ -37,7 +37,7 @@ def cross_check(path: str | Path, model: tf_keras.Model, observations: np.ndarra
     if kind == "keras":
         return None
     port = read_port(path, info, kind)
-    record = PortCheck(format=KINDS[kind], checked=False, states=len(observations), notes=list(port.net.notes))
+    record = PortCheck(format=port.format, checked=False, states=len(observations), notes=list(port.net.notes))
     try:
         reference = port.reference()
     except ImportError as exc:

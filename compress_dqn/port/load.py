@@ -69,6 +69,11 @@ class Port:
     net: Any
     reference: Callable[[], Callable[[np.ndarray], np.ndarray]]
     runtime: Callable[[], str]
+    format: str = ""
+    """What the file is, for the record (KINDS[kind] unless the reader knows more)."""
+
+    def __post_init__(self) -> None:
+        self.format = self.format or KINDS[self.kind]
 
 
 def _need(module: str, extra: str, purpose: str) -> None:
@@ -95,13 +100,15 @@ def read_port(path: Path, info: Any, kind: str) -> Port:
     if kind == "sb3":
         policy = sb3.SB3Policy(path, data)
         net = policy.ported(tuple(info.obs_shape), getattr(info, "atari", None), getattr(info, "atari_settings", None))
+        modules = ("stable_baselines3",) + (("sb3_contrib",) if policy.algorithm == "QR-DQN" else ()) + ("torch",)
 
         def sb3_reference() -> Callable[[np.ndarray], np.ndarray]:
-            _need("torch", "sb3", "cross-check against SB3")
-            _need("stable_baselines3", "sb3", "cross-check against SB3")
-            return policy.reference()
+            for module in modules:
+                _need(module, "sb3", "cross-check against SB3")
+            return sb3.reference(policy)
 
-        return Port(kind, net, sb3_reference, lambda: f"{_version('stable-baselines3')}, {_version('torch')}")
+        return Port(kind, net, sb3_reference, lambda: ", ".join(_version(m.replace("_", "-")) for m in modules),
+                    KINDS[kind] if policy.algorithm == "DQN" else "an sb3-contrib QR-DQN zip")
     if kind == "torch":
         state = read_state_dict(data, label)
         net, order, transposed = cleanrl.infer(state, label, tuple(info.obs_shape), info.obs_dtype, info.n_actions)

@@ -1,9 +1,11 @@
-"""Stable-Baselines3 DQN zips (model.save(), RL Zoo): the online Q-network as a PortedNet, and SB3's own forward pass.
+"""Stable-Baselines3 DQN and sb3-contrib QR-DQN zips (model.save(), RL Zoo; SB3 1.0 to 2.x): the online Q-network as a PortedNet.
 
-The zip's `data` is JSON whose non-JSON entries (spaces, classes) are cloudpickled; only their
-readable fields are used here, never the pickles. Weights come from `policy.pth` (`q_net.*`, not
-`q_net_target.*`) through the tensor-only reader. What SB3 does to an observation inside the policy
-is reproduced inside the ported network: `/255` for image spaces when `normalize_images` (SB3's
+The zip's `data` is JSON whose non-JSON entries (spaces, classes) are cloudpickled; the spaces come
+from their readable fields, or where an old zip has none from the pickle through the restricted
+reader (sb3_spaces.py). Weights come from `policy.pth` (`q_net.*` / `quantile_net.*`, not the
+target network's) through the tensor-only reader. QR-DQN acts on the mean of its quantiles, which
+folds exactly into its last linear layer, so both become one Q-network. What SB3 does to an
+observation inside the policy is reproduced inside the ported network: `/255` for image spaces when `normalize_images` (SB3's
 preprocess_obs) and, because SB3 trained on channel-first frames (VecTransposeImage) while the
 environment gives height x width x channels, the first Dense layer after the convolutions takes
 Keras's flatten order. VecNormalize statistics (vecnormalize.pkl beside the zip, as the RL Zoo saves
@@ -40,28 +42,16 @@ from compress_dqn.port.spec import (
     conv_output_hw,
     fold_input_normalization,
 )
+from compress_dqn.port.sb3_spaces import numbers, read_spaces, readable
 from compress_dqn.port.tensor_pickle import read_restricted_pickle, read_state_dict
 from compress_dqn.recipe.schema import AtariConfig, EnvConfig
 
 NATURE_CNN = ((8, 4), (4, 2), (3, 1))  # (kernel, stride) of NatureCNN's three convolutions
 _ACTIVATION_NAMES = {"ReLU": "relu", "Tanh": "tanh"}
-
-
-def _readable(entry: Any, key: str, default: Any = None) -> Any:
-    """A field of a `data` entry: plain JSON, or the readable text SB3 stores beside a cloudpickle."""
-    if isinstance(entry, dict) and ":serialized:" in entry:
-        value = entry.get(key, default)
-        if isinstance(value, str) and key != "activation_fn" and key != "features_extractor_class":
-            try:
-                return json.loads(value.replace("'", '"').replace("True", "true").replace("False", "false"))
-            except ValueError:
-                return value
-        return value
-    return entry.get(key, default) if isinstance(entry, dict) else default
-
-
-def _numbers(text: Any) -> list[float]:
-    return [float(t) for t in re.findall(r"-?(?:inf|\d+\.?\d*(?:e[-+]?\d+)?)", str(text))]
+ALGORITHMS = {"DQN": "stable_baselines3.dqn", "QR-DQN": "sb3_contrib.qrdqn"}
+"""The policy modules read, by algorithm."""
+_NETS = {"DQN": "q_net.", "QR-DQN": "quantile_net."}
+"""The online network's tensors in policy.pth (not the target's, q_net_target. / quantile_net_target.)."""
 
 
 def _layers(state: dict[str, np.ndarray], prefix: str) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -70,7 +60,7 @@ def _layers(state: dict[str, np.ndarray], prefix: str) -> list[tuple[np.ndarray,
 
 
 class SB3Policy:
-    """What a DQN zip says about its Q-network: spaces, preprocessing and weights."""
+    """What a DQN or QR-DQN zip says about its Q-network: spaces, preprocessing and weights."""
 
     def __init__(self, path: Path, data: bytes) -> None:
         self.path = path
@@ -80,33 +70,60 @@ class SB3Policy:
         except ValueError as exc:
             raise UserError(f"baseline.from: {path}: its `data` entry is not JSON ({str(exc)[:80]}); a damaged zip?") from None
         self.pth = archive.read("policy.pth")
-        module = str(_readable(self.data.get("policy_class"), "__module__", ""))
-        if module and not module.startswith("stable_baselines3.dqn"):
-            raise UserError(f"baseline.from: {path}: a policy of {module}, not of SB3's DQN; "
-                            "only DQN Q-networks (MlpPolicy, CnnPolicy) are ported")
-        space, actions = self.data.get("observation_space", {}), self.data.get("action_space", {})
-        self.obs_shape = tuple(int(d) for d in (_readable(space, "_shape") or []))
-        self.obs_dtype = str(_readable(space, "dtype", ""))
-        self.low, self.high = _numbers(_readable(space, "low", "")), _numbers(_readable(space, "high", ""))
-        if "Discrete" not in str(actions.get(":type:", "")):
-            raise UserError(f"baseline.from: {path}: its action space is {actions.get(':type:', '?')}; DQN needs Discrete")
-        self.n_actions = int(_numbers(_readable(actions, "n"))[0])
+        module = str(readable(self.data.get("policy_class"), "__module__", ""))
+        algorithm = next((name for name, prefix in ALGORITHMS.items() if module.startswith(prefix)), None if module else "DQN")
+        if algorithm is None:
+            raise UserError(f"baseline.from: {path}: a policy of {module}; ported: SB3's DQN ({ALGORITHMS['DQN']}) "
+                            f"and sb3-contrib's QR-DQN ({ALGORITHMS['QR-DQN']}), MlpPolicy and CnnPolicy")
+        self.algorithm = algorithm
+        self.spaces = read_spaces(self.data, f"baseline.from: {path}")
+        self.obs_shape, self.obs_dtype = self.spaces.obs_shape, self.spaces.obs_dtype
+        self.low, self.high, self.n_actions = self.spaces.low, self.spaces.high, self.spaces.n_actions
         kwargs = self.data.get("policy_kwargs") or {}
-        self.normalize_images = bool(_readable(kwargs, "normalize_images", True))
-        activation = str(_readable(kwargs, "activation_fn", "ReLU"))
+        self.normalize_images = bool(readable(kwargs, "normalize_images", True))
+        activation = str(readable(kwargs, "activation_fn", "ReLU"))
         name = next((n for n in _ACTIVATION_NAMES if re.search(rf"\b{n}\b", activation)), None)
         if name is None:
             raise UserError(f"baseline.from: {path}: activation {activation}; ported activations: "
                             f"{', '.join(_ACTIVATION_NAMES)}")
         self.torch_activation, self.activation_fn = name, _ACTIVATION_NAMES[name]
-        extractor = str(_readable(kwargs, "features_extractor_class", "") or "")
+        extractor = str(readable(kwargs, "features_extractor_class", "") or "")
         if extractor and not re.search(r"\b(NatureCNN|FlattenExtractor)\b", extractor):
             raise UserError(f"baseline.from: {path}: features extractor {extractor}; ported: NatureCNN (CnnPolicy) "
                             "and FlattenExtractor (MlpPolicy)")
         state = read_state_dict(self.pth, f"baseline.from: {path} (policy.pth)")
-        self.state = {k[len("q_net."):]: v for k, v in state.items() if k.startswith("q_net.")}
+        net = _NETS[algorithm]
+        self.state = {k[len(net):]: v for k, v in state.items() if k.startswith(net)}
         if not self.state:
-            raise UserError(f"baseline.from: {path}: policy.pth has no q_net.* tensors; not a DQN policy")
+            raise UserError(f"baseline.from: {path}: policy.pth has no {net}* tensors; not a {algorithm} policy")
+        self.head = _layers(self.state, net)
+        if not self.head:
+            raise UserError(f"baseline.from: {path}: policy.pth has no {net} linear layers")
+        self.n_quantiles = self._quantiles(readable(kwargs, "n_quantiles"))
+        self._check_input_width()
+
+    def _quantiles(self, said: Any) -> int:
+        """QR-DQN's quantiles per action, from the last layer's width (checked against policy_kwargs); 1 for DQN."""
+        out = int(self.head[-1][0].shape[0])
+        n = out // self.n_actions if self.algorithm == "QR-DQN" else 1
+        if out != n * self.n_actions or (said is not None and self.algorithm == "QR-DQN" and numbers(said)[:1] != [n]):
+            per = f"{said} quantiles x " if self.algorithm == "QR-DQN" else ""
+            raise UserError(f"baseline.from: {self.path}: its last layer gives {out} outputs, not {per}"
+                            f"{self.n_actions} actions of its action space; a damaged or edited zip?")
+        return n
+
+    def _check_input_width(self) -> None:
+        """The saved observation space against what the first layer takes (channels or features)."""
+        if self.cnn:
+            takes, gives = int(self.cnn[0][0].shape[1]), self.obs_shape[0]
+            what = f"{takes}-channel frames"
+        else:
+            first = _layers(self.state, "features_extractor.linear.") + self.head
+            takes, gives = int(first[0][0].shape[1]), int(np.prod(self.obs_shape))
+            what = f"{takes} inputs"
+        if takes != gives:
+            raise UserError(f"baseline.from: {self.path}: SB3 saved observations of shape {self.obs_shape} but its "
+                            f"first layer takes {what}; a damaged or edited zip?")
 
     @property
     def is_image(self) -> bool:
@@ -136,6 +153,21 @@ class SB3Policy:
         """A CnnPolicy on 3-D uint8 frames: what an Atari agent is."""
         return self.is_image and bool(self.cnn)
 
+    def dense_layers(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The Linear layers after the convolutions (torch layout); QR-DQN's mean over quantiles folded into the last.
+
+        sb3-contrib's QuantileNetwork views its last layer's n_quantiles * n_actions outputs as
+        (n_quantiles, n_actions) and acts on the mean over quantiles: a mean of linear outputs is the
+        linear layer whose weights and bias are the means of those rows, so the fold is exact."""
+        head = _layers(self.state, "features_extractor.linear.") + self.head
+        if self.algorithm != "QR-DQN":
+            return head
+        weight, bias = head[-1]
+        n, a = self.n_quantiles, self.n_actions
+        mean_weight = weight.astype(np.float64).reshape(n, a, -1).mean(axis=0)
+        mean_bias = bias.astype(np.float64).reshape(n, a).mean(axis=0)
+        return head[:-1] + [(mean_weight.astype(np.float32), mean_bias.astype(np.float32))]
+
     def ported(self, env_shape: tuple[int, ...], atari: str | None = None,
                played: AtariSettings | None = None) -> PortedNet:
         """The Q-network for an environment giving `env_shape` observations; `atari` and `played`: the
@@ -149,9 +181,7 @@ class SB3Policy:
                 raise UserError(f"baseline.from: {self.path}: a {weight.shape[2]}x{weight.shape[3]} convolution where "
                                 f"NatureCNN has {kernel}x{kernel}; a custom features extractor is not ported")
             layers.append(Layer(conv_kernel(weight), bias.astype(np.float32), "relu", stride))
-        head = _layers(self.state, "features_extractor.linear.") + _layers(self.state, "q_net.")
-        if not head:
-            raise UserError(f"baseline.from: {self.path}: policy.pth has no q_net linear layers")
+        head = self.dense_layers()
         for i, (weight, bias) in enumerate(head):
             cnn_linear = bool(self.cnn) and i == 0
             activation = "linear" if i == len(head) - 1 else ("relu" if cnn_linear else self.activation_fn)
@@ -170,6 +200,12 @@ class SB3Policy:
             net.notes.append("takes height x width x channel observations (SB3 saw them transposed)")
         if atari_note:
             net.notes.append(atari_note)
+        if self.algorithm == "QR-DQN":
+            net.notes.append(f"QR-DQN: the mean of its {self.n_quantiles} quantiles per action folded into the last layer "
+                             "(sb3-contrib's greedy action is the argmax of that mean)")
+        if self.spaces.pickled:
+            net.notes.append("spaces read from the zip's pickled gym spaces (no readable fields, as SB3 1.0 saved), "
+                             "through the restricted reader")
         self.transposed = transposed
         self.vecnormalize = read_vecnormalize(self.path)
         if self.vecnormalize is not None:
@@ -200,37 +236,48 @@ class SB3Policy:
                             f"the environment gives {env_shape}; set env.frame_stack: {k} (and env.atari.screen_size)")
         return f"Atari preprocessing: {describe(settings, k)} ({source})."
 
-    def reference(self) -> Any:
-        """SB3's own QNetwork with torch.load(weights_only=True) weights: a function of env observations."""
-        import torch
-        from stable_baselines3.common.torch_layers import FlattenExtractor, NatureCNN
+
+def reference(policy: SB3Policy) -> Any:
+    """SB3's own QNetwork (sb3-contrib's QuantileNetwork for QR-DQN, its Q-values the mean over quantiles, as its
+    predict takes them) with torch.load(weights_only=True) weights: a function of env observations, for the
+    port check (after policy.ported(), which decides the transpose and VecNormalize)."""
+    import torch
+    from stable_baselines3.common.torch_layers import FlattenExtractor, NatureCNN
+
+    image = policy.is_image
+    space = gym.spaces.Box(0 if image else -np.inf, 255 if image else np.inf, policy.obs_shape,
+                           np.uint8 if image else np.dtype(policy.obs_dtype or "float32"))
+    if policy.cnn:
+        features_dim = int(policy.state["features_extractor.linear.0.weight"].shape[0])
+        extractor = NatureCNN(space, features_dim, normalized_image=not policy.normalize_images)
+    else:
+        extractor, features_dim = FlattenExtractor(space), int(np.prod(policy.obs_shape))
+    args = (space, gym.spaces.Discrete(policy.n_actions), extractor, features_dim)
+    hidden = [int(w.shape[0]) for w, _ in policy.head[:-1]]
+    activation = getattr(torch.nn, policy.torch_activation)
+    if policy.algorithm == "QR-DQN":
+        from sb3_contrib.qrdqn.policies import QuantileNetwork
+
+        network = QuantileNetwork(*args, policy.n_quantiles, hidden, activation, policy.normalize_images)
+    else:
         from stable_baselines3.dqn.policies import QNetwork
 
-        image = self.is_image
-        space = gym.spaces.Box(0 if image else -np.inf, 255 if image else np.inf, self.obs_shape,
-                               np.uint8 if image else np.dtype(self.obs_dtype or "float32"))
-        head = _layers(self.state, "q_net.")
-        if self.cnn:
-            features_dim = int(self.state["features_extractor.linear.0.weight"].shape[0])
-            extractor = NatureCNN(space, features_dim, normalized_image=not self.normalize_images)
-        else:
-            extractor, features_dim = FlattenExtractor(space), int(np.prod(self.obs_shape))
-        activation = getattr(torch.nn, self.torch_activation)
-        q_net = QNetwork(space, gym.spaces.Discrete(self.n_actions), extractor, features_dim,
-                         [int(w.shape[0]) for w, _ in head[:-1]], activation, self.normalize_images)
-        state = torch.load(io.BytesIO(self.pth), weights_only=True, map_location="cpu")
-        q_net.load_state_dict({k[len("q_net."):]: v for k, v in state.items() if k.startswith("q_net.")})
-        q_net.eval()
+        network = QNetwork(*args, hidden, activation, policy.normalize_images)
+    prefix = _NETS[policy.algorithm]
+    state = torch.load(io.BytesIO(policy.pth), weights_only=True, map_location="cpu")
+    network.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+    network.eval()
 
-        def q_values(obs: np.ndarray) -> np.ndarray:
-            x = np.transpose(obs, (0, 3, 1, 2)) if self.transposed else np.asarray(obs)
-            if self.vecnormalize is not None:
-                mean, std, clip = self.vecnormalize
-                x = np.clip((x - mean) / std, -clip, clip).astype(np.float32)
-            with torch.no_grad():
-                return q_net(torch.as_tensor(np.ascontiguousarray(x))).numpy()
+    def q_values(obs: np.ndarray) -> np.ndarray:
+        x = np.transpose(obs, (0, 3, 1, 2)) if policy.transposed else np.asarray(obs)
+        if policy.vecnormalize is not None:
+            mean, std, clip = policy.vecnormalize
+            x = np.clip((x - mean) / std, -clip, clip).astype(np.float32)
+        with torch.no_grad():
+            out = network(torch.as_tensor(np.ascontiguousarray(x)))
+            return (out.mean(dim=1) if policy.algorithm == "QR-DQN" else out).numpy()
 
-        return q_values
+    return q_values
 
 
 def read_vecnormalize(path: Path) -> tuple[np.ndarray, np.ndarray, float] | None:

@@ -4,7 +4,8 @@ A .pt/.pth file is a zip holding a pickle (data.pkl) plus one raw byte blob per 
 with `pickle` (or `torch.load(weights_only=False)`) lets the file call any Python function it names.
 This unpickler admits only the globals that rebuild tensors and state dicts, maps them to numpy, and
 refuses anything else with one line naming the global: a file asking for `os.system` never runs it.
-The same restricted reader (with inert stand-ins for SB3's classes) reads VecNormalize statistics.
+The same restricted reader (with inert stand-ins for SB3's and gym's classes) reads VecNormalize
+statistics and the pickled spaces of SB3 1.0 zips.
 """
 
 from __future__ import annotations
@@ -130,11 +131,19 @@ def _flatten(value: Any, label: str, prefix: str = "") -> dict[str, np.ndarray]:
 class Inert:
     """A stand-in for an allowed class of a pickle: records its state, runs none of the class's code."""
 
+    global_name = ""
+    """The global the pickle named (module.name), so a reader can tell a Box from a Discrete."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.args = args
 
     def __setstate__(self, state: Any) -> None:
         self.state = state
+
+    @classmethod
+    def named(cls, module: str, name: str) -> type[Inert]:
+        """A stand-in class for the global `module.name`; it holds the name and nothing of the class."""
+        return type(name, (cls,), {"global_name": f"{module}.{name}"})
 
 
 def read_restricted_pickle(data: bytes, label: str, inert_prefixes: tuple[str, ...]) -> Any:
@@ -144,17 +153,19 @@ def read_restricted_pickle(data: bytes, label: str, inert_prefixes: tuple[str, .
         _reconstruct,
         scalar,
     )
+    from numpy._core.numeric import _frombuffer  # arrays pickled with protocol 5 (cloudpickle's default)
 
     allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype, ("collections", "OrderedDict"): OrderedDict}
-    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):  # pickles from numpy 1 and 2
-        allowed.update({(module, "_reconstruct"): _reconstruct, (module, "scalar"): scalar})
+    for core in ("numpy.core", "numpy._core"):  # pickles from numpy 1 and 2
+        allowed.update({(f"{core}.multiarray", "_reconstruct"): _reconstruct, (f"{core}.multiarray", "scalar"): scalar,
+                        (f"{core}.numeric", "_frombuffer"): _frombuffer})
 
     class _Restricted(pickle.Unpickler):
         def find_class(self, module: str, name: str) -> Any:
             if (module, name) in allowed:
                 return allowed[(module, name)]
             if module.startswith(inert_prefixes):
-                return Inert
+                return Inert.named(module, name)
             raise RefusedPickle(f"{module}.{name}")
 
     try:

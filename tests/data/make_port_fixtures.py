@@ -72,6 +72,93 @@ def sb3_cnn(path: Path, shape: tuple[int, ...] = (36, 36, 2), n_actions: int = 3
     model.save(path)
 
 
+def qrdqn(path: Path, policy: str = "MlpPolicy", net_arch: list[int] | None = None, n_quantiles: int = 5,
+          shape: tuple[int, ...] = (36, 36, 2), n_actions: int = 3, features_dim: int = 16) -> None:
+    """An untrained sb3-contrib QR-DQN: MlpPolicy on CartPole-v1, or CnnPolicy on channel-last uint8 frames."""
+    import gymnasium as gym
+    import torch
+    from sb3_contrib import QRDQN
+
+    torch.manual_seed(0)
+    kwargs: dict = {"n_quantiles": n_quantiles, "net_arch": net_arch or [16, 16]}
+    if policy == "CnnPolicy":
+        env, kwargs["features_extractor_kwargs"] = _Frames(shape, n_actions), {"features_dim": features_dim}
+    else:
+        env = gym.make("CartPole-v1")
+    model = QRDQN(policy, env, buffer_size=10, learning_starts=10, seed=0, device="cpu", policy_kwargs=kwargs)
+    model.save(path)
+
+
+class _FakeGym:
+    """gym's space modules for as long as a space is pickled, so the pickle names gym.spaces.box.Box as
+    SB3 1.0rc0's did (gym itself is not installed); reading them back never imports them."""
+
+    def __enter__(self) -> dict[str, type]:
+        import types
+
+        self.names = ["gym", "gym.spaces", "gym.spaces.box", "gym.spaces.discrete"]
+        classes = {}
+        for name in self.names:
+            sys.modules[name] = types.ModuleType(name)
+        for module, cls in (("gym.spaces.box", "Box"), ("gym.spaces.discrete", "Discrete")):
+            classes[cls] = type(cls, (), {"__module__": module})
+            setattr(sys.modules[module], cls, classes[cls])
+        return classes
+
+    def __exit__(self, *exc: object) -> None:
+        for name in self.names:
+            sys.modules.pop(name, None)
+
+
+def gym_space_pickle(space: object) -> str:
+    """A gymnasium Box or Discrete as SB3 1.0rc0's cloudpickle of a gym space: base64 of a pickle naming
+    gym.spaces.box.Box (or .discrete.Discrete) with its fields, and old gym's RandomState."""
+    import base64
+    import pickle
+
+    with _FakeGym() as classes:
+        if hasattr(space, "n"):
+            obj = classes["Discrete"]()
+            obj.__dict__.update(n=int(space.n), shape=(), dtype=np.dtype(np.int64), np_random=np.random.RandomState(0))
+        else:
+            obj = classes["Box"]()
+            obj.__dict__.update(dtype=space.dtype, shape=tuple(space.shape), low=space.low, high=space.high,
+                                bounded_below=space.bounded_below, bounded_above=space.bounded_above, np_random=None)
+        return base64.b64encode(pickle.dumps(obj, protocol=4)).decode()
+
+
+def as_layout(path: Path, out: Path, layout: str) -> None:
+    """Rewrite an SB3 2.x zip's `data` as an older SB3 wrote it: "1.x" (gym, readable `shape`) or "1.0"
+    (SB3 1.0rc0: no readable fields, only the pickled gym spaces); the weights stay the same."""
+    import json
+    import zipfile
+
+    import gymnasium as gym
+
+    with zipfile.ZipFile(path) as original:
+        entries = {name: original.read(name) for name in original.namelist()}
+    data = json.loads(entries["data"])
+    for key in ("observation_space", "action_space"):
+        entry = data[key]
+        entry[":type:"] = entry[":type:"].replace("gymnasium.", "gym.")
+        if layout == "1.x":
+            entry["shape"] = entry.pop("_shape")
+        else:
+            if key == "observation_space":  # bounds: SB3's image bounds, else unbounded (the port reads only those)
+                shape = tuple(entry["_shape"])
+                dtype = np.dtype(entry["dtype"])
+                image = dtype == np.uint8
+                space = gym.spaces.Box(0 if image else -np.inf, 255 if image else np.inf, shape, dtype)
+            else:
+                space = gym.spaces.Discrete(int(entry["n"]))
+            data[key] = {":type:": entry[":type:"], ":serialized:": gym_space_pickle(space)}
+    entries["data"] = json.dumps(data).encode()
+    entries["_stable_baselines3_version"] = b"1.0rc0" if layout == "1.0" else b"1.8.0"
+    with zipfile.ZipFile(out, "w") as archive:
+        for name, content in entries.items():
+            archive.writestr(name, content)
+
+
 def cleanrl_mlp(path: Path, obs_dim: int = 4, n_actions: int = 2) -> None:
     """CleanRL's dqn.py QNetwork (Linear 120, 84), random weights, torch.save(state_dict)."""
     import torch
