@@ -366,9 +366,25 @@ def verify(run_dir: Path) -> None:
 @click.argument("policy", type=click.Path(path_type=Path))
 @click.option("--calls", type=click.IntRange(min=100), default=2000, show_default=True, help="Timed batch-1 calls.")
 @click.option("--memory/--no-memory", default=True, show_default=True, help="Also measure peak RSS in a fresh process.")
+@click.option("--device", type=click.Choice(["gpu", "cpu"]),
+              help="Serve POLICY.onnx (export --target onnx) by batch on a GPU (cpu: the same code on the CPU device) "
+                   "against onnxruntime on this machine's CPU; no TensorFlow (docs/measurements.md).")
+@click.option("--batches", default="1,64,1024,16384", show_default=True, help="--device: the batch sizes.")
+@click.option("--seconds", type=click.FloatRange(min=0.001), default=0.5, show_default=True,
+              help="--device: timing budget per runtime and batch.")
+@click.option("--name", help="--device: the policy's name in its run (default: the file's stem, as export names it).")
+@click.option("--out", type=click.Path(path_type=Path), help="--device: also write the JSON here (for report RUN --gpu FILE).")
 @_user_errors
-def bench(policy: Path, calls: int, memory: bool) -> None:
-    """Measure one .tflite file or SavedModel directory: size, latency, inference memory (JSON)."""
+def bench(policy: Path, calls: int, memory: bool, device: str | None, batches: str, seconds: float, name: str | None,
+          out: Path | None) -> None:
+    """Measure one .tflite file or SavedModel directory: size, latency, inference memory; or an .onnx by batch on a device (JSON)."""
+    if device is not None or policy.suffix == ".onnx":
+        from compress_dqn.evaluation.serving import bench_file
+
+        if device is None:
+            raise UserError(f"{policy}: an .onnx file is measured by batch on a device: add --device gpu (or cpu)")
+        click.echo(json.dumps(bench_file(policy, device, batches, name, out, seconds)))
+        return
     import numpy as np
 
     from compress_dqn.deploy.policy import TFLitePolicy, read_tflite
