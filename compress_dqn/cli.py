@@ -325,20 +325,26 @@ def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) 
 
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--gpu", "gpu_files", multiple=True, type=click.Path(path_type=Path),
+              help="Attach a `bench POLICY.onnx --device gpu --out FILE` file (repeatable): the report's GPU serving section.")
 @_user_errors
-def report(run_dir: Path) -> None:
+def report(run_dir: Path, gpu_files: tuple[Path, ...]) -> None:
     """Re-render results.csv, report.md, report.html and the plots from RUN_DIR/results.json."""
+    from compress_dqn.evaluation.gpu_report import attach
     from compress_dqn.evaluation.report import write_report
     from compress_dqn.store.layout import RunLayout
     from compress_dqn.store.manifest import verify as verify_run
     from compress_dqn.store.manifest import write_manifest
 
-    finished = RunLayout(run_dir).manifest.is_file()
+    layout = RunLayout(run_dir)
+    finished = layout.manifest.is_file()
     if finished:  # the manifest is rewritten below: never sign altered artifacts into it
         problems = verify_run(run_dir)
         if problems:
             raise UserError(f"{run_dir}: {len(problems)} artifact(s) no longer match manifest.json ({problems[0]}); "
                             "restore them, or rerun the recipe with another --out")
+    if gpu_files or layout.gpu_figures.is_dir():  # figures measured on a GPU machine, attached (or held) here
+        attach(layout.results, layout.gpu_figures, gpu_files)
     for path in write_report(run_dir):
         click.echo(str(path))
     if finished:

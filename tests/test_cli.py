@@ -18,7 +18,7 @@ def test_run_writes_results_and_rerun_resumes(finished_tiny_run, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(finished_tiny_run, out)  # the rerun below works on a copy of the shared run
     results = json.loads((out / "results.json").read_text())
-    assert results["schema_version"] == 2 and results["env_id"] == "CartPole-v1"
+    assert results["schema_version"] == 3 and results["env_id"] == "CartPole-v1"
     assert results["eval"] == {"episodes": 5, "seed": 0, "max_episodes": 5, "looks": [5], "confidence": 0.95,
                                "tolerance": 0.01, "heldout_seed": 1_000_000, "heldout_episodes": 10}
     assert len(results["random"]["return"]["episodes"]) == 5

@@ -115,7 +115,7 @@ def test_a_comparison_keeps_its_label_and_reads_back_its_kind():
 def test_a_file_that_is_not_a_results_file_is_refused_in_one_line(tmp_path):
     good = json.loads((LEGACY / "run" / "results.json").read_text())
     broken = {**good, "variants": [{**good["variants"][0], "size": {"params": "many"}}]}
-    cases = {"not json": "{", "a list": "[]", "no version": "{}", "later version": json.dumps({**good, "schema_version": 3}),
+    cases = {"not json": "{", "a list": "[]", "no version": "{}", "later version": json.dumps({**good, "schema_version": 4}),
              "wrong figure": json.dumps(broken), "no policies": json.dumps({**good, "variants": []})}
     for label, text in cases.items():
         (tmp_path / "results.json").write_text(text)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation import findings as find
+from compress_dqn.evaluation import gpu_report
 from compress_dqn.evaluation.figures import M0PLUS, M4F, ONE_PERCENT, AtOnePercent, Verdict
 from compress_dqn.evaluation.findings import Findings, findings, pareto_front
 from compress_dqn.evaluation.plots import make_plots, verdict_color
@@ -431,7 +432,7 @@ def render_markdown(results: RunResults, plots: Sequence[str]) -> str:
     lines.append("|" + "---|" * len(table))
     lines += ["| " + " | ".join(text for _, text in _cells(v, results)) + " |" for v in results.variants]
     lines.append("")
-    lines += [f"![{name}]({name})" for name in plots]
+    lines += [f"![{name}]({name})" for name in plots] + gpu_report.markdown(results)
     lines += ["", "Notes:", ""] + [f"- {note}" for note in _notes(results)]
     return "\n".join(lines) + "\n"
 
@@ -467,7 +468,7 @@ figure {{ display: inline-block; margin: 0.5rem; }} img {{ max-width: 560px; }}
 <h1>compress-dqn report: {esc(results.env_id)}</h1>
 <ul class="headline">{head}</ul>
 <div class="wide"><table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table></div>
-{images}
+{images}{gpu_report.html_section(results)}
 <h2>Notes</h2><ul>{notes}</ul>
 </body></html>
 """

@@ -2,7 +2,7 @@
 
 Pydantic records whose aliases keep results.json's keys (`return`, `from`), so a file written by an
 earlier release (schema_version 2) loads and saves back unchanged; a key a later release adds is
-ignored by this reader. A file that is not a results file is refused in one line.
+ignored by this reader. Version 3 added gpu_serving (GPU figures measured elsewhere, attached later). A file that is not a results file is refused in one line.
 """
 
 from __future__ import annotations
@@ -16,9 +16,12 @@ from pydantic import ConfigDict, Field, ValidationError
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation.figures import (AtOnePercent, CFigures, Comparison, Compression, LatencyBlock, MemoryBlock,
                                              MicroFigures, OpenRecord, Record, ReturnStats, SizeStats, Verdict)
+from compress_dqn.evaluation.serving_figures import ServingBench
 from compress_dqn.fileio import write_text_atomic
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+READS = (2, 3)
+"""The schema versions this release reads: a file keeps its own version until a figure it lacks is added."""
 
 
 class EvalPlan(Record):
@@ -159,7 +162,7 @@ class RunResults(Record):
     """One training seed's run: the baseline, its variants, and how they were evaluated."""
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
-    omit_none: ClassVar[frozenset[str]] = frozenset({"search", "c_policy_note"})
+    omit_none: ClassVar[frozenset[str]] = frozenset({"search", "c_policy_note", "gpu_serving"})
     schema_version: int = SCHEMA_VERSION
     env_id: str
     eval: EvalPlan
@@ -172,6 +175,8 @@ class RunResults(Record):
     variants: list[VariantResult] = Field(min_length=1)
     """The baseline first, then its variants."""
     search: SearchMark | None = None
+    gpu_serving: list[ServingBench] | None = None
+    """Policies served by batch on a GPU (`bench --device gpu`, attached with `report --gpu`); None where none is."""
 
     @property
     def baseline(self) -> VariantResult:
@@ -311,8 +316,8 @@ def _validated(cls: type[RunResults | SeedsResults], data: object, source: str) 
     version = data.get("schema_version")
     if version is None:
         raise UserError(f"{source}: not a compress-dqn results file (no schema_version)")
-    if version != SCHEMA_VERSION:
-        raise UserError(f"{source}: results schema_version {version!r}, this compress-dqn reads {SCHEMA_VERSION}; "
+    if version not in READS:
+        raise UserError(f"{source}: results schema_version {version!r}, this compress-dqn reads {READS[0]}-{READS[-1]}; "
                         "rerun the recipe with this version to regenerate it")
     try:
         return cls.model_validate(data)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from compress_dqn.evaluation.figures import Compression
+from compress_dqn.evaluation.gpu_report import attached
 from compress_dqn.evaluation.report import write_report
 from compress_dqn.evaluation.results import EvalPlan, RandomFigures, RunResults, SearchMark, VariantResult, save_results
 from compress_dqn.evaluation.verdicts import paired_difference, summarize
@@ -81,6 +82,7 @@ def collect_results(ctx: RunContext, episodes: dict[str, list[float]]) -> RunRes
         gpu=measured[BASELINE].gpu_note or "visible",
         c_policy_note=c_policy_note(measured.values()),
         variants=variants,
+        gpu_serving=attached(ctx.layout.gpu_figures, [v.name for v in variants]),  # kept by a rerun that extends the run
     )
 
 

@@ -5,6 +5,7 @@
       stages.json            finished stages and what they produced (a finished stage is not redone)
       results.json, results.csv, report.md, report.html, *.png   the results and their report
       search.json            a search's finished candidates
+      gpu/POLICY.json        `bench --device gpu` figures attached by `report --gpu` (results.json's gpu_serving)
       manifest.json          SHA-256 and size of every artifact: written last, its presence means finished
       tensorboard/baseline/  TensorBoard scalars of the baseline's training
       baseline/              weights.npz, replay.npz, heldout_obs.npz, model.keras (a brought network),
@@ -108,6 +109,11 @@ class RunLayout:
     def keras_model(self) -> Path:
         """A brought baseline's network, kept as a Keras file (a trained one is rebuilt from the recipe)."""
         return self.baseline / "model.keras"
+
+    @property
+    def gpu_figures(self) -> Path:
+        """Where attached GPU serving figures live, one file a policy."""
+        return self.root / "gpu"
 
     @property
     def variants(self) -> Path:
