@@ -114,6 +114,17 @@ def test_atari_zoo_plays_sb3s_returns_and_gets_a_verdict(tmp_path):
     assert row["ptq_int8"]["verdict"] in {"within 5%", "better", "worse", "inconclusive"}
 
 
+def test_rl_zoo_agents_runs_a_generated_qrdqn_zip_through_compress(tmp_path):
+    """A tiny untrained QR-DQN zip stands in for rl-trained-agents: ported, checked against sb3-contrib, compressed."""
+    pytest.importorskip("sb3_contrib")
+    row, summary = bench("rl_zoo_agents", "--out", str(tmp_path / "zoo"))
+    assert (row["algo"], row["env_id"], row["played_on"]) == ("qrdqn", "CartPole-v1", "CartPole-v1")
+    assert row["command"].startswith("compress-dqn compress ") and "--variants ptq-int8" in row["command"]
+    assert row["port_check"]["checked"] and "sb3-contrib" in row["port_check"]["runtime"] and row["ported"]
+    assert row["baseline"]["episodes"] == 2 and row["zoo_benchmark"] == {"mean": 500.0, "std": 0.0}
+    assert summary["summary"] and summary["agents"] == summary["ported"] == 1
+
+
 def test_ship_targets_reports_c_onnx_and_q_values_per_policy():
     rows = bench("ship_targets")
     assert [r["variant"] for r in rows] == ["baseline", "ptq-int8"]

@@ -1,5 +1,5 @@
-"""Every SB3 zip layout the RL Zoo has published (1.0 pickled spaces, 1.x `shape`, 2.x `_shape`), DQN and QR-DQN,
-MlpPolicy and CnnPolicy, ports exactly: checked against SB3's / sb3-contrib's own forward pass.
+"""Every SB3 zip layout (2.x `_shape`, 1.x `shape`, "1.0": no readable fields, only the pickled gym spaces), DQN and
+QR-DQN, MlpPolicy and CnnPolicy, ports exactly: checked against SB3's / sb3-contrib's own forward pass.
 
 The zips are made here by the real libraries (tests/data/make_port_fixtures.py), tiny and untrained,
 then rewritten into the older layouts; no downloaded file is read.

@@ -204,7 +204,7 @@ class SB3Policy:
             net.notes.append(f"QR-DQN: the mean of its {self.n_quantiles} quantiles per action folded into the last layer "
                              "(sb3-contrib's greedy action is the argmax of that mean)")
         if self.spaces.pickled:
-            net.notes.append("spaces read from the zip's pickled gym spaces (no readable fields, as SB3 1.0 saved), "
+            net.notes.append("spaces read from the zip's pickled gym spaces (it has no readable fields), "
                              "through the restricted reader")
         self.transposed = transposed
         self.vecnormalize = read_vecnormalize(self.path)

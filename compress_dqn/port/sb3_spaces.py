@@ -1,8 +1,9 @@
 """The observation and action spaces of an SB3 zip, from whichever SB3 release saved them, without running its code.
 
 SB3 2.x (gymnasium) writes each space's readable fields beside its cloudpickle, the shape as
-`_shape`; SB3 1.x (gym) names it `shape`; SB3 1.0rc0 wrote no readable fields, only the cloudpickled
-gym space. Readable fields are used where there are any. Otherwise the pickle goes through the
+`_shape`; SB3 1.x (gym, the RL Zoo's 1.0rc0 zips included) names it `shape`; a zip whose `data`
+keeps a space only as its cloudpickle has no readable fields at all. Readable fields are used
+where there are any. Otherwise the pickle goes through the
 restricted reader: gym's and gymnasium's space classes (and old gym's RandomState) become inert
 records, numpy rebuilds arrays and dtypes, and any other global is refused in one line, so a zip
 that asks for anything else runs nothing.
@@ -52,7 +53,7 @@ class Spaces(NamedTuple):
     high: list[float]
     n_actions: int
     pickled: bool
-    """True when read from the pickled spaces (a zip with no readable fields, as SB3 1.0rc0 saved)."""
+    """True when read from the pickled spaces (a zip whose spaces have no readable fields)."""
 
 
 def pickled_space(entry: Any, what: str, label: str) -> tuple[str, dict[str, Any]]:

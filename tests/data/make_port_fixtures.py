@@ -91,7 +91,7 @@ def qrdqn(path: Path, policy: str = "MlpPolicy", net_arch: list[int] | None = No
 
 class _FakeGym:
     """gym's space modules for as long as a space is pickled, so the pickle names gym.spaces.box.Box as
-    SB3 1.0rc0's did (gym itself is not installed); reading them back never imports them."""
+    old gym's did (gym itself is not installed); reading them back never imports them."""
 
     def __enter__(self) -> dict[str, type]:
         import types
@@ -111,7 +111,7 @@ class _FakeGym:
 
 
 def gym_space_pickle(space: object) -> str:
-    """A gymnasium Box or Discrete as SB3 1.0rc0's cloudpickle of a gym space: base64 of a pickle naming
+    """A gymnasium Box or Discrete as SB3 1.0's cloudpickle of a gym space: base64 of a pickle naming
     gym.spaces.box.Box (or .discrete.Discrete) with its fields, and old gym's RandomState."""
     import base64
     import pickle
@@ -129,7 +129,7 @@ def gym_space_pickle(space: object) -> str:
 
 def as_layout(path: Path, out: Path, layout: str) -> None:
     """Rewrite an SB3 2.x zip's `data` as an older SB3 wrote it: "1.x" (gym, readable `shape`) or "1.0"
-    (SB3 1.0rc0: no readable fields, only the pickled gym spaces); the weights stay the same."""
+    (no readable fields, only the pickled gym spaces, as issue 57 reported of SB3 1.0 zips); the weights stay the same."""
     import json
     import zipfile
 
