@@ -102,8 +102,12 @@ class TorchRunner:
                 self.policy.forward(x)
         torch.cuda.current_stream().wait_stream(side)
         captured = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(captured):
-            self.policy.forward(x)
+        try:
+            with torch.cuda.graph(captured):
+                self.policy.forward(x)
+        except RuntimeError as exc:  # an op that reads device memory on the host cannot be captured: eager figures only
+            self.graph_note = f"torch captured no CUDA graph: {str(exc).splitlines()[0][:200]}"
+            return None
 
         def call() -> None:
             captured.replay()
