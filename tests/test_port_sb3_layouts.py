@@ -18,7 +18,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from compress_dqn.cli import main
 from compress_dqn.errors import UserError
 from compress_dqn.port.baseline import load_model
 from compress_dqn.port.check import cross_check
@@ -147,7 +149,9 @@ def test_a_pickled_space_that_asks_for_anything_else_is_refused_and_nothing_runs
         with pytest.raises(UserError, match=rf"observation space.*asks for .*{name}.*refused") as caught:
             load_model(path, CARTPOLE)
         assert "\n" not in str(caught.value)
-    assert not marker.exists()
+        result = CliRunner().invoke(main, ["compress", str(path), "--env", "CartPole-v1", "--out", str(tmp_path / "run")])
+        assert result.exit_code == 2 and result.output.startswith("error: ") and result.output.count("\n") == 1
+    assert not marker.exists() and not (tmp_path / "run").exists()
     # An allowed class whose pickle is not a space (a RandomState alone) is refused too, by name.
     path = with_observation_pickle(zips["DQN", "Mlp"], tmp_path / "rng.zip", pickle.dumps(np.random.RandomState(0)))
     with pytest.raises(UserError, match=r"pickled observation space is a numpy\.random.*not a gym or gymnasium space"):

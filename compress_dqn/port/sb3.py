@@ -1,15 +1,16 @@
 """Stable-Baselines3 DQN and sb3-contrib QR-DQN zips (model.save(), RL Zoo; SB3 1.0 to 2.x): the online Q-network as a PortedNet.
 
 The zip's `data` is JSON whose non-JSON entries (spaces, classes) are cloudpickled; the spaces come
-from their readable fields, or where an old zip has none from the pickle through the restricted
-reader (sb3_spaces.py). Weights come from `policy.pth` (`q_net.*` / `quantile_net.*`, not the
-target network's) through the tensor-only reader. QR-DQN acts on the mean of its quantiles, which
-folds exactly into its last linear layer, so both become one Q-network. What SB3 does to an
-observation inside the policy is reproduced inside the ported network: `/255` for image spaces when `normalize_images` (SB3's
-preprocess_obs) and, because SB3 trained on channel-first frames (VecTransposeImage) while the
-environment gives height x width x channels, the first Dense layer after the convolutions takes
-Keras's flatten order. VecNormalize statistics (vecnormalize.pkl beside the zip, as the RL Zoo saves
-them) are read with a restricted unpickler and folded into the first layer.
+from their readable fields, or where a zip has none from the pickle through the restricted
+reader (sb3_spaces.py). Weights come from `policy.pth` (`q_net.*` / `quantile_net.*`, not the target
+network's) through the tensor-only reader. QR-DQN acts on the mean of its quantiles, which folds
+exactly into its last linear layer, so both become one Q-network. What SB3 does to an observation
+inside the policy is reproduced inside the ported network: `/255` for image spaces when
+`normalize_images` (SB3's preprocess_obs) and, because SB3 trained on channel-first frames
+(VecTransposeImage) while the environment gives height x width x channels, the first Dense layer
+after the convolutions takes Keras's flatten order. VecNormalize statistics (vecnormalize.pkl beside
+the zip, as the RL Zoo saves them) are read with a restricted unpickler and folded into the first
+layer.
 
 An Atari CnnPolicy plays in the environment it was trained in: SB3's AtariWrapper with its frame
 stack (envs/atari.py). The RL Zoo's config.yml / args.yml beside the zip say which wrapper and
@@ -107,7 +108,7 @@ class SB3Policy:
         out = int(self.head[-1][0].shape[0])
         n = out // self.n_actions if self.algorithm == "QR-DQN" else 1
         if out != n * self.n_actions or (said is not None and self.algorithm == "QR-DQN" and numbers(said)[:1] != [n]):
-            per = f"{said} quantiles x " if self.algorithm == "QR-DQN" else ""
+            per = f"{'N' if said is None else said} quantiles x " if self.algorithm == "QR-DQN" else ""
             raise UserError(f"baseline.from: {self.path}: its last layer gives {out} outputs, not {per}"
                             f"{self.n_actions} actions of its action space; a damaged or edited zip?")
         return n
