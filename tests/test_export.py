@@ -77,7 +77,7 @@ def test_bad_policy_files_get_clear_errors(tmp_path, exported):
     truncated = tmp_path / "cut.tflite"
     truncated.write_bytes((out / "policy.tflite").read_bytes()[:200])
     for path, fragment in [(empty, "empty or truncated"), (png, "not a TFLite flatbuffer"),
-                           (truncated, "cannot load"), (tmp_path / "missing.tflite", "no such file"),
+                           (truncated, "truncated or damaged"), (tmp_path / "missing.tflite", "no such file"),
                            (tmp_path, "SavedModel")]:
         with pytest.raises(UserError, match=fragment):
             load_policy(path)

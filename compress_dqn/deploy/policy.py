@@ -14,11 +14,10 @@ import numpy as np
 
 from compress_dqn._quiet import quiet_stderr
 from compress_dqn.deploy.tflite_metadata import caller_normalization
+from compress_dqn.deploy.tflite.reader import read_tflite, unreadable
 from compress_dqn.errors import UserError
-from compress_dqn.fileio import read_user_file
 
 SIGNATURE = "serving_default"
-_TFLITE_MAGIC = b"TFL3"
 
 
 class Policy(Protocol):
@@ -48,7 +47,7 @@ class TFLitePolicy:
                 self._interp = Interpreter(model_content=content, num_threads=num_threads,
                                            experimental_op_resolver_type=resolver)
         except (ValueError, RuntimeError) as exc:
-            raise UserError(f"{label}: the TFLite runtime cannot load it ({str(exc).splitlines()[0]}); is it truncated?") from None
+            raise unreadable(label, str(exc)) from None
         path = self._label = label
         signatures = self._interp.get_signature_list()
         if SIGNATURE not in signatures:
@@ -149,21 +148,6 @@ class TFLitePolicy:
         self._set_tensor(self._in_index, np.asarray(obs).reshape(self._one_shape))
         self._invoke()
         return int(self._get_tensor(self._action_index)[0])
-
-
-def read_tflite(source: str | Path | bytes) -> tuple[bytes, str]:
-    """A .tflite file's bytes (or the bytes given), checked to be a TFLite flatbuffer, and a label
-    (the path) for messages."""
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        data, label = bytes(source), "<bytes>"
-    else:
-        label = str(source)
-        data = read_user_file(source, "a .tflite file (or a SavedModel dir where one is accepted)")
-    if len(data) < 8:
-        raise UserError(f"{label}: empty or truncated TFLite data ({len(data)} bytes); re-export the policy")
-    if data[4:8] != _TFLITE_MAGIC:
-        raise UserError(f"{label}: not a TFLite flatbuffer (no TFL3 identifier); pass a .tflite file written by compress-dqn")
-    return data, label
 
 
 def check_compatible(policy: Policy, obs_shape: tuple[int, ...], n_actions: int, env_id: str, source: str) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.policy import SIGNATURE, read_tflite
+from compress_dqn.deploy.policy import SIGNATURE
+from compress_dqn.deploy.tflite.reader import builtin, decode, litert_schema, op_names, read_tflite
 from compress_dqn.deploy.tflite_metadata import caller_normalization
 from compress_dqn.errors import UserError
 
@@ -110,10 +111,9 @@ class PolicyGraph:
 
 def read_policy_graph(source: Any, outputs: tuple[str, ...] = ("action",)) -> PolicyGraph:
     """The ops that compute the named signature outputs of a compress-dqn .tflite policy."""
-    from ai_edge_litert import schema_py_generated as schema
-
+    schema = litert_schema()
     data, label = read_tflite(source)
-    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    model = decode(data, label, schema)
     if len(model.subgraphs) != 1:
         raise UserError(f"{label}: {len(model.subgraphs)} subgraphs; export a compress-dqn policy (one subgraph)")
     sig = next((s for s in model.signatureDefs or [] if (s.signatureKey or b"").decode() == SIGNATURE), None)
@@ -140,7 +140,7 @@ class _Reader:
     def __init__(self, model: Any, schema: Any) -> None:
         self.model, self.schema, self.graph = model, schema, model.subgraphs[0]
         self._tensors: dict[int, Tensor] = {}
-        self._ops_by_code = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+        self._ops_by_code = op_names(schema)
         self._types = {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
 
     def tensor(self, index: int) -> Tensor:
@@ -173,7 +173,7 @@ class _Reader:
         ops, widened = [], {}
         for raw in self.graph.operators:
             code = self.model.operatorCodes[raw.opcodeIndex]
-            kind = self._ops_by_code.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
+            kind = self._ops_by_code.get(builtin(code), "CUSTOM")
             if kind not in SUPPORTED:
                 raise UserError(f"its graph holds a {kind} op, which the exporter does not translate "
                                 f"(it translates {', '.join(sorted(SUPPORTED))})")

@@ -12,10 +12,10 @@ import json
 
 import numpy as np
 
+from compress_dqn.deploy.tflite.reader import pack as pack_model
 from compress_dqn.errors import UserError
 
 INPUT_NORMALIZATION = "compress_dqn.input_normalization"
-_IDENTIFIER = b"TFL3"
 
 
 def read_metadata(data: bytes, name: str) -> bytes | None:
@@ -48,15 +48,6 @@ def slim_tensor_names(data: bytes) -> bytes:
             if i not in keep:
                 tensor.name = f"t{i}"
     return pack_model(model, len(data))
-
-
-def pack_model(model: object, size_hint: int) -> bytes:
-    """A schema ModelT packed as a .tflite flatbuffer."""
-    import flatbuffers
-
-    builder = flatbuffers.Builder(size_hint + 1024)
-    builder.Finish(model.Pack(builder), file_identifier=_IDENTIFIER)
-    return bytes(builder.Output())
 
 
 def add_metadata(data: bytes, name: str, payload: bytes) -> bytes:

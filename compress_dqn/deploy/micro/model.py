@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from compress_dqn.deploy.tflite.reader import builtin, decode, op_names, unreadable
 from compress_dqn.errors import UserError
 
 INSTALL_HINT = "TFLite Micro is not installed; run: pip install 'compress-dqn[micro]'"
@@ -108,17 +109,15 @@ def inspect_model(data: bytes, label: str = "<bytes>") -> ModelInfo:
     tflm_runtime()
     from tflite_micro.tensorflow.lite.micro.python import schema_py_generated as schema
 
-    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    names = op_names(schema)
+    model = decode(data, label, schema)  # refuses a truncated or damaged file, which TFLM would follow unchecked
     try:
-        model = schema.ModelT.InitFromPackedBuf(data, 0)  # touches every field: a truncated file fails here
-        if not model.subgraphs:
-            raise ValueError("no subgraphs")
         graph = model.subgraphs[0]
         ops: list[str] = []
         for op in (op for g in model.subgraphs for op in g.operators or []):
             code = model.operatorCodes[op.opcodeIndex]
-            builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
-            name = code.customCode.decode() if builtin == schema.BuiltinOperator.CUSTOM else names.get(builtin, f"BUILTIN_{builtin}")
+            number = builtin(code)
+            name = code.customCode.decode() if number == schema.BuiltinOperator.CUSTOM else names.get(number, f"BUILTIN_{number}")
             if name not in ops:
                 ops.append(name)
         outputs: dict[str, int] = {}
@@ -129,54 +128,10 @@ def inspect_model(data: bytes, label: str = "<bytes>") -> ModelInfo:
                     if out.tensorIndex in graph_outputs:
                         outputs[out.name.decode()] = graph_outputs.index(out.tensorIndex)
         n_inputs = len(graph.inputs if graph.inputs is not None else [])
-        problem = _index_problem(model, schema)
-    except Exception as exc:  # the Python flatbuffer reader raises many types on damaged data
-        raise UserError(f"{label}: not a readable TFLite model ({type(exc).__name__}); is it truncated or damaged?") from None
-    if problem:  # TFLM does not verify the flatbuffer: a bad index would crash it, not fail
-        raise UserError(f"{label}: damaged TFLite model ({problem}); re-export the policy")
+    except Exception as exc:  # damaged names or signatures
+        raise unreadable(label, type(exc).__name__) from None
     missing = [op for op in ops if op not in RESOLVER_METHODS]
     return ModelInfo(ops=ops, missing=missing, outputs=outputs, n_inputs=n_inputs)
-
-
-_ITEM_BYTES = {"FLOAT32": 4, "FLOAT16": 2, "INT32": 4, "UINT8": 1, "INT64": 8, "BOOL": 1, "INT16": 2,
-               "INT8": 1, "FLOAT64": 8, "UINT64": 8, "UINT32": 4, "UINT16": 2}
-
-
-def _index_problem(model: Any, schema: Any) -> str | None:
-    """The first out-of-range index or short constant buffer, which TFLM (no verifier) would follow."""
-    types = {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
-    n_buffers, n_codes = len(model.buffers or []), len(model.operatorCodes or [])
-    for g, graph in enumerate(model.subgraphs):
-        tensors = graph.tensors or []
-        n = len(tensors)
-        for t, tensor in enumerate(tensors):
-            if not 0 <= tensor.buffer < max(n_buffers, 1):
-                return f"tensor {t} names buffer {tensor.buffer} of {n_buffers}"
-            shape = [int(d) for d in (tensor.shape if tensor.shape is not None else [])]
-            if any(d < 0 for d in shape):
-                return f"tensor {t} has shape {shape}"
-            data = model.buffers[tensor.buffer].data if n_buffers else None
-            size = _ITEM_BYTES.get(types.get(tensor.type, ""))
-            dense = tensor.sparsity is None  # a sparse-format tensor holds only its nonzero blocks
-            if dense and data is not None and len(data) and size and len(data) < size * int(np.prod(shape, dtype=np.int64)):
-                return f"tensor {t} holds {len(data)} bytes for shape {shape}"
-        for i, op in enumerate(graph.operators or []):
-            if not 0 <= op.opcodeIndex < n_codes:
-                return f"operator {i} names op code {op.opcodeIndex} of {n_codes}"
-            ins = list(op.inputs if op.inputs is not None else [])
-            outs = list(op.outputs if op.outputs is not None else [])
-            if any(not -1 <= int(x) < n for x in ins) or any(not 0 <= int(x) < n for x in outs):
-                return f"operator {i} of subgraph {g} names a tensor beyond its {n}"
-        for x in [*(graph.inputs if graph.inputs is not None else []), *(graph.outputs if graph.outputs is not None else [])]:
-            if not 0 <= int(x) < n:
-                return f"subgraph {g} input/output {int(x)} beyond its {n} tensors"
-    for sig in model.signatureDefs or []:
-        if not 0 <= sig.subgraphIndex < len(model.subgraphs):
-            return f"signature names subgraph {sig.subgraphIndex}"
-        n = len(model.subgraphs[sig.subgraphIndex].tensors or [])
-        if any(not 0 <= m.tensorIndex < n for m in [*(sig.inputs or []), *(sig.outputs or [])]):
-            return "signature names a tensor out of range"
-    return None
 
 
 def refuse_missing(info: ModelInfo, label: str) -> None:

@@ -27,8 +27,10 @@ class MicroPolicy:
     A raw uint8 observation's CAST is rewritten first, as `export --target micro` does (uint8_input.py).
     """
 
-    def __init__(self, path: str | Path | bytes, arena_bytes: int | None = None) -> None:
-        data, label = read_tflite(path)
+    def __init__(self, path: str | Path | bytes, arena_bytes: int | None = None, label: str | None = None) -> None:
+        """label: what messages call bytes passed in (their file), instead of `<bytes>`."""
+        data, read_label = read_tflite(path)
+        label = label or read_label
         data, info = runnable_model(data, inspect_model(data, label), label)
         if info.n_inputs != 1 or not {"q_values", "action"} <= set(info.outputs):
             raise UserError(f"{label}: signature {SIGNATURE!r} maps {info.n_inputs} input(s) -> {sorted(info.outputs)}; "
