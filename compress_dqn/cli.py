@@ -447,47 +447,12 @@ def bench(policy: Path, calls: int, memory: bool, device: str | None, batches: s
 def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None, tflm_compress: bool,
            onnx_int8: str | None) -> None:
     """Export a .tflite policy to ship (tflite) or for a microcontroller with measured flash and RAM (micro); prints JSON."""
+    from compress_dqn.deploy.targets import ExportOptions, export_policy
     from compress_dqn.store.manifest import check_artifact
 
     check_artifact(policy)
-    if onnx_int8 is not None and target != "onnx":
-        raise UserError(f"--onnx-int8 is for --target onnx; drop it for --target {target}")
-    if target in ("c", "onnx"):
-        _export_c_or_onnx(policy, target, out, int8_io, name, tflm_compress, onnx_int8 or "exact")
-        return
-    if target == "tflite":
-        from compress_dqn.deploy.ship import export_tflite_file
-
-        if int8_io or name or tflm_compress:
-            raise UserError("--int8-io, --name and --compress are for --target micro; drop them for --target tflite")
-        if out is not None and out.is_dir():
-            raise UserError(f"{out}: is a directory; --out names the .tflite file to write")
-        click.echo(json.dumps(export_tflite_file(policy, out)))
-        return
-    from compress_dqn.deploy.micro import export_micro
-
-    if out is not None and out.exists() and not out.is_dir():
-        raise UserError(f"{out}: is a file; --out names the directory for the micro export")
-    click.echo(json.dumps(export_micro(policy, out, int8_io=int8_io, name=name, compress=tflm_compress).to_dict()))
-
-
-def _export_c_or_onnx(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None,
-                      tflm_compress: bool, onnx_int8: str) -> None:
-    if int8_io or tflm_compress or (name and target == "onnx"):
-        raise UserError(f"--int8-io and --compress are for --target micro{', --name for micro and c' if name else ''}; "
-                        f"drop them for --target {target}")
-    if target == "c":
-        from compress_dqn.deploy.c_measure import export_c
-
-        if out is not None and out.exists() and not out.is_dir():
-            raise UserError(f"{out}: is a file; --out names the directory for NAME.c and NAME.h")
-        click.echo(json.dumps(export_c(policy, out, name)))
-        return
-    from compress_dqn.deploy.onnx_export import export_onnx_file
-
-    if out is not None and out.is_dir():
-        raise UserError(f"{out}: is a directory; --out names the .onnx file to write")
-    click.echo(json.dumps(export_onnx_file(policy, out, int8=onnx_int8)))
+    options = ExportOptions(int8_io=int8_io, name=name, compress=tflm_compress, onnx_int8=onnx_int8)
+    click.echo(json.dumps(export_policy(target, policy, out, options).to_dict()))
 
 
 if __name__ == "__main__":  # pragma: no cover

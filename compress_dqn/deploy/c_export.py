@@ -28,6 +28,7 @@ from compress_dqn.deploy.tflite_graph import (
     quantize_multiplier,
     read_policy_graph,
 )
+from compress_dqn.deploy.targets.base import policy_name
 from compress_dqn.errors import UserError
 
 _C_TYPES = {"float32": "float", "int8": "int8_t", "uint8": "uint8_t", "int32": "int32_t"}
@@ -365,6 +366,5 @@ _EMIT = {"SUB": _elementwise, "DIV": _elementwise, "MUL": _elementwise, "ADD": _
 
 
 def default_name(policy: Path) -> str:
-    """runs/X/variants/NAME/policy.tflite -> NAME; else the file's stem."""
-    policy = Path(policy)
-    return c_name(policy.parent.name if policy.stem == "policy" and policy.parent.name else policy.stem)
+    """The policy's name (policy_name) as a C identifier."""
+    return c_name(policy_name(policy))

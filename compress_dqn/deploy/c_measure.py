@@ -21,11 +21,12 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from compress_dqn.deploy.c_export import CPolicy, default_name, generate_c
+from compress_dqn.deploy.targets.base import ExportReport
 from compress_dqn.deploy.micro_figures import M0PLUS, M4F, CFigures
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_text_atomic
@@ -227,7 +228,22 @@ def litert_invoke_ns(path: Path, observation: np.ndarray, calls: int = 20000) ->
     return statistics.median(runs)
 
 
-def export_c(policy: Path, out: Path | None = None, name: str | None = None, timing: bool = True) -> dict[str, Any]:
+class CExport(ExportReport):
+    """What `export --target c` wrote and measured: NAME.c and NAME.h, their Cortex-M cost, time per action."""
+
+    omit_none: ClassVar[frozenset[str]] = frozenset({"time_per_action"})
+    policy: str
+    c: str
+    h: str
+    name: str
+    function: str
+    integer_only: bool
+    constants_bytes: int
+    mcu: dict[str, Any]
+    time_per_action: dict[str, Any] | None = None
+
+
+def export_c(policy: Path, out: Path | None = None, name: str | None = None, timing: bool = True) -> CExport:
     """Write OUT/NAME.c and OUT/NAME.h for a .tflite policy; returns what they cost (flash, RAM, time per action)."""
     policy = Path(policy)
     p = generate_c(policy, name or default_name(policy))
@@ -235,19 +251,18 @@ def export_c(policy: Path, out: Path | None = None, name: str | None = None, tim
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / f"{p.name}.c", p.source)
     write_text_atomic(out / f"{p.name}.h", p.header)
-    result: dict[str, Any] = {"policy": str(policy), "c": str(out / f"{p.name}.c"), "h": str(out / f"{p.name}.h"),
-                              "name": p.name, "function": f"int {p.name}_act(const {p.obs_type} *observation)",
-                              "integer_only": p.integer, "constants_bytes": p.constants_bytes,
-                              "mcu": measure_mcu(p)}
+    timed = None
     if timing:
         rng = np.random.default_rng(0)
         shape = (64, p.obs_size)
         obs = rng.integers(0, 2, shape) if p.obs_type == "uint8_t" else rng.normal(0, 1, shape)
         try:
-            result["time_per_action"] = time_per_action(p, obs, policy)
+            timed = time_per_action(p, obs, policy)
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-            result["time_per_action"] = {"measured": False, "reason": str(exc)[:400]}
-    return result
+            timed = {"measured": False, "reason": str(exc)[:400]}
+    return CExport(policy=str(policy), c=str(out / f"{p.name}.c"), h=str(out / f"{p.name}.h"), name=p.name,
+                   function=f"int {p.name}_act(const {p.obs_type} *observation)", integer_only=p.integer,
+                   constants_bytes=p.constants_bytes, mcu=measure_mcu(p), time_per_action=timed)
 
 
 def c_summary(policy: Path | str) -> CFigures:

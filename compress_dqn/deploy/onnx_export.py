@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from compress_dqn.deploy import onnx_integer
 from compress_dqn.deploy.onnx_hybrid import conv_hybrid, fc_hybrid, is_hybrid
+from compress_dqn.deploy.targets.base import ExportReport, policy_name
 from compress_dqn.deploy.tflite_graph import Op, PolicyGraph, Tensor, conv_geometry, read_policy_graph
 from compress_dqn.errors import UserError
 
@@ -268,12 +269,26 @@ def _int8_input(b: _Builder, graph: PolicyGraph) -> None:
 
 
 def default_file(policy: Path) -> Path:
-    """runs/X/variants/NAME/policy.tflite -> NAME.onnx in the current directory, else the file's stem."""
-    policy = Path(policy)
-    return Path(f"{policy.parent.name}.onnx" if policy.stem == "policy" and policy.parent.name else f"{policy.stem}.onnx")
+    """NAME.onnx in the current directory (NAME: policy_name)."""
+    return Path(f"{policy_name(policy)}.onnx")
 
 
-def export_onnx_file(policy: Path, out: Path | None = None, int8: Int8Form = "exact") -> dict[str, Any]:
+class OnnxExport(ExportReport):
+    """What `export --target onnx` wrote: the file, its int8 form, and the int8 ops it runs in float."""
+
+    omit_none: ClassVar[frozenset[str]] = frozenset({"widened"})
+    policy: str
+    out: str
+    bytes: int
+    quantized: str
+    opset: int
+    input: str
+    outputs: list[str]
+    widened: list[str] | None = None
+    """Ops of the int8 graph the exact form computes in float (not reproduced bit for bit); absent when none."""
+
+
+def export_onnx_file(policy: Path, out: Path | None = None, int8: Int8Form = "exact") -> OnnxExport:
     """Write the ONNX model of a .tflite policy; returns what was written."""
     from compress_dqn.fileio import write_bytes_atomic
 
@@ -290,8 +305,6 @@ def export_onnx_file(policy: Path, out: Path | None = None, int8: Int8Form = "ex
     integer = any(t.dtype == np.int8 and t.quantized for op in graph.ops for t in op.outputs)
     kind = ("int8 (LiteRT's reference kernels in integer ops)" if integer and int8 == "exact" else "QDQ int8" if integer
             else "hybrid int8 (LiteRT's dynamic range)" if any(is_hybrid(op) for op in graph.ops) else "fp32")
-    record = {"policy": str(policy), "out": str(out), "bytes": len(data), "quantized": kind,
-              "opset": OPSET, "input": "observations", "outputs": ["action", "q_values"]}
-    if translation.widened:
-        record["widened"] = sorted(set(translation.widened))  # int8 ops the exact form ran in float
-    return record
+    return OnnxExport(policy=str(policy), out=str(out), bytes=len(data), quantized=kind, opset=OPSET,
+                      input="observations", outputs=["action", "q_values"],
+                      widened=sorted(set(translation.widened)) or None)

@@ -8,12 +8,13 @@ rewritten on the way, and checked to choose the same actions as it did with its 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
 import numpy as np
+from pydantic import BaseModel
 
 from compress_dqn.deploy.graph_input import with_normalization_ops
 from compress_dqn.deploy.policy import TFLitePolicy, read_tflite
+from compress_dqn.deploy.targets.base import ExportReport, policy_name
+from compress_dqn.deploy.tflite.reader import unreadable
 from compress_dqn.deploy.tflite_metadata import INPUT_NORMALIZATION, input_normalization, without_metadata
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
@@ -21,13 +22,32 @@ from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 SIGNATURE = "serving_default"
 
 
+class TFLiteInput(BaseModel):
+    """The shipped file's observation input."""
+
+    dtype: str
+    shape: list[int]
+    caller_normalizes: bool
+
+
+class TFLiteExport(ExportReport):
+    """What `export --target tflite` wrote: the checked file, its usage snippets, its input and actions."""
+
+    policy: str
+    out: str
+    usage: str
+    bytes: int
+    input: TFLiteInput
+    n_actions: int
+    rewrote_metadata_normalization: bool
+
+
 def default_file(policy: Path) -> Path:
-    """runs/X/variants/NAME/policy.tflite -> NAME.tflite in the current directory, else the file's name."""
-    policy = Path(policy)
-    return Path(f"{policy.parent.name}.tflite" if policy.stem == "policy" and policy.parent.name else policy.name)
+    """NAME.tflite in the current directory (NAME: policy_name)."""
+    return Path(f"{policy_name(policy)}.tflite")
 
 
-def export_tflite_file(policy: Path, out: Path | None = None) -> dict[str, Any]:
+def export_tflite_file(policy: Path, out: Path | None = None) -> TFLiteExport:
     """Write the self-contained policy to `out` and its usage snippets to OUT_STEM.usage.md; returns the figures."""
     policy = Path(policy)
     data, label = read_tflite(policy)
@@ -40,10 +60,10 @@ def export_tflite_file(policy: Path, out: Path | None = None) -> dict[str, Any]:
     write_bytes_atomic(out, data)
     usage = out.with_name(f"{out.stem}.usage.md")
     write_text_atomic(usage, usage_text(out.name, loaded, action_output))
-    return {"policy": str(policy), "out": str(out), "usage": str(usage), "bytes": len(data),
-            "input": {"dtype": loaded.input_dtype.name, "shape": list(loaded.obs_shape),
-                      "caller_normalizes": loaded.input_normalization is not None},
-            "n_actions": loaded.n_actions, "rewrote_metadata_normalization": upgraded}
+    return TFLiteExport(policy=str(policy), out=str(out), usage=str(usage), bytes=len(data),
+                        input=TFLiteInput(dtype=loaded.input_dtype.name, shape=list(loaded.obs_shape),
+                                          caller_normalizes=loaded.input_normalization is not None),
+                        n_actions=loaded.n_actions, rewrote_metadata_normalization=upgraded)
 
 
 def _self_contained(data: bytes, label: str) -> tuple[bytes, bool]:
@@ -55,9 +75,7 @@ def _self_contained(data: bytes, label: str) -> tuple[bytes, bool]:
     try:
         probe = Interpreter(model_content=data)
     except (ValueError, RuntimeError) as exc:  # not a flatbuffer LiteRT can read
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise UserError(f"{label}: not a TFLite model LiteRT can load ({reason}); pass a policy.tflite that "
-                        "compress-dqn wrote") from None
+        raise unreadable(label, str(exc) or type(exc).__name__) from None
     if found is None or np.dtype(probe.get_input_details()[0]["dtype"]).kind in "iu":
         return data, False  # self-contained already, or an int8 input whose caller normalizes
     rewritten = with_normalization_ops(without_metadata(data, INPUT_NORMALIZATION), *found)

@@ -20,6 +20,7 @@ from compress_dqn.deploy.micro.rewrite import int8_io_model, try_compression
 from compress_dqn.deploy.micro.uint8_input import runnable_model
 from compress_dqn.deploy.micro_figures import MicroFigures
 from compress_dqn.deploy.policy import read_tflite
+from compress_dqn.deploy.targets.base import ExportReport, policy_name
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 
@@ -38,9 +39,8 @@ def c_name(name: str) -> str:
 
 
 def default_name(policy: Path) -> str:
-    """The variant directory's name for runs/X/variants/NAME/policy.tflite, else the file's stem."""
-    policy = Path(policy)
-    return c_name(policy.parent.name if policy.stem == "policy" and policy.parent.name else policy.stem)
+    """The policy's name (policy_name) as a C++ identifier."""
+    return c_name(policy_name(policy))
 
 
 def _c_float(value: float) -> str:
@@ -331,7 +331,7 @@ class CompressionFigures(BaseModel):
     reason: str | None
 
 
-class MicroExport(MicroFigures):
+class MicroExport(MicroFigures, ExportReport):
     """What `export --target micro` wrote and measured: the deployed policy's TFLM figures, then the export's."""
 
     policy: str
@@ -382,7 +382,7 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
     name = c_name(name) if name else default_name(policy)
     out_dir = Path(out_dir) if out_dir is not None else Path("micro") / name
     data, info, label, q_change = _deployable(policy, int8_io)
-    before = MicroPolicy(data)
+    before = MicroPolicy(data, label=label)
     trial = try_compression(data, label)
     uncompressed_bytes = len(data)
     compressed = compress and trial.data is not None
@@ -390,7 +390,7 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
         data = trial.data
         info = inspect_model(data, label)
     measured = measure_arena(data, label, info)
-    deployed = MicroPolicy(data) if compressed else before
+    deployed = MicroPolicy(data, label=label) if compressed else before
     export = _Export(name=name, data=data, ops=info.ops, arena=measured.arena_bytes, recorded=measured.recorded_bytes,
                      policy=deployed, source=policy.name if policy.parent == Path(".") else str(policy), compressed=compressed)
     padded = with_margin(export.arena)

@@ -1,0 +1,81 @@
+"""The one interface of an export target: its options, its default output, and the typed record it returns.
+
+Every runtime (tflite, micro, c, onnx) is a `Target` in the registry (targets/__init__.py), so the
+command line looks one up and prints its `ExportReport`; which option a target takes, and whether
+its --out is a file or a directory, is data here, not an if/else chain in cli.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from compress_dqn.errors import UserError
+
+OPTION_FLAGS = {"int8_io": "--int8-io", "name": "--name", "compress": "--compress", "onnx_int8": "--onnx-int8"}
+"""Each option's command-line flag, for the message that refuses it on a target that does not take it."""
+
+
+class ExportOptions(BaseModel):
+    """The options `compress-dqn export` passes to a target (unset ones stay at their defaults)."""
+
+    model_config = ConfigDict(frozen=True)
+    int8_io: bool = False
+    name: str | None = None
+    compress: bool = False
+    onnx_int8: Literal["exact", "qdq"] | None = None
+
+    def given(self) -> set[str]:
+        """The options set away from their defaults."""
+        return {key for key, value in self if value not in (None, False)}
+
+
+class ExportReport(BaseModel):
+    """What an export wrote, as the command prints it (its JSON keeps the keys earlier releases printed).
+
+    Reads like the dict earlier releases returned (`report["bytes"]`), for the scripts that index one.
+    Each target's record declares its fields (`policy` first) in the order earlier releases printed them."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    omit_none: ClassVar[frozenset[str]] = frozenset()
+    """Keys printed only when they hold something (earlier releases left them out)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON the command prints."""
+        data = self.model_dump(mode="json", by_alias=True)
+        return {k: v for k, v in data.items() if not (k in self.omit_none and v is None)}
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """dict.get over the printed keys."""
+        return self.to_dict().get(key, default)
+
+
+def policy_name(policy: Path) -> str:
+    """The one rule for a policy's name: runs/X/variants/NAME/policy.tflite -> NAME, else the file's stem."""
+    policy = Path(policy)
+    return policy.parent.name if policy.stem == "policy" and policy.parent.name else policy.stem
+
+
+@dataclass(frozen=True)
+class Target:
+    """One runtime a policy is exported for: the options it takes, where it writes, and its export function."""
+
+    name: str
+    options: frozenset[str]
+    out_is_dir: bool
+    out_words: str
+    """What --out names, for the message that refuses the wrong kind of path."""
+    export: Callable[[Path, Path | None, ExportOptions], ExportReport]
+
+    def check_out(self, out: Path | None) -> None:
+        """Refuse an --out of the wrong kind (a file where a directory is written, or the reverse)."""
+        if out is not None and self.out_is_dir and out.exists() and not out.is_dir():
+            raise UserError(f"{out}: is a file; --out names {self.out_words}")
+        if out is not None and not self.out_is_dir and out.is_dir():
+            raise UserError(f"{out}: is a directory; --out names {self.out_words}")
