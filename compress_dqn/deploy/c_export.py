@@ -24,6 +24,7 @@ from compress_dqn.deploy.tflite_graph import (
     Tensor,
     conv_geometry,
     double_multiplier,
+    hybrid_inexact,
     int8_bounds,
     quantize_multiplier,
     read_policy_graph,
@@ -280,12 +281,10 @@ def _fc(e: _Emitter, op: Op) -> None:
 def _hybrid_weights(e: _Emitter, op: Op) -> tuple[str, str, str]:
     """A dynamic-range op's int8 weights, their scales and its float bias, as C constants."""
     w, bias, out = op.inputs[1], op.inputs[2] if len(op.inputs) > 2 else None, op.outputs[0]
-    if w.sparse:
-        raise UserError(f"{e.graph.label}: a sparse dynamic-range {op.kind}; LiteRT's sparse hybrid kernel is not "
-                        "translated (export the policy without prune.sparse_format)")
-    if w.scales is None or np.any(w.zero_points != 0) or (w.scales.size > 1 and w.axis != 0):
-        raise UserError(f"{e.graph.label}: a dynamic-range {op.kind} whose int8 weights are not symmetric per "
-                        "output channel or per tensor; not translated")
+    reason = hybrid_inexact(op)
+    if reason:  # the C export has no float kernel to widen it into: refused, naming the shared rule's reason
+        raise UserError(f"{e.graph.label}: a {op.kind} with {reason}; the C export does not repeat it exactly "
+                        "(export the policy without prune.sparse_format, or as int8)")
     weights = e.const(w.value, "int8_t", f"w{out.index}")
     scales = e.const(w.scales, "float", f"ws{out.index}")
     return weights, scales, e.const(bias.real(), "float", f"b{out.index}") if bias is not None else "0"

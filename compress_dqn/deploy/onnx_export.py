@@ -25,7 +25,7 @@ import numpy as np
 from compress_dqn.deploy import onnx_integer
 from compress_dqn.deploy.onnx_hybrid import conv_hybrid, fc_hybrid, is_hybrid
 from compress_dqn.deploy.targets.base import ExportReport, policy_name
-from compress_dqn.deploy.tflite_graph import Op, PolicyGraph, Tensor, conv_geometry, read_policy_graph
+from compress_dqn.deploy.tflite_graph import Op, PolicyGraph, Tensor, conv_geometry, hybrid_inexact, read_policy_graph
 from compress_dqn.errors import UserError
 
 Int8Form = Literal["exact", "qdq"]
@@ -135,7 +135,15 @@ def _integer(b: _Builder, op: Op) -> bool:
     return False
 
 
+def _widened_hybrid(b: _Builder, op: Op) -> None:
+    """Record a dynamic-range op this export runs in float (hybrid_inexact says why)."""
+    reason = hybrid_inexact(op) if op.hybrid else None
+    if reason:
+        b.widened.append(f"{op.kind} ({reason}: run in float)")
+
+
 def _fc(b: _Builder, op: Op) -> None:
+    _widened_hybrid(b, op)
     if is_hybrid(op):
         fc_hybrid(b, op)
         return
@@ -149,6 +157,7 @@ def _fc(b: _Builder, op: Op) -> None:
 
 
 def _conv(b: _Builder, op: Op) -> None:
+    _widened_hybrid(b, op)
     if is_hybrid(op):
         conv_hybrid(b, op, conv_geometry(op))
         return

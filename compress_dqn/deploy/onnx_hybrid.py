@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from compress_dqn.deploy.tflite_graph import Op, Tensor
+from compress_dqn.deploy.tflite_graph import Op, Tensor, hybrid_inexact
 
 _F32, _F64, _I32, _U8 = 1, 11, 6, 2  # onnx.TensorProto element types
 _BOUND = 1024.0  # |v * inverse| past this saturates int8 either way; bounding it keeps the int32 Casts defined
@@ -52,13 +52,8 @@ class _Quantized:
 
 
 def is_hybrid(op: Op) -> bool:
-    """Whether LiteRT runs this op with its hybrid kernels and this module repeats them."""
-    if not op.hybrid:
-        return False
-    w = op.inputs[1]
-    if w.sparse or w.scales is None:
-        return False
-    return not np.any(w.zero_points != 0) and (w.scales.size == 1 or w.axis == 0)
+    """Whether LiteRT runs this op with its hybrid kernels and this module repeats them (hybrid_inexact's rule)."""
+    return op.hybrid and hybrid_inexact(op) is None
 
 
 def _c(b: GraphBuilder, value: float, dtype: type, tag: str = "k") -> str:

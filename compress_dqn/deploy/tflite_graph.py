@@ -82,6 +82,18 @@ class Op:
         return x.dtype == np.float32 and w.dtype == np.int8 and w.value is not None
 
 
+def hybrid_inexact(op: Op) -> str | None:
+    """The one rule C and ONNX ask of a dynamic-range op: why its hybrid kernel is not repeated exactly
+    (LiteRT runs sparse weights with another kernel; only symmetric per-channel or per-tensor int8 weights
+    are repeated), or None when it is. A target widens such an op where it can, and says so in its record."""
+    w = op.inputs[1]
+    if w.sparse:
+        return "sparse dynamic-range weights, which LiteRT runs with its sparse hybrid kernel"
+    if w.scales is None or np.any(w.zero_points != 0) or (w.scales.size > 1 and w.axis != 0):
+        return "dynamic-range int8 weights not symmetric per output channel or per tensor"
+    return None
+
+
 @dataclass
 class PolicyGraph:
     """The ops from the observation to the action, in execution order."""
