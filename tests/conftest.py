@@ -84,8 +84,36 @@ def tiny_variants_run(tmp_path_factory) -> Path:
     return out
 
 
-SLOW_FIXTURES = {"trained_tiny", "finished_tiny_run", "tiny_variants_run"}
+@pytest.fixture(scope="session")
+def minatar_variants_run(tmp_path_factory) -> Path:
+    """The MinAtar recipe's CNN, barely trained, and its files: fp32, int8, pruned int8 (a TD fine-tune),
+    QAT, dynamic range, float16; one run for the session: the CNN end-to-end test and the batched-play
+    tests read the same files (a module fixture was built again by each worker that ran one of its tests)."""
+    import json
+
+    from compress_dqn.recipe.schema import load_recipe
+    from compress_dqn.run.pipeline import run
+
+    recipe = load_recipe(MINATAR, [
+        "seeds=null", "eval.max_episodes=null", "train.total_timesteps=600", "train.learning_starts=100",
+        "train.eval_interval=0", "train.checkpoint_interval=300", "train.buffer_size=2000", "eval.episodes=3",
+        "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}, "
+        "{name: prune-90-int8, prune: {sparsity: 0.9, exclude: [q_values]}, quantize: {mode: int8, calibration_samples: 50}, "
+        "fine_tune: {method: td, steps: 200}}, "
+        "{name: qat-int8, quantize: {mode: qat}, fine_tune: {steps: 64, batch_size: 16}}, "
+        "{name: ptq-dynamic, quantize: {mode: dynamic}}, {name: ptq-float16, quantize: {mode: float16}}]", NO_TF_MEMORY,
+    ])
+    out = tmp_path_factory.mktemp("minatar") / "run"
+    outcome = run(recipe, out, quiet=True, log=lambda m: None)
+    assert outcome.results.to_dict() == json.loads((out / "results.json").read_text())  # what run() returns is the file
+    return out
+
+
+SLOW_FIXTURES = {"trained_tiny", "finished_tiny_run", "tiny_variants_run", "minatar_variants_run"}
 """A test that needs a trained baseline or a finished run is not a unit test: it is marked slow."""
+
+XDIST_GROUPS = {"minatar_variants_run": "tiny_variants_run"}
+"""Fixtures whose tests share a worker with another's: tests that use both runs must not split them."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -95,4 +123,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
             # With pytest-xdist (make test: -n auto --dist loadgroup) every worker would build its own
             # copy of a session fixture; the tests that share one run in one worker, which builds it once.
-            item.add_marker(pytest.mark.xdist_group(sorted(used)[0]))
+            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(sorted(used)[0], sorted(used)[0])))

@@ -12,7 +12,7 @@ from compress_dqn.envs.environment import FrameStack, env_info, make_env, rng_st
 from compress_dqn.errors import UserError
 from compress_dqn.recipe.schema import load_recipe
 
-from conftest import MINATAR, NO_TF_MEMORY
+from conftest import MINATAR
 
 
 def _play(env, steps: int, seed: int) -> list[tuple]:
@@ -80,44 +80,36 @@ def _conv_kernel_scales(path) -> list[int]:
             for op in interpreter._get_ops_details() if op["op_name"] == "CONV_2D"]
 
 
-@pytest.mark.slow
-def test_minatar_cnn_pipeline_end_to_end(tmp_path):
-    """The MinAtar recipe, shrunk: CNN training, frame replay, pruned + int8 + QAT variants, report."""
-    from compress_dqn.run.pipeline import run
+def test_minatar_cnn_pipeline_end_to_end(minatar_variants_run):
+    """The MinAtar recipe, shrunk (conftest's run): CNN training, frame replay, pruned + int8 + QAT variants
+    (and dynamic range, float16), report."""
     from compress_dqn.deploy.policy import TFLitePolicy
 
-    recipe = load_recipe(MINATAR, [
-        "seeds=null", "eval.max_episodes=null", "train.total_timesteps=600", "train.learning_starts=100", "train.eval_interval=0",
-        "train.checkpoint_interval=300", "train.buffer_size=2000", "eval.episodes=3",
-        "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}, "
-        "{name: prune-90-int8, prune: {sparsity: 0.9, exclude: [q_values]}, quantize: {mode: int8, calibration_samples: 50}, "
-        "fine_tune: {method: td, steps: 200}}, "
-        "{name: qat-int8, quantize: {mode: qat}, fine_tune: {steps: 64, batch_size: 16}}]", NO_TF_MEMORY,
-    ])
-    outcome = run(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
-    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    run_dir = minatar_variants_run
+    results = json.loads((run_dir / "results.json").read_text())
     names = [v["name"] for v in results["variants"]]
-    assert names == ["baseline", "ptq-int8", "prune-90-int8", "qat-int8"]
-    base = results["variants"][0]
+    assert names == ["baseline", "ptq-int8", "prune-90-int8", "qat-int8", "ptq-dynamic", "ptq-float16"]
+    base, *variants = results["variants"]
+    int8 = [v for v in variants if v["name"] in ("ptq-int8", "prune-90-int8", "qat-int8")]
     for entry in results["variants"]:
-        policy = TFLitePolicy(tmp_path / "run" / entry["artifacts"]["tflite"])
+        policy = TFLitePolicy(run_dir / entry["artifacts"]["tflite"])
         assert policy.obs_shape == (10, 10, 4) and policy.input_dtype == np.uint8  # raw MinAtar input
         assert entry["latency_us"]["cpu"]["tflite"]["p50"] > 0
-    for entry in results["variants"][1:]:
-        assert entry["size"]["tflite_bytes"] < base["size"]["tflite_bytes"] / 3
+    for entry in variants:
         assert "verdict" in entry["return_vs_baseline"]
+    for entry in int8:
+        assert entry["size"]["tflite_bytes"] < base["size"]["tflite_bytes"] / 3
     sparsity = results["variants"][2]["compression"]["sparsity"]
     assert sparsity["conv_0"] > 0.85 and sparsity["hidden_0"] > 0.85
-    for entry in results["variants"][1:]:  # int8 conv kernels: one scale per output channel, PTQ and QAT alike
+    for entry in int8:  # int8 conv kernels: one scale per output channel, PTQ and QAT alike
         # QAT computes the 1024x128 layer as a conv over the whole feature map, a scale per unit (per_channel_dense)
         expected = [16, 128] if entry["name"] == "qat-int8" else [16]
-        assert _conv_kernel_scales(tmp_path / "run" / entry["artifacts"]["tflite"]) == expected, entry["name"]
+        assert _conv_kernel_scales(run_dir / entry["artifacts"]["tflite"]) == expected, entry["name"]
     player = Path(__file__).resolve().parent / "outsider_player.py"
-    for entry in results["variants"]:  # raw MinAtar frames into LiteRT alone play the reported returns
-        played = subprocess.run([sys.executable, str(player), str(tmp_path / "run" / entry["artifacts"]["tflite"]),
+    for entry in [base, *int8]:  # raw MinAtar frames into LiteRT alone play the reported returns
+        played = subprocess.run([sys.executable, str(player), str(run_dir / entry["artifacts"]["tflite"]),
                                  "MinAtar/Breakout-v1", "0", "3"], capture_output=True, text=True, check=True)
         assert json.loads(played.stdout)["returns"] == entry["return"]["episodes"], entry["name"]
-    assert outcome.results.to_dict() == results
 
 
 def test_xla_by_default_except_convolutions_on_a_cpu():

@@ -16,30 +16,13 @@ from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.envs.environment import make_env_from, reset_episode
 from compress_dqn.envs.episodes import run_episodes
 from compress_dqn.evaluation.play import evaluate, play_policy, play_unit
-from compress_dqn.recipe.schema import EnvConfig, load_recipe
+from compress_dqn.recipe.schema import EnvConfig
 
-from conftest import MINATAR, NO_TF_MEMORY, ROOT
+from conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
 BREAKOUT = EnvConfig(id="MinAtar/Breakout-v1", max_episode_steps=10000)
-
-
-@pytest.fixture(scope="module")
-def minatar_run(tmp_path_factory) -> Path:
-    """The MinAtar recipe's CNN, barely trained, and its files: fp32, int8, QAT, dynamic range, float16."""
-    from compress_dqn.run.pipeline import run
-
-    recipe = load_recipe(MINATAR, [
-        "seeds=null", "eval.max_episodes=null", "train.total_timesteps=600", "train.learning_starts=100",
-        "train.eval_interval=0", "train.checkpoint_interval=300", "train.buffer_size=2000", "eval.episodes=3",
-        "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}, "
-        "{name: qat-int8, quantize: {mode: qat}, fine_tune: {steps: 64, batch_size: 16}}, "
-        "{name: ptq-dynamic, quantize: {mode: dynamic}}, {name: ptq-float16, quantize: {mode: float16}}]", NO_TF_MEMORY,
-    ])
-    out = tmp_path_factory.mktemp("minatar") / "run"
-    run(recipe, out, quiet=True, log=lambda m: None)
-    return out
 
 
 def visited_states(env: EnvConfig, seeds: range) -> np.ndarray:
@@ -55,11 +38,11 @@ def visited_states(env: EnvConfig, seeds: range) -> np.ndarray:
     return np.stack(states)
 
 
-def test_every_row_of_a_batch_is_what_the_file_computes_for_it_alone(minatar_run, tiny_variants_run):
+def test_every_row_of_a_batch_is_what_the_file_computes_for_it_alone(minatar_variants_run, tiny_variants_run):
     """Bit for bit, at every batch size up to 70 and a few beyond: XNNPACK's batched kernels (and
     the reference kernels of int16x8-like files) compute a row as they compute it alone."""
     checked = []
-    for run_dir, env in ((minatar_run, BREAKOUT), (tiny_variants_run, EnvConfig(id="CartPole-v1"))):
+    for run_dir, env in ((minatar_variants_run, BREAKOUT), (tiny_variants_run, EnvConfig(id="CartPole-v1"))):
         states = visited_states(env, range(40))[:300]
         for path in sorted(run_dir.glob("**/policy.tflite")):
             policy = TFLitePolicy(path)
@@ -72,12 +55,12 @@ def test_every_row_of_a_batch_is_what_the_file_computes_for_it_alone(minatar_run
                     assert np.array_equal(policy.actions(states[rows]), actions[rows]), (path, n)
             checked.append(path.parent.name)
     assert sorted(checked) == sorted(["baseline", "ptq-int8", "qat-int8", "ptq-dynamic", "ptq-float16"] * 2
-                                     + ["student-qat"]), checked
+                                     + ["student-qat", "prune-90-int8"]), checked
 
 
-def test_side_by_side_returns_are_each_episodes_return_alone_for_every_file(minatar_run, tiny_variants_run):
+def test_side_by_side_returns_are_each_episodes_return_alone_for_every_file(minatar_variants_run, tiny_variants_run):
     seeds = range(25)
-    for run_dir, env in ((minatar_run, BREAKOUT), (tiny_variants_run, EnvConfig(id="CartPole-v1"))):
+    for run_dir, env in ((minatar_variants_run, BREAKOUT), (tiny_variants_run, EnvConfig(id="CartPole-v1"))):
         for path in sorted(run_dir.glob("**/policy.tflite")):
             policy = TFLitePolicy(path)
             alone = [run_episodes(policy.act, env, [seed])[0] for seed in seeds]
@@ -87,8 +70,8 @@ def test_side_by_side_returns_are_each_episodes_return_alone_for_every_file(mina
             assert evaluate(policy, env, len(seeds), 0).episodes == alone == play_unit(env, str(path), 0, 0, len(seeds))
 
 
-def test_the_throughput_benchmark_runs_at_its_smoke_size(minatar_run):
-    policy = minatar_run / "baseline" / "policy.tflite"
+def test_the_throughput_benchmark_runs_at_its_smoke_size(minatar_variants_run):
+    policy = minatar_variants_run / "baseline" / "policy.tflite"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "eval_throughput.py"), "--smoke", "--policy", str(policy)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
