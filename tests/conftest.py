@@ -112,8 +112,6 @@ def minatar_variants_run(tmp_path_factory) -> Path:
 SLOW_FIXTURES = {"trained_tiny", "finished_tiny_run", "tiny_variants_run", "minatar_variants_run"}
 """A test that needs a trained baseline or a finished run is not a unit test: it is marked slow."""
 
-XDIST_GROUPS = {"minatar_variants_run": "tiny_variants_run"}
-"""Fixtures whose tests share a worker with another's: tests that use both runs must not split them."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -123,4 +121,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
             # With pytest-xdist (make test: -n auto --dist loadgroup) every worker would build its own
             # copy of a session fixture; the tests that share one run in one worker, which builds it once.
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(sorted(used)[0], sorted(used)[0])))
+            item.add_marker(pytest.mark.xdist_group(sorted(used)[0]))
