@@ -194,6 +194,17 @@ def test_decisive_states_are_the_half_with_the_larger_action_gaps():
     assert decisive_states(q).tolist() == [False, True, True, False]
 
 
+def _rerun_on_a_copy(recipe, finished: Path, out: Path) -> None:
+    """Run a recipe that changes only the variants on a copy of a finished run: its baseline stages are
+    reused (a rerun builds only what changed), so the variants are built from the same baseline."""
+    import shutil
+
+    shutil.copytree(finished, out)
+    outcome = run(recipe, out, quiet=True, log=lambda m: None)
+    assert outcome.resumed and json.loads((out / "stages.json").read_text())["train"] == \
+        json.loads((finished / "stages.json").read_text())["train"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [2, 1])
 def test_a_variant_with_candidates_keeps_the_best_on_fresh_episodes_the_same_bytes_as_built_alone(tmp_path, workers):
@@ -211,7 +222,7 @@ def test_a_variant_with_candidates_keeps_the_best_on_fresh_episodes_the_same_byt
     assert picked["picked"] == differences.index(max(differences)) and picked["seed"] == 200000
     assert not (tmp_path / "picked" / "variants" / "s" / "candidates").exists()
     alone = load_recipe(TINY, [f"variants=[{{name: s.c{picked['picked']}, {student}}}]", NO_TF_MEMORY])
-    run(alone, tmp_path / "alone", quiet=True, log=lambda m: None)
+    _rerun_on_a_copy(alone, tmp_path / "picked", tmp_path / "alone")  # the same baseline, not trained again
     tflite = "variants/{}/policy.tflite"
     assert (tmp_path / "picked" / tflite.format("s")).read_bytes() == \
         (tmp_path / "alone" / tflite.format(f"s.c{picked['picked']}")).read_bytes()
@@ -237,7 +248,7 @@ def test_candidates_qat_teachers_quantize_each_float_build_once_per_teacher_and_
     # The float teacher alone: the same float builds and the same QAT, so the same returns.
     alone = load_recipe(TINY, [f"variants=[{{name: s, {student}, candidates: {{count: 2, episodes: 8, "
                                "qat_teachers: [float]}}]", NO_TF_MEMORY])
-    run(alone, tmp_path / "alone", quiet=True, log=lambda m: None)
+    _rerun_on_a_copy(alone, tmp_path / "both", tmp_path / "alone")
     alone_pick = json.loads((tmp_path / "alone" / "stages.json").read_text())["variant:s"]["compression"]["candidates"]
     assert alone_pick["builds"] == ["s.c0.float", "s.c1.float"]
     assert alone_pick["fresh_differences"] == picked["fresh_differences"][1::2]
