@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, TINY, cli
+from conftest import NO_TF_MEMORY, ROOT, TINY, cli
 
 
 def test_run_writes_results_and_rerun_resumes(finished_tiny_run, tmp_path):
@@ -67,7 +67,7 @@ def test_run_writes_results_and_rerun_resumes(finished_tiny_run, tmp_path):
 def test_kill_during_training_then_rerun_resumes(tmp_path):
     out = tmp_path / "run"
     args = ["run", str(TINY), "--out", str(out), "--set", "train.total_timesteps=1000", "--set",
-            "train.checkpoint_interval=200"]
+            "train.checkpoint_interval=200", "--set", NO_TF_MEMORY]  # it reads no memory figure
     proc = subprocess.Popen([sys.executable, "-m", "compress_dqn", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     latest = out / "baseline" / "checkpoints" / "latest"

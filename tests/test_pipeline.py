@@ -173,7 +173,7 @@ def test_seeds_run_each_seed_and_aggregate_with_iqm(tmp_path):
     from compress_dqn.evaluation.verdicts import iqm
     from compress_dqn.run.seeds import run_seeds
 
-    recipe = load_recipe(TINY, ["seeds=[0, 1]", "train.total_timesteps=300"])
+    recipe = load_recipe(TINY, ["seeds=[0, 1]", "train.total_timesteps=300", NO_TF_MEMORY])
     outcome = run_seeds(recipe, tmp_path / "run", quiet=True, log=lambda m: None)
     per_seed = [json.loads((tmp_path / "run" / f"seed-{s}" / "results.json").read_text()) for s in (0, 1)]
     assert [load_recipe(tmp_path / "run" / f"seed-{s}" / "recipe.yaml").seed for s in (0, 1)] == [0, 1]
