@@ -28,8 +28,8 @@ from compress_dqn.evaluation.serving_figures import BatchFigures, CpuRun, Machin
 from compress_dqn.fileio import write_text_atomic
 
 DEFAULT_BATCHES = "1,64,1024,16384"
-_GET_GPU = ("on a machine with an NVIDIA GPU install onnxruntime-gpu, or a CUDA build of torch (pip install torch "
-            "--index-url https://download.pytorch.org/whl/cu128), or run --device cpu for the same measurement on the CPU")
+_GET_GPU = ("on a machine with an NVIDIA GPU install onnxruntime-gpu, or a CUDA build of torch (PyTorch's CUDA "
+            "wheels), or run --device cpu for the same measurement on the CPU")
 
 
 def parse_batches(text: str) -> list[int]:
