@@ -28,7 +28,7 @@ from compress_dqn.evaluation.serving_figures import BatchFigures, CpuRun, Machin
 from compress_dqn.fileio import write_text_atomic
 
 DEFAULT_BATCHES = "1,64,1024,16384"
-_GET_GPU = ("on a machine with an NVIDIA GPU install onnxruntime-gpu, or a CUDA build of torch (PyTorch's CUDA "
+_GET_GPU = ("on a machine with an NVIDIA GPU: pip install onnxruntime-gpu, or a CUDA build of torch (PyTorch's CUDA "
             "wheels), or run --device cpu for the same measurement on the CPU")
 
 
