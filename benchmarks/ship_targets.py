@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/ship_targets.py runs/cartpole                  # every variant, 30 episodes
     .venv/bin/python benchmarks/ship_targets.py runs/cartpole --variants student-32x32-qat-int8 --episodes 30
     .venv/bin/python benchmarks/ship_targets.py --smoke                        # a tiny run, built here: seconds
+    .venv/bin/python benchmarks/ship_targets.py runs/tiny --variants baseline,ptq-int8 --smoke   # a finished run, 2 episodes
 
 For each policy.tflite of the run (its baseline and variants), one JSON line:
 - c: `export --target c`'s figures (Cortex-M0+/M4F flash and RAM from zig cc, time per action in C
@@ -137,7 +138,8 @@ def main() -> None:
     parser.add_argument("run", nargs="?", type=Path, help="a finished run's folder")
     parser.add_argument("--variants", default="", help="comma-separated variant names (default: all, baseline included)")
     parser.add_argument("--episodes", type=int, default=30)
-    parser.add_argument("--smoke", action="store_true", help="build a tiny run here and check it on 2 episodes")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check RUN (or a tiny run built here when RUN is not given) on 2 episodes")
     args = parser.parse_args()
     from compress_dqn.envs.episodes import run_episodes
     from compress_dqn.export.loading import load_policy
@@ -146,9 +148,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.run
         if args.smoke:
+            args.episodes = 2
+        if args.smoke and run_dir is None:
             from compress_dqn.run.pipeline import run
 
-            run_dir, args.episodes = Path(tmp) / "run", 2
+            run_dir = Path(tmp) / "run"
             recipe = load_recipe(ROOT / "recipes" / "tiny.yaml", ["eval.episodes=2", "train.total_timesteps=400",
                                                                   "measure.saved_model_memory=none", SMOKE_VARIANTS])
             run(recipe, run_dir, quiet=True, log=lambda m: None)

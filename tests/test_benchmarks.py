@@ -125,8 +125,9 @@ def test_rl_zoo_agents_runs_a_generated_qrdqn_zip_through_compress(tmp_path):
     assert summary["summary"] and summary["agents"] == summary["ported"] == 1
 
 
-def test_ship_targets_reports_c_onnx_and_q_values_per_policy():
-    rows = bench("ship_targets")
+def test_ship_targets_reports_c_onnx_and_q_values_per_policy(tiny_variants_run):
+    """Smoke size: the session's tiny variants run (no run built here), its baseline and ptq-int8, 2 episodes."""
+    rows = bench("ship_targets", str(tiny_variants_run), "--variants", "baseline,ptq-int8")
     assert [r["variant"] for r in rows] == ["baseline", "ptq-int8"]
     for row in rows:
         c = row["c"]
