@@ -109,7 +109,8 @@ SMOKE_ARMS = {"smoke-c4-8": {"student": {"conv": [{"filters": 4, "kernel": 3}], 
                                            "student_states": 50, "student_states_interval": 100}}}
 SMOKE_SETS = ["train.total_timesteps=2000", "train.learning_starts=500", "train.eval_interval=1000",
               "train.eval_episodes=2", "train.checkpoint_interval=1000", "train.buffer_size=2000",
-              "eval.episodes=5", "eval.max_episodes=5"]
+              "eval.episodes=5", "eval.max_episodes=5",
+              "measure.saved_model_memory=none"]  # the rows read no memory figure: no TensorFlow memory probe
 
 
 def study_recipe(recipe: Path, seed: int, arms: dict[str, dict]) -> dict:
