@@ -25,32 +25,37 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ["train.total_timesteps=300", "train.eval_episodes=2"]
 
-from compress_dqn.rl.callbacks import PhaseCallback  # noqa: E402
 
+def rss_probe(total: int):
+    """A training callback that records RSS when training passes 50% and 100% of its steps. Built here,
+    in the process that trains: the parent that spawns one per seed never imports TensorFlow."""
+    from compress_dqn.rl.callbacks import PhaseCallback
 
-class RssProbe(PhaseCallback):
-    """Records RSS when training passes 50% and 100% of its steps."""
+    class RssProbe(PhaseCallback):
+        """Records RSS when training passes 50% and 100% of its steps."""
 
-    def __init__(self, total: int) -> None:
-        import psutil
+        def __init__(self, total: int) -> None:
+            import psutil
 
-        super().__init__()
-        self.process = psutil.Process()
-        self.marks = {"rss_50": total // 2, "rss_100": total}
-        self.values: dict[str, int] = {}
+            super().__init__()
+            self.process = psutil.Process()
+            self.marks = {"rss_50": total // 2, "rss_100": total}
+            self.values: dict[str, int] = {}
 
-    def _probe(self, step: int) -> None:
-        for name, mark in self.marks.items():
-            if name not in self.values and step >= mark:
-                self.values[name] = self.process.memory_info().rss
+        def _probe(self, step: int) -> None:
+            for name, mark in self.marks.items():
+                if name not in self.values and step >= mark:
+                    self.values[name] = self.process.memory_info().rss
 
-    def on_phase_end(self, logs=None) -> None:
-        self._probe(int(logs["step"]))
+        def on_phase_end(self, logs=None) -> None:
+            self._probe(int(logs["step"]))
 
-    def on_train_end(self, logs=None) -> None:
-        self._probe(int(logs["step"]))
-        # train.stop_at_return can end training before total_timesteps: the last reading is its end.
-        self.values.setdefault("rss_100", self.process.memory_info().rss)
+        def on_train_end(self, logs=None) -> None:
+            self._probe(int(logs["step"]))
+            # train.stop_at_return can end training before total_timesteps: the last reading is its end.
+            self.values.setdefault("rss_100", self.process.memory_info().rss)
+
+    return RssProbe(total)
 
 
 def one(recipe_path: str, seed: int, overrides: list[str]) -> dict:
@@ -60,7 +65,7 @@ def one(recipe_path: str, seed: int, overrides: list[str]) -> dict:
     from compress_dqn.rl.trainer import DQNTrainer
 
     recipe = load_recipe(recipe_path, [*overrides, f"seed={seed}"])
-    probe = RssProbe(recipe.train.total_timesteps)
+    probe = rss_probe(recipe.train.total_timesteps)
     trainer = DQNTrainer.from_recipe(recipe.train, recipe.env, recipe.replay, seed=seed, callbacks=(probe,), quiet=True)
     result = trainer.train()
     stats = evaluate(NumpyActor(result.model).act, recipe.env, recipe.eval.episodes, recipe.eval.seed)
