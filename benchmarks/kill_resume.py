@@ -69,8 +69,9 @@ def main() -> None:
     if args.smoke:
         args.kills = 1
     from compress_dqn.store.manifest import run_fingerprint
-    from compress_dqn.run.search import search_fingerprint
 
+    if args.search:  # compress_dqn.run.search imports TensorFlow: seconds this parent spends on nothing else
+        from compress_dqn.run.search import search_fingerprint
     fingerprint = search_fingerprint if args.search else run_fingerprint
 
     rng = random.Random(args.seed)
