@@ -30,6 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+# SB3 logs nowhere here, but its logger imports torch.utils.tensorboard when it can, and TensorBoard then
+# imports TensorFlow (~3 s): this process needs neither (compress runs in its own interpreter). A None
+# entry makes that import fail, as where TensorBoard is not installed; SB3 then leaves its writer out.
+sys.modules.setdefault("torch.utils.tensorboard", None)
+
 
 def train(env_id: str, steps: int, out: Path, features_dim: int | None = None) -> Path:
     """SB3's DQN with the RL Zoo's Atari settings (dqn.yml's atari entry), its replay and learning start

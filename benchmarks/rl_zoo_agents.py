@@ -27,6 +27,11 @@ import time
 import zipfile
 from pathlib import Path
 
+# SB3 logs nowhere here, but its logger imports torch.utils.tensorboard when it can, and TensorBoard then
+# imports TensorFlow (~3 s): this process needs neither (compress runs in its own interpreter). A None
+# entry makes that import fail, as where TensorBoard is not installed; SB3 then leaves its writer out.
+sys.modules.setdefault("torch.utils.tensorboard", None)
+
 ENVS = {"CartPole-v1": "CartPole-v1", "Acrobot-v1": "Acrobot-v1", "MountainCar-v0": "MountainCar-v0",
         "LunarLander-v2": "LunarLander-v3"}
 """The Zoo's env id -> the gymnasium id it is played on."""
