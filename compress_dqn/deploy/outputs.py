@@ -7,7 +7,8 @@ demo's prune-90-int8 scored 113.7 played by argmax(q_values), 484.0 by its actio
 heads in float after dequantizing each, as a QAT file already does, keeps every advantage step:
 V is the same for all actions, so argmax(dequant(A) + dequant(V)) is argmax(A), the action.
 In a float file A + V can round two advantages closer than V's last bit to one value: there the
-action is taken from q_values itself (`action_from_float_q_values`), the same tensor.
+action is taken from q_values itself (`action_from_q_values`), the same tensor. Both edits change a
+decoded `TFLiteFile` in place; the export that chains them packs it once.
 """
 
 from __future__ import annotations
@@ -16,34 +17,29 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.policy import SIGNATURE
-from compress_dqn.deploy.tflite_metadata import pack_model
+from compress_dqn.deploy.tflite.file import TFLiteFile, edit_bytes
 
 
-def with_float_q_values(data: bytes) -> bytes:
-    """The model with an int8 ADD -> DEQUANTIZE before `q_values` replaced by DEQUANTIZE each side, float ADD.
+def float_q_values(model: TFLiteFile) -> None:
+    """An int8 ADD -> DEQUANTIZE before `q_values` replaced by DEQUANTIZE each side, float ADD (in place).
 
-    Returns data unchanged where q_values is not computed that way (float files, QAT files, int8-output files)."""
-    from ai_edge_litert import schema_py_generated as schema
-
-    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
-    graph = model.subgraphs[0]
-    sig = next((s for s in model.signatureDefs or [] if (s.signatureKey or b"").decode() == SIGNATURE), None)
-    named = {e.name.decode(): int(e.tensorIndex) for e in (sig.outputs if sig is not None else [])}
+    Leaves the model unchanged where q_values is not computed that way (float files, QAT files, int8-output files)."""
+    schema, graph = model.schema, model.graph
+    named = model.signature_outputs()
     if "q_values" not in named:
-        return data
+        return
     ops = list(graph.operators)
-    kinds = [_builtin(schema, model, op) for op in ops]
+    kinds = [model.builtin(op) for op in ops]
     producer = {int(op.outputs[0]): i for i, op in enumerate(ops)}
     dq_at = producer.get(named["q_values"])
     if dq_at is None or kinds[dq_at] != schema.BuiltinOperator.DEQUANTIZE:
-        return data
+        return
     add_at = producer.get(int(ops[dq_at].inputs[0]))
     if add_at is None or kinds[add_at] != schema.BuiltinOperator.ADD:
-        return data
+        return
     add = ops[add_at]
     if graph.tensors[int(add.outputs[0])].type != schema.TensorType.INT8 or add.builtinOptions.fusedActivationFunction:
-        return data
+        return
     a_index, v_index = (int(i) for i in add.inputs)
     summed = int(add.outputs[0])  # the int8 sum, read by nothing else: it becomes dequantized A (no new tensor)
     graph.tensors[summed].type, graph.tensors[summed].quantization = schema.TensorType.FLOAT32, None
@@ -54,63 +50,49 @@ def with_float_q_values(data: bytes) -> bytes:
     graph.tensors.append(value)
     dequantize = ops[dq_at]
     dequantize.inputs, dequantize.outputs = np.array([a_index], np.int32), np.array([summed], np.int32)
-    dequantize_v = _op(schema, model, schema.BuiltinOperator.DEQUANTIZE, [v_index], [len(graph.tensors) - 1], 2)
+    dequantize_v = model.op(schema.BuiltinOperator.DEQUANTIZE, [v_index], [len(graph.tensors) - 1], version=2)
     add.inputs = np.array([summed, len(graph.tensors) - 1], np.int32)
     add.outputs = np.array([named["q_values"]], np.int32)
     kept = [op for i, op in enumerate(ops) if i not in (add_at, dq_at)]
     at = min(add_at, dq_at)
     graph.operators = kept[:at] + [dequantize, dequantize_v, add] + kept[at:]
-    return pack_model(model, len(data) + 512)
+    model.edited = True
 
 
-def action_from_float_q_values(data: bytes) -> bytes:
-    """The model with a float ARG_MAX over the advantage head reading the float q_values = A + V instead.
+def action_from_q_values(model: TFLiteFile) -> None:
+    """A float ARG_MAX over the advantage head made to read the float q_values = A + V instead (in place).
 
     argmax(A + V) is argmax(A) but where float rounding ties them; reading one tensor, the action and
     argmax(q_values) agree everywhere. Int8 files keep their ARG_MAX on the int8 advantage head (its
-    steps are far above a float's last bit, so the float sum never ties them). Returns data unchanged
-    where there is nothing to change."""
-    from ai_edge_litert import schema_py_generated as schema
-
-    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
-    graph = model.subgraphs[0]
-    sig = next((s for s in model.signatureDefs or [] if (s.signatureKey or b"").decode() == SIGNATURE), None)
-    named = {e.name.decode(): int(e.tensorIndex) for e in (sig.outputs if sig is not None else [])}
+    steps are far above a float's last bit, so the float sum never ties them). Leaves the model
+    unchanged where there is nothing to change."""
+    schema, graph = model.schema, model.graph
+    named = model.signature_outputs()
     if not {"q_values", "action"} <= set(named):
-        return data
+        return
     ops = list(graph.operators)
     producer = {int(op.outputs[0]): i for i, op in enumerate(ops)}
     arg_at, add_at = producer.get(named["action"]), producer.get(named["q_values"])
     if arg_at is None or add_at is None:
-        return data
+        return
     arg, add = ops[arg_at], ops[add_at]
-    if (_builtin(schema, model, arg) != schema.BuiltinOperator.ARG_MAX or _builtin(schema, model, add) != schema.BuiltinOperator.ADD
+    if (model.builtin(arg) != schema.BuiltinOperator.ARG_MAX or model.builtin(add) != schema.BuiltinOperator.ADD
             or graph.tensors[int(arg.inputs[0])].type != schema.TensorType.FLOAT32
             or int(arg.inputs[0]) not in [int(i) for i in add.inputs]):
-        return data
+        return
     arg.inputs = np.array([named["q_values"], int(arg.inputs[1])], np.int32)
     graph.operators = [op for op in ops if op is not arg] + [arg]  # after the ADD that computes q_values
-    return pack_model(model, len(data) + 256)
+    model.edited = True
 
 
-def _builtin(schema: Any, model: Any, op: Any) -> int:
-    code = model.operatorCodes[op.opcodeIndex]
-    return max(code.builtinCode, code.deprecatedBuiltinCode)
+def with_float_q_values(data: bytes) -> bytes:
+    """The file's bytes with `float_q_values` applied (the bytes themselves where it changes nothing)."""
+    return edit_bytes(data, float_q_values)
 
 
-def _op(schema: Any, model: Any, code: int, inputs: list[int], outputs: list[int], version: int) -> Any:
-    """An operator of builtin `code`, its operator code added where the model has none of at least `version`."""
-    codes = model.operatorCodes
-    index = next((i for i, c in enumerate(codes) if max(c.builtinCode, c.deprecatedBuiltinCode) == code
-                  and not c.customCode and c.version >= version), None)
-    if index is None:
-        entry = schema.OperatorCodeT()
-        entry.builtinCode, entry.deprecatedBuiltinCode, entry.version = code, min(code, 127), version
-        codes.append(entry)
-        index = len(codes) - 1
-    op = schema.OperatorT()
-    op.opcodeIndex, op.inputs, op.outputs = index, np.array(inputs, np.int32), np.array(outputs, np.int32)
-    return op
+def action_from_float_q_values(data: bytes) -> bytes:
+    """The file's bytes with `action_from_q_values` applied (the bytes themselves where it changes nothing)."""
+    return edit_bytes(data, action_from_q_values)
 
 
 def q_values_disagree(policy: Any, observations: np.ndarray) -> int:

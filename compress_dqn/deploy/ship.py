@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-from compress_dqn.deploy.graph_input import with_normalization_ops
+from compress_dqn.deploy.graph_input import normalization_ops
 from compress_dqn.deploy.policy import TFLitePolicy, read_tflite
 from compress_dqn.deploy.targets.base import ExportReport, policy_name
+from compress_dqn.deploy.tflite.file import TFLiteFile
 from compress_dqn.deploy.tflite.reader import unreadable
-from compress_dqn.deploy.tflite_metadata import INPUT_NORMALIZATION, input_normalization, without_metadata
+from compress_dqn.deploy.tflite_metadata import INPUT_NORMALIZATION, drop_metadata, input_normalization
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 
@@ -78,7 +79,10 @@ def _self_contained(data: bytes, label: str) -> tuple[bytes, bool]:
         raise unreadable(label, str(exc) or type(exc).__name__) from None
     if found is None or np.dtype(probe.get_input_details()[0]["dtype"]).kind in "iu":
         return data, False  # self-contained already, or an int8 input whose caller normalizes
-    rewritten = with_normalization_ops(without_metadata(data, INPUT_NORMALIZATION), *found)
+    model = TFLiteFile.decode(data, label)  # decoded once, both edits in place, packed once
+    drop_metadata(model, INPUT_NORMALIZATION)
+    normalization_ops(model, *found)
+    rewritten = model.pack()
     mean, std = found
     obs = np.random.default_rng(0).normal(mean, 2 * std, size=(512, mean.size)).astype(np.float32)
     before = _plain_actions(data, ((obs - mean) / std).astype(np.float32))  # as the older loader fed it

@@ -1,5 +1,8 @@
 """Edits of a TFLite flatbuffer without TensorFlow: named metadata entries, and short tensor names.
 
+Each edit changes a decoded `TFLiteFile` in place (the export chaining them packs once); its
+bytes-in, bytes-out forms (add_metadata, with_input_normalization, ...) decode, edit and pack once each.
+
 A policy with a float input carries its input normalization as graph ops (graph_input.py). One
 with an integer input (int8 I/O) cannot: its caller normalizes and quantizes, and the metadata
 entry `INPUT_NORMALIZATION` (JSON: {"mean": [...], "std": [...]}) says with what, as the C++
@@ -12,7 +15,8 @@ import json
 
 import numpy as np
 
-from compress_dqn.deploy.tflite.reader import pack as pack_model
+from compress_dqn.deploy.tflite.file import TFLiteFile, edit_bytes
+from compress_dqn.deploy.tflite.reader import pack as pack_model  # noqa: F401 (tests pack a ModelT through it)
 from compress_dqn.errors import UserError
 
 INPUT_NORMALIZATION = "compress_dqn.input_normalization"
@@ -30,57 +34,65 @@ def read_metadata(data: bytes, name: str) -> bytes | None:
     return None
 
 
-def slim_tensor_names(data: bytes) -> bytes:
-    """The model with each inner tensor named by its index ("t7"); graph inputs and outputs keep theirs.
+def short_tensor_names(model: TFLiteFile) -> None:
+    """Each inner tensor named by its index ("t7") in place; graph inputs and outputs keep theirs.
 
     The converter names tensors after the fused TF ops they came from ("student_split/quant_hidden_0/
     MatMul;student_split/quant_hidden_0/LastValueQuant/FakeQuantWithMinMaxVars"): 1.6 KB of a 6.4 KB
     CartPole student, and flash on a microcontroller. No runtime reads them: the serving signature
     maps its names to tensor indices.
     """
-    from ai_edge_litert import schema_py_generated as schema
-
-    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
-    for graph in model.subgraphs or []:
+    for graph in model.model.subgraphs or []:
         keep = set(graph.inputs.tolist() if graph.inputs is not None else []) | set(
             graph.outputs.tolist() if graph.outputs is not None else [])
         for i, tensor in enumerate(graph.tensors or []):
             if i not in keep:
                 tensor.name = f"t{i}"
-    return pack_model(model, len(data))
+    model.edited = True  # packed even where every name was short already, as exports always were
+
+
+def slim_tensor_names(data: bytes) -> bytes:
+    """The file's bytes with `short_tensor_names` applied."""
+    return edit_bytes(data, short_tensor_names)
+
+
+def set_metadata(model: TFLiteFile, name: str, payload: bytes) -> None:
+    """Metadata entry `name` set to payload in place (replacing an entry of that name)."""
+    schema, fb = model.schema, model.model
+    fb.metadata = [m for m in (fb.metadata or []) if (m.name.decode() if isinstance(m.name, bytes) else m.name) != name]
+    buffer = schema.BufferT()
+    buffer.data = np.frombuffer(payload, dtype=np.uint8)
+    fb.buffers.append(buffer)
+    entry = schema.MetadataT()
+    entry.name = name
+    entry.buffer = len(fb.buffers) - 1
+    fb.metadata.append(entry)
+    model.edited = True
 
 
 def add_metadata(data: bytes, name: str, payload: bytes) -> bytes:
-    """The model with metadata entry `name` set to payload (replacing an entry of that name)."""
-    from ai_edge_litert import schema_py_generated as schema
+    """The file's bytes with metadata entry `name` set to payload (replacing an entry of that name)."""
+    return edit_bytes(data, set_metadata, name, payload)
 
-    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
-    model.metadata = [m for m in (model.metadata or []) if (m.name.decode() if isinstance(m.name, bytes) else m.name) != name]
-    buffer = schema.BufferT()
-    buffer.data = np.frombuffer(payload, dtype=np.uint8)
-    model.buffers.append(buffer)
-    entry = schema.MetadataT()
-    entry.name = name
-    entry.buffer = len(model.buffers) - 1
-    model.metadata.append(entry)
-    return pack_model(model, len(data) + len(payload))
+
+def drop_metadata(model: TFLiteFile, name: str) -> None:
+    """Metadata entry `name` removed in place (its buffer left empty), where the model has one."""
+    kept = []
+    for entry in model.model.metadata or []:
+        if (entry.name.decode() if isinstance(entry.name, bytes) else entry.name) == name:
+            model.model.buffers[entry.buffer].data = None
+            model.edited = True
+        else:
+            kept.append(entry)
+    if model.edited:
+        model.model.metadata = kept
 
 
 def without_metadata(data: bytes, name: str) -> bytes:
-    """The model without metadata entry `name` (its buffer left empty), or the bytes as they are."""
-    from ai_edge_litert import schema_py_generated as schema
-
+    """The file's bytes without metadata entry `name` (its buffer left empty), or the bytes as they are."""
     if name.encode() not in data:
         return data
-    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
-    kept = []
-    for entry in model.metadata or []:
-        if (entry.name.decode() if isinstance(entry.name, bytes) else entry.name) == name:
-            model.buffers[entry.buffer].data = None
-        else:
-            kept.append(entry)
-    model.metadata = kept
-    return pack_model(model, len(data))
+    return edit_bytes(data, drop_metadata, name)
 
 
 def input_normalization(data: bytes, label: str = "<bytes>", features: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -123,10 +135,15 @@ def caller_normalization(data: bytes, label: str, features: int, integer_input: 
     return found
 
 
-def with_input_normalization(data: bytes, mean: np.ndarray, std: np.ndarray) -> bytes:
-    """The model, marked as taking (obs - mean) / std, for a caller that quantizes its integer input."""
+def mark_input_normalization(model: TFLiteFile, mean: np.ndarray, std: np.ndarray) -> None:
+    """The model marked in place as taking (obs - mean) / std, for a caller that quantizes its integer input."""
     spec = {"mean": _shortest(mean), "std": _shortest(std)}
-    return add_metadata(data, INPUT_NORMALIZATION, json.dumps(spec, separators=(",", ":")).encode())
+    set_metadata(model, INPUT_NORMALIZATION, json.dumps(spec, separators=(",", ":")).encode())
+
+
+def with_input_normalization(data: bytes, mean: np.ndarray, std: np.ndarray) -> bytes:
+    """The file's bytes with `mark_input_normalization` applied."""
+    return edit_bytes(data, mark_input_normalization, mean, std)
 
 
 def _shortest(values: np.ndarray) -> list[float]:

@@ -19,10 +19,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from compress_dqn._tf import quiet_stderr, tf, tf_keras
-from compress_dqn.deploy.graph_input import carry_input_normalization
-from compress_dqn.deploy.outputs import action_from_float_q_values, with_float_q_values
+from compress_dqn.deploy.graph_input import carry_normalization
+from compress_dqn.deploy.outputs import action_from_q_values, float_q_values
 from compress_dqn.deploy.policy import SIGNATURE, TFLitePolicy
-from compress_dqn.deploy.tflite_metadata import slim_tensor_names
+from compress_dqn.deploy.tflite.file import TFLiteFile
+from compress_dqn.deploy.tflite_metadata import short_tensor_names
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import refused_writes, replace_dir, write_bytes_atomic
@@ -73,13 +74,26 @@ def convert_tflite(
     slim_names: bool = True,
 ) -> bytes:
     """A SavedModel's serving signature as TFLite flatbuffer bytes (fp32 unless `configure` says
-    otherwise), inner tensors named by index (see tflite_metadata.slim_tensor_names)."""
+    otherwise), inner tensors named by index (see tflite_metadata.short_tensor_names)."""
+    if not slim_names:
+        return _converter_output(saved_model_dir, configure)
+    return converted(saved_model_dir, configure).pack()
+
+
+def converted(saved_model_dir: Path, configure: Callable[[tf.lite.TFLiteConverter], None] | None = None) -> TFLiteFile:
+    """The converter's output decoded once, inner tensors named by index: the object every later edit changes."""
+    model = TFLiteFile.decode(_converter_output(saved_model_dir, configure), f"{saved_model_dir} converted")
+    short_tensor_names(model)
+    return model
+
+
+def _converter_output(saved_model_dir: Path, configure: Callable[[tf.lite.TFLiteConverter], None] | None) -> bytes:
+    """The TFLite converter's bytes for the serving signature."""
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir), signature_keys=[SIGNATURE])
     if configure is not None:
         configure(converter)
     with quiet_stderr():
-        data = converter.convert()
-    return slim_tensor_names(data) if slim_names else data
+        return converter.convert()
 
 
 def export_tflite(
@@ -124,7 +138,7 @@ def export_policy(model: tf_keras.Model, info: EnvInfo, out: Path, built: Conver
 
     Both take raw observations. The TFLite file is converted from built.tflite_model(), which
     takes normalized observations where the variant has an input normalization (the file gets it
-    back as ops in front of its input: graph_input.carry_input_normalization), and chooses the
+    back as ops in front of its input: graph_input.carry_normalization), and chooses the
     action on its own head where it has one (quantize.action_head). With built.try_sparse_format,
     the TFLite sparse weight format is kept only if it is smaller AND the runtime loads it and
     computes the same Q-values (XNNPACK cannot prepare every sparse layout).
@@ -138,11 +152,13 @@ def export_policy(model: tf_keras.Model, info: EnvInfo, out: Path, built: Conver
             dtype = np.float32 if built.input_normalization is not None else info.obs_dtype
             source = export_saved_model(built.tflite_model(), info.obs_shape, dtype, Path(scratch) / "converted")
 
-        def convert(sparse: bool) -> bytes:
-            data = convert_tflite(source, built.converter(sparse) if built is not None else None)
+        def convert(sparse: bool) -> bytes:  # decoded once, every edit in place, packed once
+            model = converted(source, built.converter(sparse) if built is not None else None)
             if built is not None and built.input_normalization is not None:
-                data = carry_input_normalization(data, *built.input_normalization)
-            return action_from_float_q_values(with_float_q_values(data))  # argmax(q_values) is the action (deploy.outputs)
+                carry_normalization(model, *built.input_normalization)
+            float_q_values(model)  # argmax(q_values) is the action (deploy.outputs)
+            action_from_q_values(model)
+            return model.pack()
 
         data = convert(False)
         sparse_format = False
