@@ -14,13 +14,14 @@ from compress_dqn.deploy.graph_input import graph_normalization
 from compress_dqn.deploy.micro.arena import (
     ARENA_MARGIN_MIN, RAM_BUDGETS, TFLM_RUNTIME_FLASH, flash_fits, measure_arena, with_margin,
 )
-from compress_dqn.deploy.micro.model import RESOLVER_METHODS, ModelInfo, inspect_model, tflm_runtime
+from compress_dqn.deploy.micro.model import RESOLVER_METHODS, ModelInfo, decoded, inspect_model
 from compress_dqn.deploy.micro.play import MicroPolicy, probe_observations
 from compress_dqn.deploy.micro.rewrite import int8_io_model, try_compression
 from compress_dqn.deploy.micro.uint8_input import runnable_model
 from compress_dqn.deploy.micro_figures import MicroFigures
 from compress_dqn.deploy.policy import read_tflite
 from compress_dqn.deploy.targets.base import ExportReport, policy_name
+from compress_dqn.deploy.tflite.file import TFLiteFile
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 
@@ -60,6 +61,8 @@ def _array_lines(data: bytes) -> str:
 class _Export:
     name: str
     data: bytes
+    decoded: TFLiteFile | None
+    """`data` decoded, where the policy's one decode is it (None: read `data`)."""
     ops: list[str]
     arena: int
     recorded: int
@@ -110,7 +113,7 @@ def _input_lines(e: _Export) -> list[str]:
     if p.raw_input:
         return lines + ["// Pass the raw uint8 observation unchanged: the model's first op converts it (scale 1, zero point 0)."]
     if p.input_quantization is None:
-        in_graph = graph_normalization(e.data)
+        in_graph = graph_normalization(e.decoded if e.decoded is not None else e.data)
         return lines + ["// Pass raw observations: the model normalizes them itself"
                         + (" ((observation - mean) / std, its SUB and DIV ops)." if in_graph is not None else ".")]
     scale, zero_point = p.input_quantization
@@ -355,17 +358,17 @@ def _io_figures(policy: MicroPolicy) -> tuple[InputFigures, QValuesFigures]:
                            zero_point=qq[1] if qq else None))
 
 
-def _deployable(policy: Path, int8_io: bool) -> tuple[bytes, ModelInfo, str, float | None]:
-    """The policy's bytes as TFLM will run them, their ops, the label for errors, and int8_io's
-    largest q_values change (None when not rewritten)."""
+def _deployable(policy: Path, int8_io: bool) -> tuple[bytes, ModelInfo, str, float | None, TFLiteFile | None]:
+    """The policy's bytes as TFLM will run them, their ops, the label for errors, int8_io's
+    largest q_values change (None when not rewritten), and the decoded policy where TFLM runs it unchanged."""
     data, label = read_tflite(policy)
-    tflm_runtime()
-    data, info = runnable_model(data, inspect_model(data, label), label)
+    model = decoded(data, label)  # the policy's one decode: its ops, signature and uint8 CAST read from it
+    data, info = runnable_model(data, inspect_model(model), label, model)
     q_change = None
     if int8_io:
         data, q_change = _checked_int8_io(data, label)
         info = inspect_model(data, label)
-    return data, info, label, q_change
+    return data, info, label, q_change, (model if data is model.source else None)
 
 
 def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = False, name: str | None = None,
@@ -381,8 +384,8 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
     policy = Path(policy)
     name = c_name(name) if name else default_name(policy)
     out_dir = Path(out_dir) if out_dir is not None else Path("micro") / name
-    data, info, label, q_change = _deployable(policy, int8_io)
-    before = MicroPolicy(data, label=label)
+    data, info, label, q_change, model = _deployable(policy, int8_io)
+    before = MicroPolicy(data, label=label, info=info if q_change is None else None)  # info: of these bytes
     trial = try_compression(data, label)
     uncompressed_bytes = len(data)
     compressed = compress and trial.data is not None
@@ -391,7 +394,7 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
         info = inspect_model(data, label)
     measured = measure_arena(data, label, info)
     deployed = MicroPolicy(data, label=label) if compressed else before
-    export = _Export(name=name, data=data, ops=info.ops, arena=measured.arena_bytes, recorded=measured.recorded_bytes,
+    export = _Export(name=name, data=data, decoded=None if compressed else model, ops=info.ops, arena=measured.arena_bytes, recorded=measured.recorded_bytes,
                      policy=deployed, source=policy.name if policy.parent == Path(".") else str(policy), compressed=compressed)
     padded = with_margin(export.arena)
     summary = MicroFigures(

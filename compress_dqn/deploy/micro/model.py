@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.tflite.reader import builtin, decode, op_names, unreadable
+from compress_dqn.deploy.tflite.file import TFLiteFile
+from compress_dqn.deploy.tflite.reader import builtin, op_names, unreadable
 from compress_dqn.errors import UserError
 
 INSTALL_HINT = "TFLite Micro is not installed; run: pip install 'compress-dqn[micro]'"
@@ -104,13 +105,25 @@ class ModelInfo:
     n_inputs: int = 0
 
 
-def inspect_model(data: bytes, label: str = "<bytes>") -> ModelInfo:
-    """Ops and the serving signature, read with the flatbuffer schema TFLM ships (no interpreter)."""
+def tflm_schema() -> Any:
+    """The flatbuffer schema TFLM ships (its object API)."""
     tflm_runtime()
     from tflite_micro.tensorflow.lite.micro.python import schema_py_generated as schema
 
+    return schema
+
+
+def decoded(data: bytes, label: str = "<bytes>") -> TFLiteFile:
+    """The file decoded once with TFLM's schema; a truncated or damaged file, which TFLM would follow unchecked, refused."""
+    return TFLiteFile.decode(data, label, tflm_schema())
+
+
+def inspect_model(source: bytes | TFLiteFile, label: str = "<bytes>") -> ModelInfo:
+    """Ops and the serving signature, read with the flatbuffer schema TFLM ships (no interpreter);
+    a file already decoded (`decoded`) is read as it is."""
+    file = source if isinstance(source, TFLiteFile) else decoded(source, label)
+    schema, model, label = file.schema, file.model, file.label
     names = op_names(schema)
-    model = decode(data, label, schema)  # refuses a truncated or damaged file, which TFLM would follow unchecked
     try:
         graph = model.subgraphs[0]
         ops: list[str] = []

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from compress_dqn.deploy.micro.model import (
-    SIGNATURE, failure_reason, generous_arena, inspect_model, native_stderr, new_interpreter,
+    SIGNATURE, ModelInfo, failure_reason, generous_arena, inspect_model, native_stderr, new_interpreter,
 )
 from compress_dqn.deploy.micro.uint8_input import runnable_model
 from compress_dqn.deploy.policy import read_tflite
@@ -27,11 +27,14 @@ class MicroPolicy:
     A raw uint8 observation's CAST is rewritten first, as `export --target micro` does (uint8_input.py).
     """
 
-    def __init__(self, path: str | Path | bytes, arena_bytes: int | None = None, label: str | None = None) -> None:
-        """label: what messages call bytes passed in (their file), instead of `<bytes>`."""
+    def __init__(self, path: str | Path | bytes, arena_bytes: int | None = None, label: str | None = None,
+                 info: ModelInfo | None = None) -> None:
+        """label: what messages call bytes passed in (their file), instead of `<bytes>`; info: the
+        inspection of bytes already runnable (uint8_input.runnable_model's), not read again."""
         data, read_label = read_tflite(path)
         label = label or read_label
-        data, info = runnable_model(data, inspect_model(data, label), label)
+        if info is None:
+            data, info = runnable_model(data, inspect_model(data, label), label)
         if info.n_inputs != 1 or not {"q_values", "action"} <= set(info.outputs):
             raise UserError(f"{label}: signature {SIGNATURE!r} maps {info.n_inputs} input(s) -> {sorted(info.outputs)}; "
                             "expected one observation input -> q_values, action (export it with compress-dqn)")

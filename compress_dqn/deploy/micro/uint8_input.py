@@ -21,15 +21,26 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.deploy.micro.model import ModelInfo, aligned, inspect_model, refuse_missing, tflm_runtime
+from compress_dqn.deploy.tflite.file import TFLiteFile
 
 
-def runnable_model(data: bytes, info: ModelInfo, label: str) -> tuple[bytes, ModelInfo]:
+def runnable_model(data: bytes, info: ModelInfo, label: str, model: TFLiteFile | None = None) -> tuple[bytes, ModelInfo]:
     """The model as TFLM runs it, and its ops: refused where TFLM lacks an op; a uint8
     observation's CAST rewritten (uint8_input_model). The one path the export, the summary and the
-    player share, so what is measured and played is what is shipped."""
+    player share, so what is measured and played is what is shipped. `model`: the file already
+    decoded, which tells whether there is a CAST to rewrite without reading the bytes again."""
     refuse_missing(info, label)
-    raw = uint8_input_model(data)
+    raw = uint8_input_model(data) if model is None or casts_uint8_input(model) else data
     return (data, info) if raw is data else (raw, inspect_model(raw, label))
+
+
+def casts_uint8_input(model: TFLiteFile) -> bool:
+    """Whether a CAST reads a uint8 graph input (else uint8_input_model has nothing to rewrite)."""
+    graph, schema = model.graph, model.schema
+    inputs = {int(i) for i in (graph.inputs if graph.inputs is not None else [])
+              if graph.tensors[int(i)].type == schema.TensorType.UINT8}
+    return any(model.builtin(op) == schema.BuiltinOperator.CAST and op.inputs is not None
+               and any(int(i) in inputs for i in op.inputs) for op in graph.operators or [])
 
 
 def uint8_input_model(data: bytes) -> bytes:
