@@ -29,7 +29,7 @@ from compress_dqn.deploy.tflite_graph import (
     quantize_multiplier,
     read_policy_graph,
 )
-from compress_dqn.deploy.targets.base import policy_name
+from compress_dqn.deploy.targets.base import c_identifier, policy_name
 from compress_dqn.errors import UserError
 
 _C_TYPES = {"float32": "float", "int8": "int8_t", "uint8": "uint8_t", "int32": "int32_t"}
@@ -94,16 +94,10 @@ def _c_literal(value: Any, ctype: str) -> str:
     return str(int(value))
 
 
-def c_name(name: str) -> str:
-    """A C identifier from a variant name."""
-    cleaned = "".join(ch if ch.isalnum() else "_" for ch in name).strip("_") or "policy"
-    return cleaned if not cleaned[0].isdigit() else f"p_{cleaned}"
-
-
 def generate_c(source: Any, name: str) -> CPolicy:
     """Translate a .tflite policy (path or bytes) into C."""
     graph = read_policy_graph(source)
-    name = c_name(name)
+    name = c_identifier(name)
     e = _Emitter(graph, name)
     obs = graph.observation
     obs_type = "uint8_t" if obs.dtype == np.uint8 and not obs.quantized else "float"
@@ -366,4 +360,4 @@ _EMIT = {"SUB": _elementwise, "DIV": _elementwise, "MUL": _elementwise, "ADD": _
 
 def default_name(policy: Path) -> str:
     """The policy's name (policy_name) as a C identifier."""
-    return c_name(policy_name(policy))
+    return c_identifier(policy_name(policy))

@@ -4,7 +4,6 @@ and a README with the measured flash and arena."""
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -20,28 +19,14 @@ from compress_dqn.deploy.micro.rewrite import int8_io_model, try_compression
 from compress_dqn.deploy.micro.uint8_input import runnable_model
 from compress_dqn.deploy.micro_figures import MicroFigures
 from compress_dqn.deploy.policy import read_tflite
-from compress_dqn.deploy.targets.base import ExportReport, policy_name
+from compress_dqn.deploy.targets.base import ExportReport, cpp_identifier, policy_name
 from compress_dqn.deploy.tflite.file import TFLiteFile
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 
-_CPP_KEYWORDS = {"and", "auto", "bool", "break", "case", "char", "class", "const", "default", "delete", "do",
-                 "double", "else", "enum", "float", "for", "if", "int", "long", "namespace", "new", "not", "or",
-                 "private", "public", "return", "short", "signed", "static", "struct", "switch", "template",
-                 "this", "tflite", "union", "unsigned", "using", "void", "while", "std"}
-
-
-def c_name(name: str) -> str:
-    """A C++ identifier from a policy or variant name (student-32x32-qat-int8 -> student_32x32_qat_int8)."""
-    ident = re.sub(r"\W+", "_", name, flags=re.ASCII).strip("_").lower() or "policy"
-    if ident[0].isdigit():
-        ident = f"policy_{ident}"
-    return f"{ident}_policy" if ident in _CPP_KEYWORDS else ident
-
-
 def default_name(policy: Path) -> str:
     """The policy's name (policy_name) as a C++ identifier."""
-    return c_name(policy_name(policy))
+    return cpp_identifier(policy_name(policy))
 
 
 def _c_float(value: float) -> str:
@@ -382,7 +367,7 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
     (it is always tried, and its outcome reported).
     """
     policy = Path(policy)
-    name = c_name(name) if name else default_name(policy)
+    name = cpp_identifier(name) if name else default_name(policy)
     out_dir = Path(out_dir) if out_dir is not None else Path("micro") / name
     data, info, label, q_change, model = _deployable(policy, int8_io)
     before = MicroPolicy(data, label=label, info=info if q_change is None else None)  # info: of these bytes

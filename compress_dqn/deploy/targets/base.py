@@ -7,6 +7,7 @@ its --out is a file or a directory, is data here, not an if/else chain in cli.py
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
@@ -60,6 +61,28 @@ def policy_name(policy: Path) -> str:
     """The one rule for a policy's name: runs/X/variants/NAME/policy.tflite -> NAME, else the file's stem."""
     policy = Path(policy)
     return policy.parent.name if policy.stem == "policy" and policy.parent.name else policy.stem
+
+
+def c_identifier(name: str) -> str:
+    """A C identifier from a policy name, case kept (student-32x32-qat-int8 -> student_32x32_qat_int8): the
+    C export's file and function names."""
+    cleaned = "".join(ch if ch.isalnum() else "_" for ch in name).strip("_") or "policy"
+    return cleaned if not cleaned[0].isdigit() else f"p_{cleaned}"
+
+
+_CPP_KEYWORDS = {"and", "auto", "bool", "break", "case", "char", "class", "const", "default", "delete", "do",
+                 "double", "else", "enum", "float", "for", "if", "int", "long", "namespace", "new", "not", "or",
+                 "private", "public", "return", "short", "signed", "static", "struct", "switch", "template",
+                 "this", "tflite", "union", "unsigned", "using", "void", "while", "std"}
+
+
+def cpp_identifier(name: str) -> str:
+    """A lower-case C++ identifier from a policy name, clear of C++ keywords and TFLM's namespace: the
+    micro export's namespace and file names."""
+    ident = re.sub(r"\W+", "_", name, flags=re.ASCII).strip("_").lower() or "policy"
+    if ident[0].isdigit():
+        ident = f"policy_{ident}"
+    return f"{ident}_policy" if ident in _CPP_KEYWORDS else ident
 
 
 @dataclass(frozen=True)
