@@ -1,7 +1,7 @@
 import numpy as np
 
 from compress_dqn.compress.build import build_variant
-from compress_dqn.export.writers import export_policy, export_saved_model
+from compress_dqn.export.conversion import export_policy, export_saved_model
 
 from conftest import variant
 

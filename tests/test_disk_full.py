@@ -101,7 +101,7 @@ def test_a_checkpoint_refused_names_the_checkpoint_and_says_the_last_one_is_inta
 
 def test_tensorflow_writers_word_their_refusals_the_same(tmp_path, monkeypatch):
     from compress_dqn._tf import tf
-    from compress_dqn.export import writers
+    from compress_dqn.export import conversion
     from compress_dqn.rl.networks import build_q_network
     from compress_dqn.rl.trainer import RunLog, RunOptions, TrainState
 
@@ -117,10 +117,10 @@ def test_tensorflow_writers_word_their_refusals_the_same(tmp_path, monkeypatch):
         log.close(1)
 
     model = build_q_network((4,), 2, [8])
-    writers.export_saved_model(model, (4,), np.float32, tmp_path / "saved_model")
+    conversion.export_saved_model(model, (4,), np.float32, tmp_path / "saved_model")
     monkeypatch.setattr(tf.saved_model, "save", _fail_with(OSError(errno.EROFS, "Read-only file system")))
     with pytest.raises(WriteRefused, match="saved_model: read-only file system"):
-        writers.export_saved_model(model, (4,), np.float32, tmp_path / "saved_model")
+        conversion.export_saved_model(model, (4,), np.float32, tmp_path / "saved_model")
     assert (tmp_path / "saved_model" / "saved_model.pb").is_file()  # the previous export stays
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from compress_dqn.errors import UserError
-from compress_dqn.export.writers import export_saved_model, export_tflite
+from compress_dqn.export.conversion import export_saved_model, export_tflite
 from compress_dqn.rl.networks import NumpyActor, build_q_network
 from compress_dqn.deploy.policy import TFLitePolicy, check_compatible
 from compress_dqn.export.loading import load_policy

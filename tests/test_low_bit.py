@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from compress_dqn.compress.build import build_variant
-from compress_dqn.export.writers import export_policy
+from compress_dqn.export.conversion import export_policy
 
 from conftest import variant
 
@@ -18,7 +18,7 @@ def test_a_low_bit_kernel_is_stored_exactly_at_its_bit_width_and_plays_as_traine
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import calibrate_ranges, converter_setup, qat_model
     from compress_dqn.compress.rewrites import flattened_dense_as_conv, split_value_advantage
-    from compress_dqn.export.writers import convert_tflite, export_saved_model
+    from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
     from compress_dqn.rl.networks import q_from_outputs
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from compress_dqn.compress.quantize import converter_setup
-from compress_dqn.export.writers import convert_tflite, export_saved_model
+from compress_dqn.export.conversion import convert_tflite, export_saved_model
 from compress_dqn.fileio import write_bytes_atomic
 from compress_dqn.evaluation.measure import gzip_bytes, measure_latency, measure_memory
 from compress_dqn.rl.networks import build_q_network

@@ -5,7 +5,7 @@ import pytest
 
 from compress_dqn.compress.build import build_variant
 from compress_dqn.compress.build import dense_kernels
-from compress_dqn.export.writers import export_policy
+from compress_dqn.export.conversion import export_policy
 from compress_dqn.deploy.graph_input import graph_normalization
 from compress_dqn.deploy.policy import TFLitePolicy
 
@@ -255,7 +255,7 @@ def test_a_dense_layer_on_a_flattened_conv_output_becomes_an_equal_per_channel_c
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import calibrate_ranges, converter_setup, qat_model
     from compress_dqn.compress.rewrites import flattened_dense_as_conv, split_value_advantage
-    from compress_dqn.export.writers import convert_tflite, export_saved_model
+    from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
     from compress_dqn.rl.networks import q_from_outputs
 

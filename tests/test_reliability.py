@@ -263,7 +263,7 @@ def test_saved_model_with_the_wrong_signature_or_shape_is_refused(tmp_path):
     with pytest.raises(UserError, match="serving_default"):
         load_policy(tmp_path / "other")
     with pytest.raises(UserError, match=r"shape \(4,\) but MinAtar/Breakout-v1 gives \(10, 10, 4\)"):
-        from compress_dqn.export.writers import export_saved_model
+        from compress_dqn.export.conversion import export_saved_model
         from compress_dqn.rl.networks import build_q_network
 
         export_saved_model(build_q_network((4,), 3, [8]), (4,), np.float32, tmp_path / "sm")

@@ -1,1 +1,1 @@
-"""What needs TensorFlow to leave the tool: SavedModel and TFLite writers, the SavedModel runtime, GPU figures."""
+"""What needs TensorFlow to leave the tool: conversion to SavedModel and TFLite, the SavedModel runtime, GPU figures."""

@@ -17,7 +17,7 @@ from compress_dqn.evaluation.measure import measure_size
 from compress_dqn.evaluation.play import evaluate
 from compress_dqn.evaluation.results import BaselineSource, TrainFigures
 from compress_dqn.evaluation.verdicts import summarize
-from compress_dqn.export.writers import export_policy
+from compress_dqn.export.conversion import export_policy
 from compress_dqn.fileio import refused_writes, save_arrays
 from compress_dqn.port.baseline import file_digest, load_model, load_transitions, rollout
 from compress_dqn.port.check import check_port

@@ -1,4 +1,4 @@
-"""Slim SavedModel and TFLite writers, both with one `serving_default` signature.
+"""Conversion: a Keras Q-network into a slim SavedModel and a TFLite policy, both with one `serving_default` signature.
 
 The signature maps an observation batch `[None, *obs_shape]` (the environment's dtype) to
 `{"q_values": float32 [None, n_actions], "action": int32 [None]}`. The SavedModel tracks only
