@@ -186,8 +186,9 @@ def _byo_options(command: Callable) -> Callable:
 def compress(model: Path, env_id: str, variants: str, out: Path | None, transitions: Path | None, rollout_steps: int,
              epsilon: float, frame_stack: int, episodes: int, max_episodes: int, seed: int, quiet: bool,
              overrides: tuple[str, ...]) -> None:
-    """Compress a Q-network trained elsewhere (.keras, .h5, Keras SavedModel, Stable-Baselines3 DQN .zip,
-    PyTorch state dict .pt/.pth/.cleanrl_model, .onnx, or a compress-dqn run directory): a one-off recipe.
+    """Compress a Q-network trained elsewhere (.keras, .h5, Keras SavedModel, Stable-Baselines3 DQN or
+    sb3-contrib QR-DQN .zip of any SB3 release, PyTorch state dict .pt/.pth/.cleanrl_model, .onnx, or a
+    compress-dqn run directory): a one-off recipe.
 
     The run directory's recipe.yaml is the recipe this made; `compress-dqn run` takes it as is.
     """
