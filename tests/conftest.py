@@ -117,17 +117,14 @@ SHARED_RUNS = SLOW_FIXTURES - {"trained_tiny"}
 trains in-process in seconds, so its 34 tests spread over the workers, each training it once."""
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # tryfirst: a worker's xdist plugin reads xdist_group marks in its own collection_modifyitems, which
-    # runs before this conftest's by default (it registers later); marks added after it were ignored, so
-    # each worker built every shared run its tests needed.
-    for item in items:
-        used = SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
-        if used:
-            item.add_marker(pytest.mark.slow)
-            # With pytest-xdist (make test: -n auto --dist loadgroup) every worker would build its own
-            # copy of a session fixture; the tests that share one run in one worker, which builds it once.
-            shared = sorted(used & SHARED_RUNS)
-            if shared:
-                item.add_marker(pytest.mark.xdist_group(shared[0]))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # Marked as each test is collected, before any pytest_collection_modifyitems: a worker's xdist plugin
+    # reads xdist_group marks in its own, whatever the order of the hooks.
+    used = SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+    if used:
+        item.add_marker(pytest.mark.slow)
+        # With pytest-xdist (make test: -n auto --dist loadgroup) every worker would build its own
+        # copy of a session fixture; the tests that share one run in one worker, which builds it once.
+        shared = sorted(used & SHARED_RUNS)
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))

@@ -64,3 +64,11 @@ def test_without_zig_no_policy_has_c_figures_and_the_report_says_so_once(tiny_va
     report = (run / "report.md").read_text()
     assert "C M4F" not in report and report.count("pip install 'compress-dqn[c]'") == 1
     assert "c_m4f_flash_bytes" not in (run / "results.csv").read_text()
+
+
+def test_the_tests_sharing_a_run_are_one_xdist_group(tiny_variants_run, request):
+    """make test runs pytest-xdist with --dist loadgroup so that the one worker a shared run's tests go to builds
+    it once; with pytest 9.2 the grouping silently stopped (every worker built every run), hence the pin."""
+    assert request.node.get_closest_marker("xdist_group").args == ("tiny_variants_run",)
+    if getattr(request.config.option, "loadgroup", False):  # in an xdist worker: the scheduler saw the group
+        assert request.node.nodeid.endswith("@tiny_variants_run"), request.node.nodeid
