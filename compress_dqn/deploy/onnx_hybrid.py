@@ -27,8 +27,8 @@ import numpy as np
 
 from compress_dqn.deploy.tflite_graph import Op, Tensor, hybrid_inexact
 
-_F32, _F64, _I32, _U8 = 1, 11, 6, 2  # onnx.TensorProto element types
-_BOUND = 1024.0  # |v * inverse| past this saturates int8 either way; bounding it keeps the int32 Casts defined
+F32, F64, I32, I64, U8 = 1, 11, 6, 7, 2  # onnx.TensorProto element types, for the integer form too
+BOUND = 1024.0  # |v * inverse| (or any value in int8 steps) past this saturates int8 either way; bounding it keeps the int32 Casts defined
 
 
 class GraphBuilder(Protocol):
@@ -56,67 +56,68 @@ def is_hybrid(op: Op) -> bool:
     return op.hybrid and hybrid_inexact(op) is None
 
 
-def _c(b: GraphBuilder, value: float, dtype: type, tag: str = "k") -> str:
+def constant(b: GraphBuilder, value: object, dtype: type, tag: str = "k") -> str:
+    """A constant initializer of the given numpy dtype."""
     return b.init(np.asarray(value, dtype), tag)
 
 
 def _asymmetric(b: GraphBuilder, low: str, high: str) -> tuple[str, str, str, str]:
     """NeonAsymmetricQuantizeFloats' parameters: (factor, inverse, zero point, empty)."""
-    lo = b.node("Min", [low, _c(b, 0.0, np.float32)], "lo")  # the range always holds zero
-    hi = b.node("Max", [high, _c(b, 0.0, np.float32)], "hi")
+    lo = b.node("Min", [low, constant(b, 0.0, np.float32)], "lo")  # the range always holds zero
+    hi = b.node("Max", [high, constant(b, 0.0, np.float32)], "hi")
     width = b.node("Sub", [hi, lo], "width")  # in float, then widened, as LiteRT's NEON code
-    empty = b.node("Equal", [width, _c(b, 0.0, np.float32)], "empty")
-    wide = b.node("Where", [empty, _c(b, 255.0, np.float64), b.node("Cast", [width], "wide", to=_F64)], "wide")
-    scale = b.node("Div", [wide, _c(b, 255.0, np.float64)], "scale")  # 1.0 for an all-zero row, as LiteRT's
-    lo_steps = b.node("Div", [b.node("Cast", [lo], "lod", to=_F64), scale], "lo_steps")
-    hi_steps = b.node("Div", [b.node("Cast", [hi], "hid", to=_F64), scale], "hi_steps")
-    from_min = b.node("Sub", [_c(b, -128.0, np.float64), lo_steps], "from_min")
-    from_max = b.node("Sub", [_c(b, 127.0, np.float64), hi_steps], "from_max")
-    error_min = b.node("Add", [_c(b, 128.0, np.float64), b.node("Abs", [lo_steps], "abs")], "error_min")
-    error_max = b.node("Add", [_c(b, 127.0, np.float64), b.node("Abs", [hi_steps], "abs")], "error_max")
+    empty = b.node("Equal", [width, constant(b, 0.0, np.float32)], "empty")
+    wide = b.node("Where", [empty, constant(b, 255.0, np.float64), b.node("Cast", [width], "wide", to=F64)], "wide")
+    scale = b.node("Div", [wide, constant(b, 255.0, np.float64)], "scale")  # 1.0 for an all-zero row, as LiteRT's
+    lo_steps = b.node("Div", [b.node("Cast", [lo], "lod", to=F64), scale], "lo_steps")
+    hi_steps = b.node("Div", [b.node("Cast", [hi], "hid", to=F64), scale], "hi_steps")
+    from_min = b.node("Sub", [constant(b, -128.0, np.float64), lo_steps], "from_min")
+    from_max = b.node("Sub", [constant(b, 127.0, np.float64), hi_steps], "from_max")
+    error_min = b.node("Add", [constant(b, 128.0, np.float64), b.node("Abs", [lo_steps], "abs")], "error_min")
+    error_max = b.node("Add", [constant(b, 127.0, np.float64), b.node("Abs", [hi_steps], "abs")], "error_max")
     zero = b.node("Where", [b.node("Less", [error_min, error_max], "nearer"), from_min, from_max], "zero")
-    zero = b.node("Clip", [zero, _c(b, -128.0, np.float64), _c(b, 127.0, np.float64)], "zero")
-    zero = b.node("Where", [empty, _c(b, 0, np.int32), round_away(b, zero, _F64)], "zero_point")
-    factor = b.node("Cast", [scale], "factor", to=_F32)
-    inverse = b.node("Div", [_c(b, 1.0, np.float32), factor], "inverse")
-    inverse = b.node("Where", [b.node("Equal", [factor, _c(b, 0.0, np.float32)], "underflow"),
-                               _c(b, 0.0, np.float32), inverse], "inverse")
+    zero = b.node("Clip", [zero, constant(b, -128.0, np.float64), constant(b, 127.0, np.float64)], "zero")
+    zero = b.node("Where", [empty, constant(b, 0, np.int32), round_away(b, zero, F64)], "zero_point")
+    factor = b.node("Cast", [scale], "factor", to=F32)
+    inverse = b.node("Div", [constant(b, 1.0, np.float32), factor], "inverse")
+    inverse = b.node("Where", [b.node("Equal", [factor, constant(b, 0.0, np.float32)], "underflow"),
+                               constant(b, 0.0, np.float32), inverse], "inverse")
     return factor, inverse, zero, empty
 
 
 def _symmetric(b: GraphBuilder, low: str, high: str) -> tuple[str, str, str]:
     """NeonSymmetricQuantizeFloats' parameters: (factor, inverse, empty); an all-zero row gets factor 1."""
     top = b.node("Max", [b.node("Abs", [low], "abs"), b.node("Abs", [high], "abs")], "range")
-    empty = b.node("Equal", [top, _c(b, 0.0, np.float32)], "empty")
-    top = b.node("Where", [empty, _c(b, 127.0, np.float32), top], "range")
-    factor = b.node("Div", [top, _c(b, 127.0, np.float32)], "factor")
-    return factor, b.node("Div", [_c(b, 127.0, np.float32), top], "inverse"), empty
+    empty = b.node("Equal", [top, constant(b, 0.0, np.float32)], "empty")
+    top = b.node("Where", [empty, constant(b, 127.0, np.float32), top], "range")
+    factor = b.node("Div", [top, constant(b, 127.0, np.float32)], "factor")
+    return factor, b.node("Div", [constant(b, 127.0, np.float32), top], "inverse"), empty
 
 
 def round_away(b: GraphBuilder, v: str, elem: int) -> str:
     """round(v), ties away from zero, as int32: trunc(v) (a Cast), then +-1 where v - trunc(v) reaches a half
     (that difference is exact)."""
-    dtype = np.float64 if elem == _F64 else np.float32
-    t = b.node("Cast", [v], "trunc", to=_I32)
+    dtype = np.float64 if elem == F64 else np.float32
+    t = b.node("Cast", [v], "trunc", to=I32)
     d = b.node("Sub", [v, b.node("Cast", [t], "truncf", to=elem)], "frac")
-    up = b.node("Cast", [b.node("GreaterOrEqual", [d, _c(b, 0.5, dtype)], "ge")], "up", to=_I32)
-    down = b.node("Cast", [b.node("LessOrEqual", [d, _c(b, -0.5, dtype)], "le")], "down", to=_I32)
+    up = b.node("Cast", [b.node("GreaterOrEqual", [d, constant(b, 0.5, dtype)], "ge")], "up", to=I32)
+    down = b.node("Cast", [b.node("LessOrEqual", [d, constant(b, -0.5, dtype)], "le")], "down", to=I32)
     return b.node("Sub", [b.node("Add", [t, up], "add"), down], "rounded")
 
 
 def _round(b: GraphBuilder, p: str, n: int) -> str:
     """LiteRT's x86 rounding of v * inverse: the first n & ~7 values (its loop of 8, NEON_2_SSE's vcvtq of
     v +- 0.5) truncated after adding a half in float, the rest (its scalar tail) as roundf."""
-    p = b.node("Clip", [p, _c(b, -_BOUND, np.float32), _c(b, _BOUND, np.float32)], "bounded")
+    p = b.node("Clip", [p, constant(b, -BOUND, np.float32), constant(b, BOUND, np.float32)], "bounded")
     split = n & ~7
     half = None
     if split:
-        sign = b.node("Where", [b.node("Less", [p, _c(b, 0.0, np.float32)], "neg"), _c(b, -0.5, np.float32),
-                                _c(b, 0.5, np.float32)], "half")
-        half = b.node("Cast", [b.node("Add", [p, sign], "plus_half")], "half_trunc", to=_I32)
+        sign = b.node("Where", [b.node("Less", [p, constant(b, 0.0, np.float32)], "neg"), constant(b, -0.5, np.float32),
+                                constant(b, 0.5, np.float32)], "half")
+        half = b.node("Cast", [b.node("Add", [p, sign], "plus_half")], "half_trunc", to=I32)
         if split == n:
             return half
-    tail = round_away(b, p, _F32)
+    tail = round_away(b, p, F32)
     if half is None:
         return tail
     return b.node("Where", [b.init(np.arange(n) < split, "vector_part"), half, tail], "round")
@@ -134,9 +135,13 @@ def quantize_rows(b: GraphBuilder, flat: str, n: int, asymmetric: bool) -> _Quan
     q = _round(b, b.node("Mul", [flat, inverse], "scaled"), n)
     if zero is not None:
         q = b.node("Add", [q, zero], "offset")
-    q = b.node("Clip", [q, _c(b, -128 if asymmetric else -127, np.int32), _c(b, 127, np.int32)], "q")
-    shifted = b.node("Cast", [b.node("Add", [q, _c(b, 128, np.int32)], "q128")], "q_u8", to=_U8)
-    return _Quantized(shifted, zero, factor, empty)
+    q = b.node("Clip", [q, constant(b, -128 if asymmetric else -127, np.int32), constant(b, 127, np.int32)], "q")
+    return _Quantized(shifted_input(b, q), zero, factor, empty)
+
+
+def shifted_input(b: GraphBuilder, q: str) -> str:
+    """int8 values (as int32) + 128, as uint8: the uint8 x uint8 products' input."""
+    return b.node("Cast", [b.node("Add", [q, constant(b, 128, np.int32)], "q128")], "q_u8", to=U8)
 
 
 def shifted_weights(values: np.ndarray) -> np.ndarray:
@@ -149,7 +154,7 @@ def _less_offset(b: GraphBuilder, product: str, zero: str | None, sums: np.ndarr
     input scale, not one a row."""
     if zero is None:
         return b.node("Sub", [product, b.init((sums.astype(np.int64) * 128).astype(np.int32), tag)], "less_offset")
-    shifted = b.node("Add", [zero, _c(b, 128, np.int32)], "zero128")
+    shifted = b.node("Add", [zero, constant(b, 128, np.int32)], "zero128")
     return b.node("Sub", [product, b.node("Mul", [shifted, b.init(sums, tag)], "offset")], "less_offset")
 
 
@@ -162,13 +167,13 @@ def fc_hybrid(b: GraphBuilder, op: Op) -> None:
     asymmetric = bool(op.options.get("asymmetricQuantizeInputs", False))
     q = quantize_rows(b, b.node("Flatten", [b.value(x)], "flat", axis=1), n_in, asymmetric)
     weights = b.init(shifted_weights(w.value.T), f"w{w.index}")
-    dot = b.node("MatMulInteger", [q.shifted, weights, "", _c(b, 128, np.uint8, "z128")], "dot")  # w . (q + 128)
+    dot = b.node("MatMulInteger", [q.shifted, weights, "", constant(b, 128, np.uint8, "z128")], "dot")  # w . (q + 128)
     dot = _less_offset(b, dot, q.zero, w.value.astype(np.int32).sum(axis=1, dtype=np.int32), f"rowsum{w.index}")
     if w.scales.size > 1:
         scale = b.node("Mul", [b.init(w.scales.astype(np.float32), f"ws{w.index}"), q.factor], "scale")
     else:
-        scale = b.node("Mul", [q.factor, _c(b, w.scales[0], np.float32, f"ws{w.index}")], "scale")
-    product = b.node("Mul", [b.node("Cast", [dot], "dotf", to=_F32), scale], "product")
+        scale = b.node("Mul", [q.factor, constant(b, w.scales[0], np.float32, f"ws{w.index}")], "scale")
+    product = b.node("Mul", [b.node("Cast", [dot], "dotf", to=F32), scale], "product")
     base = b.init(bias.real() if bias is not None else np.zeros(n_out, np.float32), "bias")
     y = b.node("Where", [q.empty, base, b.node("Add", [base, product], "biased")], "fc")
     b.result(op.outputs[0], y, op.activation)
@@ -203,18 +208,18 @@ def conv_hybrid(b: GraphBuilder, op: Op, geometry: tuple) -> None:
         image = b.node("Pad", [image, b.init(np.array([0, 0, top, left, 0, 0, bottom, right], np.int64), "pads")],
                        "q_padded")
     kernel = b.init(shifted_weights(w.value.transpose(0, 3, 1, 2)), f"w{w.index}")
-    acc = b.node("ConvInteger", [image, kernel, "", _c(b, 128, np.uint8, "z128")], "acc", strides=list(stride),
+    acc = b.node("ConvInteger", [image, kernel, "", constant(b, 128, np.uint8, "z128")], "acc", strides=list(stride),
                  dilations=list(dilation))
     inside = inside_sums(w.value, geometry, (oh, ow), (ih, iw))
     zero = None if q.zero is None else b.node("Reshape", [q.zero, b.init(np.array([-1, 1, 1, 1], np.int64), "shape")], "zero4")
     acc = _less_offset(b, acc, zero, inside, f"inside{w.index}")
-    v = b.node("Cast", [acc], "accf", to=_F32)
+    v = b.node("Cast", [acc], "accf", to=F32)
     factor = b.node("Reshape", [q.factor, b.init(np.array([-1, 1, 1, 1], np.int64), "shape")], "factor4")
     if per_channel:
         v = b.node("Mul", [v, b.init(w.scales.astype(np.float32).reshape(1, oc, 1, 1), f"ws{w.index}")], "scaled")
         v = b.node("Mul", [v, factor], "scaled")
     else:
-        v = b.node("Mul", [v, b.node("Mul", [factor, _c(b, w.scales[0], np.float32, f"ws{w.index}")], "scale")], "scaled")
+        v = b.node("Mul", [v, b.node("Mul", [factor, constant(b, w.scales[0], np.float32, f"ws{w.index}")], "scale")], "scaled")
     if bias is not None:
         v = b.node("Add", [v, b.init(bias.real().reshape(1, oc, 1, 1), "bias")], "biased")
     b.result(op.outputs[0], b.node("Transpose", [v], "nhwc", perm=[0, 2, 3, 1]), op.activation)

@@ -19,7 +19,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from compress_dqn.deploy.onnx_hybrid import GraphBuilder, inside_sums, round_away, shifted_weights
+from compress_dqn.deploy.onnx_hybrid import (
+    BOUND,
+    F32,
+    F64,
+    I32,
+    I64,
+    GraphBuilder,
+    constant,
+    inside_sums,
+    round_away,
+    shifted_input,
+    shifted_weights,
+)
 from compress_dqn.deploy.tflite_graph import (
     Op,
     Tensor,
@@ -29,46 +41,34 @@ from compress_dqn.deploy.tflite_graph import (
     quantize_multiplier,
 )
 
-_F32, _F64, _I32, _I64, _U8 = 1, 11, 6, 7, 2  # onnx.TensorProto element types
-_BOUND = 1024.0  # a value past this many steps saturates int8 either way; bounding it keeps the int32 Casts defined
-
-
-def _c(b: GraphBuilder, value: object, dtype: type, tag: str = "k") -> str:
-    return b.init(np.asarray(value, dtype), tag)
-
-
 def quantize(b: GraphBuilder, value: str, out: Tensor) -> str:
     """LiteRT's QUANTIZE (float -> int8): roundf(x / scale) + zero point, clamped; as int32 values."""
-    v = b.node("Div", [value, _c(b, out.scales[0], np.float32, f"s{out.index}")], "scaled")
-    v = b.node("Clip", [v, _c(b, -_BOUND, np.float32), _c(b, _BOUND, np.float32)], "bounded")
-    q = b.node("Add", [round_away(b, v, _F32), _c(b, int(out.zero_points[0]), np.int32)], "offset")
-    return b.node("Clip", [q, _c(b, -128, np.int32), _c(b, 127, np.int32)], f"q{out.index}")
+    v = b.node("Div", [value, constant(b, out.scales[0], np.float32, f"s{out.index}")], "scaled")
+    v = b.node("Clip", [v, constant(b, -BOUND, np.float32), constant(b, BOUND, np.float32)], "bounded")
+    q = b.node("Add", [round_away(b, v, F32), constant(b, int(out.zero_points[0]), np.int32)], "offset")
+    return b.node("Clip", [q, constant(b, -128, np.int32), constant(b, 127, np.int32)], f"q{out.index}")
 
 
 def caller_quantize(b: GraphBuilder, value: str, obs: Tensor) -> str:
     """An int8-input policy's caller quantization, as compress-dqn's loader does it: round(x / scale + zero)
     in float32, ties to even (numpy's round, ONNX's Round)."""
-    v = b.node("Div", [value, _c(b, obs.scales[0], np.float32, f"s{obs.index}")], "scaled")
-    v = b.node("Add", [v, _c(b, float(obs.zero_points[0]), np.float32)], "offset")
-    v = b.node("Clip", [b.node("Round", [v], "rounded"), _c(b, -128.0, np.float32), _c(b, 127.0, np.float32)], "clamped")
-    return b.node("Cast", [v], f"q{obs.index}", to=_I32)
+    v = b.node("Div", [value, constant(b, obs.scales[0], np.float32, f"s{obs.index}")], "scaled")
+    v = b.node("Add", [v, constant(b, float(obs.zero_points[0]), np.float32)], "offset")
+    v = b.node("Clip", [b.node("Round", [v], "rounded"), constant(b, -128.0, np.float32), constant(b, 127.0, np.float32)], "clamped")
+    return b.node("Cast", [v], f"q{obs.index}", to=I32)
 
 
 def dequantize(b: GraphBuilder, q: str, t: Tensor) -> str:
     """DEQUANTIZE: (float)(q - zero point) * scale."""
-    centered = b.node("Sub", [q, _c(b, int(t.zero_points[0]), np.int32)], "centered")
-    return b.node("Mul", [b.node("Cast", [centered], "centeredf", to=_F32), _c(b, t.scales[0], np.float32)], "dq")
+    centered = b.node("Sub", [q, constant(b, int(t.zero_points[0]), np.int32)], "centered")
+    return b.node("Mul", [b.node("Cast", [centered], "centeredf", to=F32), constant(b, t.scales[0], np.float32)], "dq")
 
 
 def _clamped(b: GraphBuilder, q: str, out: Tensor, activation: str) -> str:
     """q + the output's zero point, clamped to the activation's int8 range (CalculateActivationRangeQuantized)."""
     lo, hi = int8_bounds(out, activation)
-    q = b.node("Add", [q, _c(b, int(out.zero_points[0]), np.int32)], "offset")
-    return b.node("Clip", [q, _c(b, lo, np.int32), _c(b, hi, np.int32)], f"q{out.index}")
-
-
-def _shifted(b: GraphBuilder, q: str) -> str:
-    return b.node("Cast", [b.node("Add", [q, _c(b, 128, np.int32)], "q128")], "q_u8", to=_U8)
+    q = b.node("Add", [q, constant(b, int(out.zero_points[0]), np.int32)], "offset")
+    return b.node("Clip", [q, constant(b, lo, np.int32), constant(b, hi, np.int32)], f"q{out.index}")
 
 
 def _less_zero(b: GraphBuilder, product: str, x: Tensor, sums: np.ndarray, tag: str) -> str:
@@ -89,14 +89,14 @@ def fc_int8(b: GraphBuilder, op: Op, q: str) -> str:
     bias = op.inputs[2] if len(op.inputs) > 2 else None
     out = op.outputs[0]
     flat = b.node("Reshape", [q, b.init(np.array([-1, w.shape[1]], np.int64), "shape")], "flat")
-    dot = b.node("MatMulInteger", [_shifted(b, flat), b.init(shifted_weights(w.value.T), f"w{w.index}"), "",
-                                   _c(b, 128, np.uint8, "z128")], "dot")
+    dot = b.node("MatMulInteger", [shifted_input(b, flat), b.init(shifted_weights(w.value.T), f"w{w.index}"), "",
+                                   constant(b, 128, np.uint8, "z128")], "dot")
     acc = _with_bias(b, _less_zero(b, dot, x, w.value.astype(np.int64).sum(axis=1), f"zs{w.index}"), bias, (-1,))
     scales = np.broadcast_to(w.scales, (w.shape[0],))
     multiplier = np.array([m * 2.0 ** -s for m, s in (double_multiplier(x.scales[0], fs, out.scales[0]) for fs in scales)])
-    v = b.node("Mul", [b.node("Cast", [acc], "accd", to=_F64), b.init(multiplier, f"m{out.index}")], "scaled")
-    v = b.node("Clip", [v, _c(b, -_BOUND, np.float64), _c(b, _BOUND, np.float64)], "bounded")
-    return _clamped(b, round_away(b, v, _F64), out, op.activation)
+    v = b.node("Mul", [b.node("Cast", [acc], "accd", to=F64), b.init(multiplier, f"m{out.index}")], "scaled")
+    v = b.node("Clip", [v, constant(b, -BOUND, np.float64), constant(b, BOUND, np.float64)], "bounded")
+    return _clamped(b, round_away(b, v, F64), out, op.activation)
 
 
 def conv_int8(b: GraphBuilder, op: Op, q: str) -> str:
@@ -108,13 +108,13 @@ def conv_int8(b: GraphBuilder, op: Op, q: str) -> str:
     _, oh, ow, oc = out.shape
     geometry = conv_geometry(op)
     (stride, dilation, pads) = geometry
-    image = b.node("Transpose", [_shifted(b, q)], "q_nchw", perm=[0, 3, 1, 2])
+    image = b.node("Transpose", [shifted_input(b, q)], "q_nchw", perm=[0, 3, 1, 2])
     if any(pads):  # padded with x + 128 = 0: a tap outside adds nothing to the product, nor to the zero's share
         top, left, bottom, right = pads
         image = b.node("Pad", [image, b.init(np.array([0, 0, top, left, 0, 0, bottom, right], np.int64), "pads")],
                        "q_padded")
     acc = b.node("ConvInteger", [image, b.init(shifted_weights(w.value.transpose(0, 3, 1, 2)), f"w{w.index}"), "",
-                                 _c(b, 128, np.uint8, "z128")], "acc", strides=list(stride), dilations=list(dilation))
+                                 constant(b, 128, np.uint8, "z128")], "acc", strides=list(stride), dilations=list(dilation))
     acc = _less_zero(b, acc, x, inside_sums(w.value, geometry, (oh, ow), (ih, iw)), f"zs{w.index}")
     acc = _with_bias(b, acc, bias, (1, oc, 1, 1))
     scales = np.broadcast_to(w.scales, (oc,))
@@ -126,26 +126,26 @@ def conv_int8(b: GraphBuilder, op: Op, q: str) -> str:
 
 def _multiply_by_quantized_multiplier(b: GraphBuilder, acc: str, mult: np.ndarray, shift: np.ndarray) -> str:
     """TFLite's MultiplyByQuantizedMultiplier of int32 values, in int64; returns int32 values."""
-    a = b.node("Cast", [acc], "acc64", to=_I64)
+    a = b.node("Cast", [acc], "acc64", to=I64)
     left = np.maximum(shift, 0)
     if np.any(left):  # x * 2^left wraps in int32 as the kernel's shift does
         a = b.node("Mul", [a, b.init((1 << left).astype(np.int64), "pot")], "shifted")
-        a = b.node("Mod", [b.node("Add", [a, _c(b, 1 << 31, np.int64)], "biased"), _c(b, 1 << 32, np.int64)], "wrapped")
-        a = b.node("Sub", [a, _c(b, 1 << 31, np.int64)], "wrapped")
+        a = b.node("Mod", [b.node("Add", [a, constant(b, 1 << 31, np.int64)], "biased"), constant(b, 1 << 32, np.int64)], "wrapped")
+        a = b.node("Sub", [a, constant(b, 1 << 31, np.int64)], "wrapped")
     ab = b.node("Mul", [a, b.init(mult, "mult")], "ab")
-    nudge = b.node("Where", [b.node("GreaterOrEqual", [ab, _c(b, 0, np.int64)], "nonneg"),
-                             _c(b, 1 << 30, np.int64), _c(b, 1 - (1 << 30), np.int64)], "nudge")
+    nudge = b.node("Where", [b.node("GreaterOrEqual", [ab, constant(b, 0, np.int64)], "nonneg"),
+                             constant(b, 1 << 30, np.int64), constant(b, 1 - (1 << 30), np.int64)], "nudge")
     v = b.node("Add", [ab, nudge], "nudged")
     # SaturatingRoundingDoublingHighMul: v / 2^31 truncated toward zero, divided as magnitudes
-    magnitude = b.node("Div", [b.node("Abs", [v], "abs"), _c(b, 1 << 31, np.int64)], "high_abs")
+    magnitude = b.node("Div", [b.node("Abs", [v], "abs"), constant(b, 1 << 31, np.int64)], "high_abs")
     high = b.node("Mul", [b.node("Sign", [v], "sign"), magnitude], "high")
     right = np.maximum(-shift, 0)
     if np.any(right):  # RoundingDivideByPOT: floor(high / 2^right) + (remainder > threshold)
         pot = (1 << right).astype(np.int64)
         rem = b.node("Mod", [high, b.init(pot, "pot")], "rem")  # in [0, 2^right): high & mask
         floor = b.node("Div", [b.node("Sub", [high, rem], "exact"), b.init(pot, "pot")], "floor")
-        negative = b.node("Cast", [b.node("Less", [high, _c(b, 0, np.int64)], "neg")], "negative", to=_I64)
+        negative = b.node("Cast", [b.node("Less", [high, constant(b, 0, np.int64)], "neg")], "negative", to=I64)
         threshold = b.node("Add", [b.init((pot - 1) >> 1, "half_mask"), negative], "threshold")
-        up = b.node("Cast", [b.node("Greater", [rem, threshold], "over")], "up", to=_I64)
+        up = b.node("Cast", [b.node("Greater", [rem, threshold], "over")], "up", to=I64)
         high = b.node("Add", [floor, up], "rounded")
-    return b.node("Cast", [high], "y", to=_I32)
+    return b.node("Cast", [high], "y", to=I32)
