@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from compress_dqn.deploy.micro import TFLM_RUNTIME_FLASH
 from compress_dqn.evaluation.figures import M4F, ONE_PERCENT, AtOnePercent, Comparison, Verdict
@@ -225,3 +228,124 @@ def findings(results: RunResults) -> Findings:
         wide_tolerance=results.eval.tolerance if results.eval.tolerance > ONE_PERCENT else None,
         search_winner_policy=next((v for v in variants if search and v.name == search.winner), None),
     )
+
+
+# Why a variant lost the return: measured on the held-out states the baseline visits (issue 58).
+
+COARSE_HEAD_SHARE = 0.05
+"""A Q-head's int8 step is named the reason where at least this share of the decisive states has an action gap below it."""
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What the held-out states show about one variant: the baseline's action gaps (best minus second-best
+    Q-value) against the variant's int8 Q-head step, and where the variant's greedy action differs."""
+
+    name: str
+    states: int
+    student: bool
+    gap_median: float
+    """The baseline's median gap: a state is decisive where its gap is at least this (run/context.decisive_states)."""
+    decisive_agreement: float
+    """Share of the decisive states where the variant plays the baseline's action."""
+    differing: float
+    """Share of all the states where it does not."""
+    differing_gap_median: float | None
+    """The baseline's median gap on the states where the variant's action differs (None where none does)."""
+    output_step: float | None
+    """The int8 step of the tensor the action is the argmax of (its quantization scale); None for a float head."""
+    below_step_decisive: float | None
+    """Share of the decisive states whose gap is below one output step (None for a float head)."""
+    below_step_all: float | None
+    """Share of all the states whose gap is below one output step."""
+    differing_below_step: float | None
+    """Share of the states where the action differs whose gap is below one output step."""
+
+    @property
+    def coarse_head(self) -> bool:
+        """The Q-head's step is the measured reason: it cannot resolve the gaps of enough decisive states."""
+        return self.below_step_decisive is not None and self.below_step_decisive >= COARSE_HEAD_SHARE
+
+
+def action_gaps(q_values: np.ndarray) -> np.ndarray:
+    """Best minus second-best Q-value of each state (0 where there is one action)."""
+    q = np.asarray(q_values, dtype=np.float64)
+    if q.shape[1] < 2:
+        return np.zeros(len(q))
+    top_two = np.sort(q, axis=1)[:, -2:]
+    return top_two[:, 1] - top_two[:, 0]
+
+
+def diagnose(name: str, baseline_q: np.ndarray, baseline_actions: np.ndarray, actions: np.ndarray,
+             output_step: float | None, student: bool = False) -> Diagnosis:
+    """One variant's diagnosis from the baseline's Q-values and actions and the variant's actions on the same states."""
+    gap = action_gaps(baseline_q)
+    median = float(np.median(gap))
+    decisive = gap >= median
+    differs = np.asarray(actions) != np.asarray(baseline_actions)
+    below = gap < output_step if output_step else None
+    return Diagnosis(
+        name=name, states=len(gap), student=student, gap_median=median,
+        decisive_agreement=float(1 - differs[decisive].mean()), differing=float(differs.mean()),
+        differing_gap_median=float(np.median(gap[differs])) if differs.any() else None,
+        output_step=float(output_step) if output_step else None,
+        below_step_decisive=float(below[decisive].mean()) if below is not None else None,
+        below_step_all=float(below.mean()) if below is not None else None,
+        differing_below_step=float(below[differs].mean()) if below is not None and differs.any() else None,
+    )
+
+
+def loses_return(v: VariantResult) -> bool:
+    """A variant whose verdict does not keep the return (worse, or not decided)."""
+    return v.return_vs_baseline is not None and not v.verdict.keeps_return
+
+
+def is_student(v: VariantResult) -> bool:
+    """A distilled student: its recipe has a `student` block (a file before blocks were kept: its preset's name)."""
+    if v.compression is not None and (v.compression.model_extra or {}).get("student"):
+        return True
+    return v.name.startswith("student-")
+
+
+def head_step(tflite: Path) -> float | None:
+    """The quantization step of the tensor a policy's `action` is the argmax of; None where it is float
+    (a float Q-head, or a float policy), or where the file is no policy graph this reader knows."""
+    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.errors import UserError
+
+    try:
+        graph = read_policy_graph(tflite)
+    except (UserError, ValueError, KeyError, StopIteration):
+        return None
+    argmax = next((op for op in graph.ops if op.outputs[0] is graph.action), None)
+    head = argmax.inputs[0] if argmax is not None else None
+    if head is None or not head.quantized:
+        return None
+    return float(np.max(head.scales))
+
+
+def diagnoses(results: RunResults, run_dir: Path) -> list[Diagnosis]:
+    """Each variant's diagnosis, measured now on the run's held-out states with the baseline's and the
+    variant's TFLite files (LiteRT only); [] where the run directory lacks them (a results.json alone)."""
+    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.fileio import load_dict
+
+    run_dir = Path(run_dir)
+    base = results.baseline
+    base_file = run_dir / base.artifacts.get("tflite", "")
+    heldout = base_file.parent / "heldout_obs.npz"
+    if not (base_file.is_file() and heldout.is_file()):
+        return []
+    states = load_dict(heldout)["observations"]
+    if not len(states):
+        return []
+    reference = TFLitePolicy(base_file)
+    baseline_q, baseline_actions = reference.q_values(states), reference.actions(states)
+    found = []
+    for v in results.variants[1:]:
+        path = run_dir / v.artifacts.get("tflite", "")
+        if not path.is_file():
+            continue
+        found.append(diagnose(v.name, baseline_q, baseline_actions, TFLitePolicy(path).actions(states),
+                              head_step(path), student=is_student(v)))
+    return found

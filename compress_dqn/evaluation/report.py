@@ -20,15 +20,16 @@ from compress_dqn.errors import UserError
 from compress_dqn.evaluation import findings as find
 from compress_dqn.evaluation import gpu_report
 from compress_dqn.evaluation.figures import M0PLUS, M4F, ONE_PERCENT, AtOnePercent, Verdict
-from compress_dqn.evaluation.findings import Findings, findings, pareto_front
+from compress_dqn.evaluation.findings import Diagnosis, Findings, diagnoses, findings, pareto_front
 from compress_dqn.evaluation.plots import make_plots, verdict_color
 from compress_dqn.evaluation.results import (RunResults, SearchSummary, SeedOutcome, SeedsResults, TrainFigures,
                                              VariantResult, load_results)
 from compress_dqn.evaluation.verdicts import keeps_return
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 
-__all__ = ["COLUMNS", "Column", "NO_VARIANTS", "csv_columns", "headline", "kib", "pareto_front", "render_aggregate_markdown",
-           "render_html", "render_markdown", "render_search_markdown", "rows", "table_columns", "write_report"]
+__all__ = ["COLUMNS", "Column", "NO_VARIANTS", "csv_columns", "headline", "kib", "pareto_front", "reason_lines",
+           "render_aggregate_markdown", "render_html", "render_markdown", "render_search_markdown", "rows", "table_columns",
+           "write_report"]
 
 Value = float | int | str | tuple[float, float] | None
 
@@ -311,6 +312,55 @@ def headline(results: RunResults) -> list[str]:
     return lines
 
 
+def _share(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _reason(v: VariantResult, d: Diagnosis) -> str:
+    """Why one variant lost the return, in the words of what its held-out states measured."""
+    lo, hi = find.difference_ci(v)
+    lead = f"{v.name} ({v.label}, {find.difference(v):+.1f} [{lo:.1f}, {hi:.1f}])"
+    decisive = f"decisive states (the half with the largest gap, at least {d.gap_median:.3g})"
+    where = (f"; it differs on {_share(d.differing)} of all {d.states} states, where the baseline's median gap is "
+             f"{d.differing_gap_median:.3g}" if d.differing_gap_median is not None else "; it never differs")
+    if d.coarse_head:
+        return (f"{lead}: its int8 Q-head decides in steps of {d.output_step:.3g}, and {_share(d.below_step_decisive)} "
+                f"of the {decisive} have a gap below one step ({_share(d.below_step_all)} of all states): the head's "
+                f"step cannot tell this policy's actions apart; it agrees with the baseline on "
+                f"{_share(d.decisive_agreement)} of the decisive states{where}. A float Q-head removes that step.")
+    if d.student:
+        head = (f" Its int8 Q-head's step ({d.output_step:.3g}) is below the gap of all but "
+                f"{_share(d.below_step_decisive)} of the decisive states: not the reason." if d.output_step else "")
+        return (f"{lead}: a student that plays the baseline's action on {_share(d.decisive_agreement)} of the "
+                f"{decisive}{where}.{head}")
+    head = (f"not its Q-head's step ({d.output_step:.3g}, below the gap of all but {_share(d.below_step_decisive)} of "
+            f"the {decisive}); " if d.output_step else "")
+    if d.decisive_agreement >= 0.99:
+        return (f"{lead}: {head}it plays the baseline's action on {_share(d.decisive_agreement)} of the decisive "
+                f"states{where}" + (f" ({_share(d.differing_below_step)} of them below one step)"
+                                    if d.differing_below_step is not None else "")
+                + ": it loses on near-tied states, which add up over an episode.")
+    return (f"{lead}: {head}it changes the baseline's action on {_share(1 - d.decisive_agreement)} of the decisive "
+            f"states{where}: the network's own error, not a rounding of near-ties.")
+
+
+def reason_lines(results: RunResults, diagnosed: Sequence[Diagnosis]) -> list[str]:
+    """For each variant that lost the return, what its held-out states show; then which variants held."""
+    by_name = {d.name: d for d in diagnosed}
+    losers = [v for v in results.variants[1:] if find.loses_return(v) and v.name in by_name]
+    if not losers:
+        return []
+    held = [v.name for v in results.variants[1:] if v.verdict.keeps_return]
+    return [_reason(v, by_name[v.name]) for v in losers] + [
+        f"Held the return in this run: {', '.join(held)}." if held else "No variant of this run held the return."]
+
+
+REASONS_NOTE = ("Measured on the held-out states with the run's TFLite files when this report was written: a state's "
+                "gap is the baseline's best minus second-best Q-value; an int8 Q-head's step is the quantization "
+                "scale of the tensor its action is the argmax of, and a gap below one step is one that the head "
+                "rounds away or reverses.")
+
+
 def _cells(v: VariantResult, results: RunResults) -> list[tuple[Column, str]]:
     return [(c, c.text(v, results)) for c in table_columns(results)]
 
@@ -424,9 +474,11 @@ def _candidate_notes(results: RunResults) -> list[str]:
     return notes
 
 
-def render_markdown(results: RunResults, plots: Sequence[str]) -> str:
+def render_markdown(results: RunResults, plots: Sequence[str], diagnosed: Sequence[Diagnosis] = ()) -> str:
     lines = [f"# compress-dqn report: {results.env_id}", ""]
     lines += [f"- **{line}**" for line in headline(results)] + [""]
+    if reasons := reason_lines(results, diagnosed):
+        lines += ["## Why variants lost the return", "", *[f"- {line}" for line in reasons], "", REASONS_NOTE, ""]
     table = table_columns(results)
     lines.append("| " + " | ".join(c.header for c in table) + " |")
     lines.append("|" + "---|" * len(table))
@@ -437,7 +489,7 @@ def render_markdown(results: RunResults, plots: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_html(results: RunResults, plots: dict[str, bytes]) -> str:
+def render_html(results: RunResults, plots: dict[str, bytes], diagnosed: Sequence[Diagnosis] = ()) -> str:
     """One self-contained page: headline, table, plots embedded as data URIs."""
     esc = html.escape
     head = "".join(f"<li>{esc(line)}</li>" for line in headline(results))
@@ -453,6 +505,9 @@ def render_html(results: RunResults, plots: dict[str, bytes]) -> str:
         for name, data in plots.items()
     )
     notes = "".join(f"<li>{esc(n)}</li>" for n in _notes(results))
+    reasons = reason_lines(results, diagnosed)
+    why = (f"<h2>Why variants lost the return</h2><ul>{''.join(f'<li>{esc(r)}</li>' for r in reasons)}</ul>"
+           f"<p>{esc(REASONS_NOTE)}</p>" if reasons else "")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>compress-dqn: {esc(results.env_id)}</title>
 <style>
@@ -467,7 +522,7 @@ figure {{ display: inline-block; margin: 0.5rem; }} img {{ max-width: 560px; }}
 </style></head><body>
 <h1>compress-dqn report: {esc(results.env_id)}</h1>
 <ul class="headline">{head}</ul>
-<div class="wide"><table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table></div>
+{why}<div class="wide"><table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table></div>
 {images}{gpu_report.html_section(results)}
 <h2>Notes</h2><ul>{notes}</ul>
 </body></html>
@@ -588,6 +643,18 @@ def write_report(run_dir: Path) -> list[Path]:
     for name, data in plots.items():
         write_bytes_atomic(run_dir / name, data)
         written.append(run_dir / name)
-    write_text_atomic(run_dir / "report.md", render_markdown(results, list(plots)))
-    write_text_atomic(run_dir / "report.html", render_html(results, plots))
+    diagnosed = _diagnosed(results, run_dir)
+    write_text_atomic(run_dir / "report.md", render_markdown(results, list(plots), diagnosed))
+    write_text_atomic(run_dir / "report.html", render_html(results, plots, diagnosed))
     return [*written, run_dir / "report.md", run_dir / "report.html"]
+
+
+def _diagnosed(results: RunResults, run_dir: Path) -> list[Diagnosis]:
+    """The losing variants' diagnoses (findings.diagnoses); none where no variant lost, or where the files
+    cannot be read (a copied results.json, a policy this LiteRT cannot run): the report is written without them."""
+    if not any(find.loses_return(v) for v in results.variants[1:]):
+        return []
+    try:
+        return diagnoses(results, run_dir)
+    except (UserError, OSError, ValueError, RuntimeError):
+        return []

@@ -1,0 +1,121 @@
+"""Issue 58: the report says why a variant lost the return, from measured action gaps, Q-head steps and agreement.
+
+No training: the diagnoses are computed from hand-made arrays and rendered into a stored results file's report;
+the benchmark's smoke is a tiny generated zip searched with one tiny student."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compress_dqn.evaluation.figures import Verdict
+from compress_dqn.evaluation.findings import Diagnosis, action_gaps, diagnose, diagnoses, head_step
+from compress_dqn.evaluation.report import reason_lines, render_html, render_markdown, write_report
+from compress_dqn.evaluation.results import load_results
+
+ROOT = Path(__file__).resolve().parents[1]
+STORED = ROOT / "tests" / "data" / "results_lunarlander.json"
+
+
+def _q(gaps: np.ndarray) -> np.ndarray:
+    """Q-values of three actions whose best-minus-second gap is `gaps` (action 0 is best)."""
+    return np.stack([gaps, np.zeros_like(gaps), -np.ones_like(gaps)], axis=1) - 5.0
+
+
+def test_action_gaps_are_best_minus_second_best():
+    q = np.array([[1.0, 3.0, 2.5], [0.0, 0.0, -1.0], [7.0, 1.0, 2.0]])
+    assert np.allclose(action_gaps(q), [0.5, 0.0, 5.0])
+    assert np.allclose(action_gaps(np.ones((2, 1))), [0.0, 0.0])
+
+
+def test_a_coarse_head_is_named_where_decisive_gaps_fall_below_its_step():
+    gaps = np.linspace(0.01, 1.0, 100)  # median 0.505: decisive are the upper 50
+    q, actions = _q(gaps), np.zeros(100, int)
+    variant = actions.copy()
+    variant[:10] = 1  # differs on the 10 smallest gaps only
+    d = diagnose("ptq-int8", q, actions, variant, output_step=0.6)
+    assert d.decisive_agreement == 1.0 and d.differing == pytest.approx(0.1)
+    assert d.below_step_decisive == pytest.approx(0.2, abs=0.021)  # decisive gaps 0.51..0.60 of 0.51..1.00
+    assert d.below_step_all == pytest.approx(0.6, abs=0.011) and d.differing_below_step == 1.0 and d.coarse_head
+    fine = diagnose("ptq-int8", q, actions, variant, output_step=0.02)
+    assert fine.below_step_decisive == 0.0 and not fine.coarse_head
+    assert fine.differing_gap_median == pytest.approx(np.median(gaps[:10]))
+    floating = diagnose("student", q, actions, actions, output_step=None, student=True)
+    assert floating.output_step is None and floating.below_step_decisive is None and floating.differing_gap_median is None
+
+
+def _losing_run():
+    """The stored LunarLander run, its ptq-int8 made worse: a variant that lost beside ones that held or not."""
+    results = load_results(STORED)
+    ptq = results.variant("ptq-int8")
+    ptq.return_vs_baseline = ptq.return_vs_baseline.model_copy(update={"verdict": Verdict.WORSE})
+    return results
+
+
+def _diag(name, **fields):
+    base = dict(name=name, states=1000, student=False, gap_median=0.4, decisive_agreement=1.0, differing=0.12,
+                differing_gap_median=0.037, output_step=0.0172, below_step_decisive=0.0, below_step_all=0.05,
+                differing_below_step=0.25)
+    return Diagnosis(**{**base, **fields})
+
+
+def test_the_report_names_each_losers_measured_reason_and_what_held():
+    results = _losing_run()
+    held = [v.name for v in results.variants[1:] if v.verdict.keeps_return]
+    diags = [_diag("ptq-int8"),
+             _diag("prune-80", output_step=None, below_step_decisive=None, below_step_all=None,
+                   differing_below_step=None, decisive_agreement=0.91),
+             _diag("student-32x32-qat-int8", student=True, decisive_agreement=0.962, output_step=0.05,
+                   below_step_decisive=0.01)]
+    lines = reason_lines(results, diags)
+    ptq, prune, student, last = lines
+    assert ptq.startswith("ptq-int8 (worse, ") and "not its Q-head's step (0.0172" in ptq
+    assert "100.0% of the decisive states" in ptq and "near-tied states" in ptq and "11.9%" not in ptq
+    assert prune.startswith("prune-80 (inconclusive") and "changes the baseline's action on 9.0% of the decisive" in prune
+    assert "Q-head" not in prune
+    assert "a student that plays the baseline's action on 96.2% of the decisive states" in student
+    assert "not the reason" in student
+    assert last == (f"Held the return in this run: {', '.join(held)}." if held else "No variant of this run held the return.")
+    coarse = reason_lines(results, [_diag("ptq-int8", output_step=0.5, below_step_decisive=0.3, below_step_all=0.7)])
+    assert "its int8 Q-head decides in steps of 0.5, and 30.0% of the decisive states" in coarse[0]
+    assert "A float Q-head removes that step." in coarse[0]
+    markdown, page = render_markdown(results, [], diags), render_html(results, {}, diags)
+    assert "## Why variants lost the return" in markdown and ptq in markdown
+    assert "<h2>Why variants lost the return</h2>" in page
+    assert "Why variants lost" not in render_markdown(results, [])  # nothing measured: the report as before
+
+
+def test_a_run_that_lost_nothing_or_whose_files_are_gone_reports_as_before(tmp_path):
+    results = load_results(STORED)
+    assert reason_lines(results, [_diag("ptq-int8")]) == []  # it did not lose
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(STORED, run / "results.json")
+    assert diagnoses(_losing_run(), run) == []  # a results.json alone: no held-out states, no files
+    write_report(run)
+    assert "Why variants lost" not in (run / "report.md").read_text()
+    assert head_step(tmp_path / "missing.tflite") is None
+
+
+def test_zoo_search_smoke_searches_a_tiny_generated_zip(tmp_path):
+    """benchmarks/zoo_search.py --smoke: one tiny QR-DQN zip, one 8-unit student, a row per agent and a summary."""
+    pytest.importorskip("sb3_contrib")
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "zoo_search.py"), "--out", str(tmp_path / "s"),
+                           "--smoke"], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row, summary = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert (row["algo"], row["env_id"]) == ("qrdqn", "CartPole-v1") and row["command"].startswith("compress-dqn search ")
+    assert [t["name"] for t in row["tried"]] and row["baseline"]["gzip_bytes"] > 0
+    assert summary["summary"] and summary["agents"] == 1 and summary["line"] == 20.0
+    assert row["meets_line"] == (row["ratio"] is not None and row["ratio"] >= 20)
+    assert time.perf_counter() - start < 60
