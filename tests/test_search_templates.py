@@ -2,7 +2,7 @@
 ladder, rung for rung, as it did when its runs were started, so those runs resume without rebuilding.
 
 tests/data/search_ladders_before.json holds each case's ladder (each rung's name, estimated bytes and
-variant) as built at commit 5969047, before the change, by `python tests/test_search_templates.py`
+variant) and the search block of the recipe.yaml its run wrote, as at commit 5969047, before the change, by `python tests/test_search_templates.py`
 (`_capture`); the recipes it read are in tests/data/search_recipes_before/ (the shipped search
 recipes as they were then written) and tests/data/legacy-a0e684b/.
 """
@@ -91,8 +91,10 @@ def _cases() -> dict[str, tuple[Recipe, tuple[tuple[int, ...], int]]]:
 
 
 def _capture() -> None:
-    """Writes tests/data/search_ladders_before.json (run once, at the commit before the change)."""
-    ladders_before = {name: ladder_of(recipe, shape) for name, (recipe, shape) in _cases().items()}
+    """Writes tests/data/search_ladders_before.json (run once, at the commit before the change): each
+    case's ladder, and the search block of the recipe.yaml a run of it wrote then (Recipe.to_dict)."""
+    ladders_before = {name: {"ladder": ladder_of(recipe, shape), "recipe_yaml_search": recipe.to_dict()["search"]}
+                      for name, (recipe, shape) in _cases().items()}
     BEFORE.write_text(json.dumps(ladders_before, indent=1, sort_keys=True) + "\n")
 
 
