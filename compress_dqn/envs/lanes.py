@@ -5,11 +5,12 @@ and steps it until it ends; the player (envs/episodes.py) then starts the next s
 The lanes' observations live in one array of rows, which is the batch the policy sees.
 
 Two kinds: `GymLanes`, a gymnasium environment per lane built by make_env_from (any environment),
-and `BreakoutLanes`, MinAtar Breakout's rules computed for every lane at once with numpy. MinAtar's
-Breakout is a few lines of Python per step, called through four gymnasium wrappers, which cost
-more per step than a batched policy does; the numpy copy computes the same observations, rewards and ends (each
-lane's draws come from RandomState(seed) in the order MinAtar draws them), and is used only
-with the MinAtar version it was checked against (tests/test_lanes.py plays both step by step).
+and numpy lanes, a MinAtar game's rules computed for every lane at once with numpy: `BreakoutLanes`
+and `SpaceInvadersLanes`. A MinAtar game is a few lines of Python per step, called through four
+gymnasium wrappers, which cost more per step than a batched policy does; the numpy copy computes
+the same observations, rewards and ends (each lane's draws come from RandomState(seed) in the order
+MinAtar draws them), and is used only with the MinAtar version it was checked against
+(tests/test_lanes.py plays both step by step).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from compress_dqn.envs.environment import BoolToUint8, make_env_from, reset_epis
 
 BREAKOUT_CHECKED_MINATAR = ("1.0.15",)
 """MinAtar versions whose Breakout BreakoutLanes was checked against, step by step."""
+SPACE_INVADERS_CHECKED_MINATAR = ("1.0.15",)
+"""MinAtar versions whose Space Invaders SpaceInvadersLanes was checked against, step by step."""
 
 
 class Lanes(Protocol):
@@ -75,6 +78,46 @@ class GymLanes:
             instance.close()
 
 
+_DRAWS = 1024  # uniform draws taken from a lane's stream at a time (the same stream, in blocks)
+
+
+class _Draws:
+    """Each lane's stream of RandomState(seed) after the draws its episode's reset takes (`skip`):
+    the uniform that minatar's Environment.act draws for its sticky action at every step."""
+
+    def __init__(self, width: int, skip) -> None:
+        self.random = np.random.RandomState(0)  # one generator, reseeded per lane: building one costs 0.1 ms
+        self._skip = skip  # skip(random): the reset's draws, what they give
+        self._seeds = [0] * width
+        self._blocks = [0] * width  # blocks of draws taken from each lane's stream so far
+        self._draws = np.zeros((width, _DRAWS))
+        self._drawn = np.zeros(width, dtype=np.intp)
+
+    def start(self, lane: int, seed: int):
+        """The lane's stream from RandomState(seed): what its reset's draws give."""
+        random = self.random
+        random.seed(int(seed))
+        skipped = self._skip(random)
+        self._draws[lane] = random.random_sample(_DRAWS)
+        self._drawn[lane] = 0
+        self._seeds[lane], self._blocks[lane] = int(seed), 1
+        return skipped
+
+    def next(self, lanes: np.ndarray) -> np.ndarray:
+        """Each lane's next random_sample() (Environment.act draws one per step)."""
+        drawn = self._drawn[lanes]
+        u = self._draws[lanes, drawn]
+        drawn += 1
+        self._drawn[lanes] = drawn
+        for lane in lanes[drawn == _DRAWS].tolist():  # the lane's next block: its stream drawn again up to there
+            self.random.seed(self._seeds[lane])
+            self._skip(self.random)
+            self._blocks[lane] += 1
+            self._draws[lane] = self.random.random_sample(_DRAWS * self._blocks[lane])[-_DRAWS:]
+            self._drawn[lane] = 0
+        return u
+
+
 # Breakout's ball directions 0..3 (up-left, up-right, down-right, down-left) and the rebounds that
 # MinAtar writes as lists indexed by direction.
 _DX = np.array([-1, 1, 1, -1])
@@ -82,8 +125,7 @@ _DY = np.array([-1, -1, 1, 1])
 _FLIP_X = np.array([1, 0, 3, 2])  # off a side wall
 _FLIP_Y = np.array([3, 2, 1, 0])  # off the top, a brick, or the paddle's middle
 _FLIP_CORNER = np.array([2, 3, 0, 1])  # off the paddle's corner
-_MOVE = np.array([0, -1, 0, 1, 0, 0])  # the paddle's move for each of MinAtar's full action ids (n l u r d f)
-_DRAWS = 1024  # uniform draws taken from a lane's stream at a time (the same stream, in blocks)
+_MOVE = np.array([0, -1, 0, 1, 0, 0])  # the paddle's (and the cannon's) move for each of MinAtar's full action ids (n l u r d f)
 # Rows of BreakoutLanes._state: ball x and y, its direction, the paddle, the ball's last x and y,
 # the last action (full id), steps played.
 _BX, _BY, _DIR, _POS, _LX, _LY, _LAST, _STEPS = range(8)
@@ -97,11 +139,7 @@ class BreakoutLanes:
     def __init__(self, width: int, action_set: list[int], sticky: float, max_steps: int | None) -> None:
         self._action_set = np.asarray(action_set)
         self._sticky, self._max_steps = float(sticky), max_steps
-        self._random = np.random.RandomState(0)  # one generator, reseeded per lane: building one costs 0.1 ms
-        self._seeds = [0] * width
-        self._blocks = [0] * width  # blocks of draws taken from each lane's stream so far
-        self._draws = np.zeros((width, _DRAWS))
-        self._drawn = np.zeros(width, dtype=np.intp)
+        self._draws = _Draws(width, lambda random: random.randint(2))  # the ball's start
         self._state = np.zeros((8, width), dtype=np.intp)
         self._strike = np.zeros(width, dtype=bool)
         self._all = np.arange(width)
@@ -110,38 +148,19 @@ class BreakoutLanes:
 
     def start(self, lane: int, seed: int) -> None:
         """minatar's reset after Environment.seed(seed), with the last action a fresh Environment has."""
-        random = self._random
-        random.seed(int(seed))
-        x, direction = [(0, 2), (9, 3)][random.randint(2)]
+        x, direction = [(0, 2), (9, 3)][self._draws.start(lane, seed)]
         self._state[:, lane] = (x, 3, direction, 4, x, 3, 0, 0)
-        self._draws[lane] = random.random_sample(_DRAWS)
-        self._drawn[lane] = 0
-        self._seeds[lane], self._blocks[lane] = int(seed), 1
         self._strike[lane] = False
         self.obs[lane] = 0
         self._bricks[lane, 1:4, :] = 1
         self.obs[lane, 9, 4, 0] = self.obs[lane, 3, x, 1] = self.obs[lane, 3, x, 2] = 1
-
-    def _uniforms(self, lanes: np.ndarray) -> np.ndarray:
-        """Each lane's next random_sample() of RandomState(seed) (Environment.act draws one per step)."""
-        drawn = self._drawn[lanes]
-        u = self._draws[lanes, drawn]
-        drawn += 1
-        self._drawn[lanes] = drawn
-        for lane in lanes[drawn == _DRAWS].tolist():  # the lane's next block: its stream drawn again up to there
-            self._random.seed(self._seeds[lane])
-            self._random.randint(2)
-            self._blocks[lane] += 1
-            self._draws[lane] = self._random.random_sample(_DRAWS * self._blocks[lane])[-_DRAWS:]
-            self._drawn[lane] = 0
-        return u
 
     def step(self, actions: np.ndarray, lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """minatar's Environment.act then Env.act, for each lane given (none of them terminal)."""
         rows = slice(None) if len(lanes) == len(self._all) else lanes  # all lanes: no index arrays to follow
         before = self._state[:, rows].copy()  # a copy: the state is written back from its rows
         ball_x, ball_y, direction = before[_BX], before[_BY], before[_DIR]
-        act = np.where(self._uniforms(lanes) < self._sticky, before[_LAST], self._action_set[actions])
+        act = np.where(self._draws.next(lanes) < self._sticky, before[_LAST], self._action_set[actions])
         pos = np.minimum(np.maximum(before[_POS] + _MOVE[act], 0), 9)
         new_x, new_y = ball_x + _DX[direction], ball_y + _DY[direction]
         direction = np.where((new_x < 0) | (new_x > 9), _FLIP_X[direction], direction)
@@ -194,22 +213,163 @@ class BreakoutLanes:
         pass
 
 
+# Space Invaders' constants (minatar.environments.space_invaders) and the per-lane numbers of
+# SpaceInvadersLanes._state: the cannon, the aliens' direction (-1 left, 1 right), their move
+# interval (12, down to 6 as waves are cleared), the alien move and shot timers, the cannon's
+# cool-down, the last action (full id), steps played.
+_SHOT_COOL_DOWN, _ENEMY_MOVE_INTERVAL, _ENEMY_SHOT_INTERVAL = 5, 12, 10
+_CANNON, _ADIR, _INTERVAL, _MOVE_T, _SHOT_T, _COOL, _ALAST, _ASTEPS = range(8)
+_FIRE = 5  # MinAtar's full action id of 'f'
+_COLUMNS = np.arange(10)
+
+
+class SpaceInvadersLanes:
+    """MinAtar Space Invaders (minatar.environments.space_invaders, with minatar's sticky actions,
+    difficulty ramping on or off, and an optional step limit) for every lane at once; observations
+    as BoolToUint8 gives them (cannon, alien, alien moving left, alien moving right, the cannon's
+    bullets, the aliens' bullets). The game draws nothing of its own: the only draw is the sticky
+    action's, one a step, from RandomState(seed)."""
+
+    def __init__(self, width: int, action_set: list[int], sticky: float, max_steps: int | None,
+                 ramping: bool = True) -> None:
+        self._action_set = np.asarray(action_set)
+        self._sticky, self._max_steps, self._ramping = float(sticky), max_steps, bool(ramping)
+        self._draws = _Draws(width, lambda random: None)  # Env.reset draws nothing
+        self._state = np.zeros((8, width), dtype=np.intp)
+        self._aliens = np.zeros((width, 10, 10), dtype=bool)
+        self._friendly = np.zeros((width, 10, 10), dtype=bool)
+        self._enemy = np.zeros((width, 10, 10), dtype=bool)
+        self._all = np.arange(width)
+        self.obs = np.zeros((width, 10, 10, 6), dtype=np.uint8)
+
+    def start(self, lane: int, seed: int) -> None:
+        """minatar's reset after Environment.seed(seed), with the last action a fresh Environment has."""
+        self._draws.start(lane, seed)
+        self._state[:, lane] = (5, -1, _ENEMY_MOVE_INTERVAL, _ENEMY_MOVE_INTERVAL, _ENEMY_SHOT_INTERVAL, 0, 0, 0)
+        self._aliens[lane] = self._friendly[lane] = self._enemy[lane] = False
+        self._aliens[lane, 0:4, 2:8] = True
+        one = [lane]
+        self._observe(one, self._state[:, one], self._aliens[one], self._friendly[one], self._enemy[one])
+
+    def step(self, actions: np.ndarray, lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """minatar's Environment.act then Env.act, for each lane given (none of them terminal)."""
+        lanes = np.asarray(lanes)
+        rows = slice(None) if len(lanes) == len(self._all) and np.array_equal(lanes, self._all) else lanes
+        n = len(lanes)
+        state = self._state[:, rows].copy()  # written back whole at the end
+        pos, direction, interval = state[_CANNON], state[_ADIR], state[_INTERVAL]
+        move_timer, shot_timer, cool = state[_MOVE_T], state[_SHOT_T], state[_COOL]
+        aliens, friendly, enemy = self._aliens[rows], self._friendly[rows], self._enemy[rows]
+        if isinstance(rows, slice):  # views: copies, so that a step's arrays are new ones like a subset's
+            aliens, friendly, enemy = aliens.copy(), friendly.copy(), enemy.copy()
+        every = np.arange(n)
+
+        act = np.where(self._draws.next(lanes) < self._sticky, state[_ALAST], self._action_set[np.asarray(actions)])
+        fire = (act == _FIRE) & (cool == 0)
+        if np.count_nonzero(fire):
+            friendly[every[fire], 9, pos[fire]] = True
+        cool = np.where(fire, _SHOT_COOL_DOWN, cool)
+        pos = np.minimum(np.maximum(pos + _MOVE[act], 0), 9)  # firing moves nothing: its move is 0
+
+        friendly[:, :9] = friendly[:, 1:].copy()  # np.roll(-1, axis=0), the bottom row cleared
+        friendly[:, 9] = False
+        enemy[:, 1:] = enemy[:, :9].copy()  # np.roll(1, axis=0), the top row cleared
+        enemy[:, 0] = False
+        terminal = enemy[every, 9, pos] | aliens[every, 9, pos]
+
+        moving = move_timer == 0
+        if np.count_nonzero(moving):
+            m = every[moving]
+            group = aliens[m]
+            move_timer[m] = np.minimum(group.sum(axis=(1, 2)), interval[m])
+            turn = (group[:, :, 0].any(axis=1) & (direction[m] < 0)) | (group[:, :, 9].any(axis=1) & (direction[m] > 0))
+            direction[m] = np.where(turn, -direction[m], direction[m])
+            terminal[m] |= turn & group[:, 9, :].any(axis=1)
+            moved = np.where(turn[:, None, None], np.roll(group, 1, axis=1),
+                             np.where((direction[m] < 0)[:, None, None], np.roll(group, -1, axis=2),
+                                      np.roll(group, 1, axis=2)))
+            aliens[m] = moved
+            terminal[m] |= moved[np.arange(len(m)), 9, pos[m]]
+
+        shooting = shot_timer == 0
+        if np.count_nonzero(shooting):
+            s = every[shooting]
+            shot_timer[s] = _ENEMY_SHOT_INTERVAL
+            group = aliens[s]
+            occupied = group.any(axis=1)  # (lanes, columns)
+            # the column nearest the cannon (the lower one on a tie) that holds an alien: MinAtar's
+            # stable sort of the columns by distance; the wave is never empty here (refilled below)
+            key = np.abs(_COLUMNS[None, :] - pos[s, None]) * 10 + _COLUMNS[None, :]
+            column = np.argmin(np.where(occupied, key, 1000), axis=1)
+            rows_of = group[np.arange(len(s)), :, column]  # (lanes, rows)
+            row = 9 - np.argmax(rows_of[:, ::-1], axis=1)  # its lowest alien
+            enemy[s, row, column] = True
+
+        kills = aliens & friendly
+        rewards = kills.sum(axis=(1, 2))
+        if np.count_nonzero(rewards):
+            aliens &= ~kills
+            friendly &= ~kills
+
+        cool = cool - (cool > 0)
+        move_timer -= 1
+        shot_timer -= 1
+        cleared = ~aliens.any(axis=(1, 2))
+        if np.count_nonzero(cleared):
+            if self._ramping:
+                interval = np.where(cleared & (interval > 6), interval - 1, interval)
+            aliens[every[cleared], 0:4, 2:8] = True
+
+        state[_CANNON], state[_ADIR], state[_INTERVAL] = pos, direction, interval
+        state[_MOVE_T], state[_SHOT_T], state[_COOL], state[_ALAST] = move_timer, shot_timer, cool, act
+        state[_ASTEPS] += 1
+        self._state[:, rows] = state
+        self._aliens[rows], self._friendly[rows], self._enemy[rows] = aliens, friendly, enemy
+        self._observe(rows, state, aliens, friendly, enemy)
+        if self._max_steps is not None:  # gymnasium's TimeLimit
+            terminal = terminal | (state[_ASTEPS] >= self._max_steps)
+        return rewards.astype(np.float64), terminal
+
+    def _observe(self, rows, state: np.ndarray, aliens: np.ndarray, friendly: np.ndarray, enemy: np.ndarray) -> None:
+        """Env.state() into the rows' observations (state, aliens and bullets: the rows' own)."""
+        obs = np.zeros((*aliens.shape, 6), dtype=np.uint8)
+        obs[np.arange(len(aliens)), 9, state[_CANNON], 0] = 1
+        left = (state[_ADIR] < 0)[:, None, None]
+        obs[..., 1] = aliens
+        obs[..., 2] = aliens & left
+        obs[..., 3] = aliens & ~left
+        obs[..., 4] = friendly
+        obs[..., 5] = enemy
+        self.obs[rows] = obs
+
+    def close(self) -> None:
+        pass
+
+
 def make_lanes(env: Any, width: int) -> Lanes:
-    """`width` lanes for the recipe's env section: BreakoutLanes where its environment is MinAtar
-    Breakout exactly as BreakoutLanes computes it, else GymLanes."""
+    """`width` lanes for the recipe's env section: numpy lanes (BreakoutLanes, SpaceInvadersLanes)
+    where its environment is that MinAtar game exactly as they compute it, else GymLanes."""
     probe = make_env_from(env, whole_games=True)
     try:
-        settings = _breakout_settings(probe)
+        settings = _minatar_settings(probe)
     finally:
         probe.close()
     if settings is None:
         return GymLanes(env, width)
-    return BreakoutLanes(width, *settings)
+    game, action_set, sticky, max_steps, ramping = settings
+    if game == "breakout":
+        return BreakoutLanes(width, action_set, sticky, max_steps)
+    return SpaceInvadersLanes(width, action_set, sticky, max_steps, ramping)
 
 
-def _breakout_settings(env: gym.Env) -> tuple[list[int], float, int | None] | None:
-    """(action set, sticky-action probability, step limit) of an environment that is MinAtar
-    Breakout behind the wrappers make_env gives it and nothing else; None for any other."""
+_NUMPY_GAMES = {"breakout": BREAKOUT_CHECKED_MINATAR, "space_invaders": SPACE_INVADERS_CHECKED_MINATAR}
+"""MinAtar games with numpy lanes, and the MinAtar versions each was checked against."""
+
+
+def _minatar_settings(env: gym.Env) -> tuple[str, list[int], float, int | None, bool] | None:
+    """(game, action set, sticky-action probability, step limit, difficulty ramping) of an
+    environment that is a MinAtar game with numpy lanes behind the wrappers make_env gives it and
+    nothing else, at a MinAtar version its lanes were checked against; None for any other."""
     max_steps, layer = None, env
     if not isinstance(layer, BoolToUint8):
         return None
@@ -221,9 +381,13 @@ def _breakout_settings(env: gym.Env) -> tuple[list[int], float, int | None] | No
     game = getattr(layer, "game", None)
     if (type(layer).__module__, type(layer).__name__) != ("minatar.gym", "BaseEnv") or layer.render_mode is not None:
         return None
-    if type(getattr(game, "env", None)).__module__ != "minatar.environments.breakout" or _minatar_version() not in BREAKOUT_CHECKED_MINATAR:
+    if (type(game).__module__, type(game).__name__) != ("minatar.environment", "Environment"):
         return None
-    return list(layer.action_set), float(game.sticky_action_prob), max_steps
+    module = type(getattr(game, "env", None)).__module__
+    name = module.rpartition(".")[2]
+    if module != f"minatar.environments.{name}" or _minatar_version() not in _NUMPY_GAMES.get(name, ()):
+        return None
+    return name, list(layer.action_set), float(game.sticky_action_prob), max_steps, bool(getattr(game.env, "ramping", True))
 
 
 @lru_cache(maxsize=1)
