@@ -173,3 +173,13 @@ def test_onnx_exactness_counts_the_actions_each_onnx_form_changes(tiny_variants_
     assert all(r["states"] == 256 and r["bytes"] > r["gzipped_bytes"] > 0 and r["p50_us_batch1"] > 0 for r in rows)
     assert rows[0]["differ_default"] == rows[0]["differ_optimizations_off_batch"] == 0
     assert cpu["AVX2"] in (True, False) and "onnxruntime" in cpu
+
+
+def test_spaceinvaders_lanes_plays_the_same_episodes_in_numpy_lanes_and_in_minatar():
+    """Smoke size: 24 seeds checked (returns, lengths, observation hashes), 12 episodes timed once
+    per player, with the scripted player (no policy file, no TensorFlow)."""
+    check, *runs, summary = bench("spaceinvaders_lanes", timeout=60)
+    assert check["check"] and check["episodes"] == 24 and check["steps"] > 24 and not check["differing_seeds"]
+    assert sorted(r["player"] for r in runs) == ["gym_lanes", "numpy_lanes", "one_at_a_time"]
+    assert summary["policy"] == "scripted" and summary["episodes"] == 12 and all(summary["identical"].values())
+    assert summary["speedup_numpy_lanes_vs_one_at_a_time"] > 0
