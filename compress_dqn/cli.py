@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import functools
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -116,45 +115,6 @@ def run(recipe: str, out: Path | None, seed: int | None, overrides: tuple[str, .
     _echo_outcome(run_recipe(loaded, run_dir, quiet=quiet, log=lambda m: click.echo(m, err=True)))
 
 
-def _byo_recipe(model: Path, env_id: str, transitions: Path | None, rollout_steps: int, epsilon: float,
-                frame_stack: int, episodes: int, max_episodes: int, seed: int) -> tuple[dict, list[str], bool]:
-    """A one-off recipe (as data) for a Q-network trained elsewhere, the layers to keep dense
-    (like the shipped recipes: the small input and output layers), and whether observations are flat.
-
-    Its verdicts use sequential looks as the shipped recipes do: identical episodes decide "within"
-    only from ~400 on, so a plain 100-episode evaluation would leave the best variants undecided."""
-    from compress_dqn.envs.environment import probe_env
-    from compress_dqn.port.baseline import load_model
-    from compress_dqn.port.load import file_kind
-    from compress_dqn.port.run_dir import run_env
-    from compress_dqn.port.sb3 import atari_env
-    from compress_dqn.port.tensor_pickle import read_file
-    from compress_dqn.recipe.schema import EnvConfig
-    from compress_dqn.rl.networks import weight_layers
-
-    env = run_env(model, env_id)  # a run's own settings, kwargs too
-    if env is None and model.is_file() and file_kind(model) == "sb3":  # an SB3 Atari agent: its AtariWrapper
-        env = atari_env(model, read_file(model), env_id)
-    env = env or EnvConfig(id=env_id, frame_stack=frame_stack)
-    info = probe_env(env)
-    layers = [layer.name for layer in weight_layers(load_model(model, info))]
-    keep_dense = [layers[-1]] + ([layers[0]] if len(layers) > 2 else [])
-    baseline: dict = {"from": str(model.absolute())}
-    if transitions is not None:
-        if not transitions.is_file():  # before the run directory exists: a typo must not block the rerun
-            raise UserError(f"--transitions: {transitions}: no such file; pass an .npz of transitions")
-        baseline["transitions"] = str(transitions.absolute())
-    else:
-        baseline["rollout"] = {"steps": rollout_steps, "epsilon": epsilon}
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", model.stem if model.is_file() else model.absolute().name).lstrip(".-_")
-    name = name or "model"
-    if model.is_dir():  # a run directory (or SavedModel): runs/NAME could be the source itself
-        name = f"{name}-compressed"
-    flat = len(info.obs_shape) == 1 and info.frame_stack == 1
-    return {"name": name, "seed": seed, "env": env.model_dump(mode="json", exclude_none=True), "baseline": baseline,
-            "eval": {"episodes": episodes, "seed": 0, "max_episodes": max(max_episodes, episodes)}}, keep_dense, flat
-
-
 def _byo_options(command: Callable) -> Callable:
     """The options of a command that takes a Q-network trained elsewhere."""
     options = [
@@ -197,12 +157,13 @@ def compress(model: Path, env_id: str, variants: str, out: Path | None, transiti
     if unknown or not names:
         raise UserError(f"--variants: unknown preset {', '.join(unknown) or '(none given)'}; "
                         f"choose from {', '.join(VARIANT_PRESETS)}")
-    data, keep_dense, flat = _byo_recipe(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes,
-                                         max_episodes, seed)
-    data["variants"] = [{"name": n, **preset_for(n, keep_dense, flat)} for n in names]
     from compress_dqn.recipe.schema import recipe_from_data
     from compress_dqn.run.entry import run_recipe
+    from compress_dqn.run.model_recipe import recipe_for_model
 
+    made = recipe_for_model(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, max_episodes, seed)
+    data = made.data
+    data["variants"] = [{"name": n, **preset_for(n, made.keep_dense, made.flat)} for n in names]
     recipe = recipe_from_data(data, "compress", overrides)
     _echo_outcome(run_recipe(recipe, out or Path("runs") / data["name"], quiet=quiet,
                              log=lambda m: click.echo(m, err=True)))
@@ -243,14 +204,15 @@ def search(model: Path, env_id: str, out: Path | None, transitions: Path | None,
     except ValueError:
         raise UserError(f"--sparsities: {sparsities!r} is not a list like 0.8,0.9,0.95") from None
     widths = _students(students)
-    data, keep_dense, flat = _byo_recipe(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes,
-                                         max_episodes, seed)
-    data["eval"] = {**data["eval"], "tolerance": tolerance}
-    data["search"] = {"objective": objective, "students": widths, "sparsities": targets, "prune_exclude": keep_dense,
-                      **search_defaults(flat)}
     from compress_dqn.recipe.schema import recipe_from_data
     from compress_dqn.run.entry import run_recipe
+    from compress_dqn.run.model_recipe import recipe_for_model
 
+    made = recipe_for_model(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, max_episodes, seed)
+    data = made.data
+    data["eval"] = {**data["eval"], "tolerance": tolerance}
+    data["search"] = {"objective": objective, "students": widths, "sparsities": targets, "prune_exclude": made.keep_dense,
+                      **search_defaults(made.flat)}
     recipe = recipe_from_data(data, "search", overrides)
     _echo_outcome(run_recipe(recipe, out or Path("runs") / f"{data['name']}-search", quiet=quiet,
                              log=lambda m: click.echo(m, err=True)))
@@ -264,24 +226,20 @@ def search(model: Path, env_id: str, out: Path | None, transitions: Path | None,
 def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
     """Check a recipe and its environment without training (and without importing TensorFlow)."""
     loaded = _load(recipe, seed, overrides)
-    from compress_dqn.envs.environment import probe_env
-    from compress_dqn.replay.buffer import replay_expectation
-    from compress_dqn.run import resources
+    from compress_dqn.run.resources import check_recipe
 
-    info = probe_env(loaded.env)
-    needed = resources.plan(loaded, info)
+    checked = check_recipe(loaded, Path("runs") / loaded.name)
+    info, needed = checked.info, checked.needed
     click.echo(
         f"ok: {recipe}: {loaded.env.id} (obs {info.obs_shape} {info.obs_dtype}, {info.n_actions} actions), "
         f"{loaded.train.total_timesteps} steps, replay {needed.replay_capacity} transitions = "
         f"{needed.replay_bytes / 2**20:.1f} MiB; needs ~{needed.memory_bytes / 2**30:.1f} GiB of memory and "
         f"~{needed.disk_bytes / 2**30:.2f} GiB of disk per seed"
     )
-    if (expectation := replay_expectation(loaded.train, loaded.replay, info)) is not None:
-        click.echo(expectation)
-    try:  # the recipe is valid; whether this machine can run it is a warning, not an error
-        resources.check(needed, Path("runs") / loaded.name)
-    except UserError as exc:
-        click.echo(f"warning: on this machine, {exc}", err=True)
+    if checked.replay_expectation is not None:
+        click.echo(checked.replay_expectation)
+    if checked.machine_problem is not None:  # the recipe is valid; whether this machine can run it is a warning
+        click.echo(f"warning: on this machine, {checked.machine_problem}", err=True)
     if loaded.baseline is None and loaded.train.learning_starts >= loaded.train.total_timesteps:
         click.echo(f"warning: train.learning_starts ({loaded.train.learning_starts}) is not below "
                    f"train.total_timesteps ({loaded.train.total_timesteps}): no gradient step will run", err=True)
@@ -297,29 +255,9 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
 @_user_errors
 def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) -> None:
     """Play greedy episodes with a .tflite file or SavedModel directory; prints JSON."""
-    from compress_dqn.deploy.policy import TFLitePolicy, check_compatible
-    from compress_dqn.envs.environment import probe_env
-    from compress_dqn.evaluation.play import evaluate as run_evaluation
-    from compress_dqn.export.loading import load_policy
-    from compress_dqn.recipe.schema import EnvConfig
-    from compress_dqn.store.manifest import check_artifact
+    from compress_dqn.run.policy_file import evaluate_policy_file
 
-    check_artifact(policy)
-    if runtime == "micro":
-        from compress_dqn.deploy.micro import MicroPolicy
-
-        loaded = MicroPolicy(policy)
-    else:
-        loaded = load_policy(policy)
-    env_cfg = EnvConfig(id=env_id)
-    info = probe_env(env_cfg)
-    shape = tuple(loaded.obs_shape)
-    if len(shape) == len(info.obs_shape) + 1 and shape[:-1] == info.obs_shape and shape[-1] > 1:
-        # A policy trained on stacked frames: stack the same number (the last axis of its input).
-        env_cfg = EnvConfig(id=env_id, frame_stack=shape[-1])
-        info = probe_env(env_cfg)
-    check_compatible(loaded, info.obs_shape, info.n_actions, env_id, str(policy))
-    stats = run_evaluation(loaded if isinstance(loaded, TFLitePolicy) else loaded.act, env_cfg, episodes, seed)
+    stats = evaluate_policy_file(policy, env_id, episodes, seed, runtime)
     click.echo(json.dumps({"policy": str(policy), "env_id": env_id, "seed": seed, "runtime": runtime,
                            "return": stats.to_dict()}))
 
@@ -392,38 +330,9 @@ def bench(policy: Path, calls: int, memory: bool, device: str | None, batches: s
             raise UserError(f"{policy}: an .onnx file is measured by batch on a device: add --device gpu (or cpu)")
         click.echo(json.dumps(bench_file(policy, device, batches, name, out, seconds)))
         return
-    import numpy as np
+    from compress_dqn.run.policy_file import bench_policy_file
 
-    from compress_dqn.deploy.policy import TFLitePolicy, read_tflite
-    from compress_dqn.evaluation.measure import (
-        compare_with_litert,
-        dir_bytes,
-        gzip_bytes,
-        measure_latency,
-        measure_memory,
-    )
-    from compress_dqn.export.loading import load_policy
-    from compress_dqn.store.manifest import check_artifact
-
-    check_artifact(policy)
-    loaded = load_policy(policy)
-    runtime = "tflite" if isinstance(loaded, TFLitePolicy) else "saved_model"
-    rng = np.random.default_rng(0)
-    dtype = np.dtype(loaded.input_dtype)
-    if dtype.kind in "iu" and not getattr(loaded, "_quantized_input", False):  # raw images: pixel values
-        obs = rng.integers(0, 256, size=(1000, *loaded.obs_shape)).astype(dtype)
-    else:
-        obs = rng.normal(size=(1000, *loaded.obs_shape)).astype(np.float32)
-    report = {
-        "policy": str(policy),
-        "runtime": runtime,
-        "size": {"bytes": dir_bytes(policy), "gzip_bytes": gzip_bytes(policy) if runtime == "tflite" else None},
-        "latency_us": measure_latency(loaded, obs, calls=calls).to_dict(),
-        # Our act() beside LiteRT's bare invoke and set+invoke+get on the same file: the loader's overhead.
-        "litert_us": compare_with_litert(loaded, read_tflite(policy)[0], obs) if runtime == "tflite" else None,
-        "memory_bytes": measure_memory(policy, runtime) if memory else None,
-    }
-    click.echo(json.dumps(report))
+    click.echo(json.dumps(bench_policy_file(policy, calls, memory).model_dump()))
 
 
 @main.command()

@@ -67,10 +67,10 @@ class TFLitePolicy:
         self.n_actions = int(self._q["shape_signature"][-1])
         self.input_dtype = np.dtype(self._in["dtype"])
         self._native_dtype = np.dtype(self.input_dtype.type)  # numpy's shared native instance: act() tests it with `is`
-        self._quantized_input = bool(self._in["quantization"][0]) and self.input_dtype.kind in "iu"
+        self.quantized_input = bool(self._in["quantization"][0]) and self.input_dtype.kind in "iu"
         # Only an int8-input policy leaves its normalization to the caller: a float one has it in its graph.
-        self.input_normalization = caller_normalization(content, label, int(np.prod(self.obs_shape)), self._quantized_input)
-        self._needs_prepare = self._quantized_input or self.input_normalization is not None
+        self.input_normalization = caller_normalization(content, label, int(np.prod(self.obs_shape)), self.quantized_input)
+        self._needs_prepare = self.quantized_input or self.input_normalization is not None
         self._one_shape = (1, *self.obs_shape)
         self._fast = False  # act() may hand the observation to LiteRT as it is (batch 1, nothing to prepare)
         self._in_index, self._action_index = self._in["index"], self._action["index"]
@@ -99,7 +99,7 @@ class TFLitePolicy:
         if self.input_normalization is not None:  # the policy takes (obs - mean) / std
             mean, std = self.input_normalization
             obs = (np.asarray(obs, np.float32).reshape(-1, mean.size) - mean) / std
-        if self._quantized_input:  # full-integer model: quantize the input
+        if self.quantized_input:  # full-integer model: quantize the input
             scale, zero_point = self._in["quantization"]
             info = np.iinfo(self.input_dtype)
             obs = np.clip(np.round(np.asarray(obs, np.float32) / scale + zero_point), info.min, info.max)

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from pydantic import BaseModel, ConfigDict
 
+from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.errors import UserError
-from compress_dqn.replay.buffer import format_bytes, replay_capacity
+from compress_dqn.replay.buffer import format_bytes, replay_capacity, replay_expectation
 from compress_dqn.replay.buffer import replay_bytes as replay_bytes_of
 
 # TensorFlow, the environment and the interpreter, on top of the replay buffer and the networks.
@@ -141,3 +143,28 @@ def check(needed: ResourcePlan, run_dir: Path, at_once: int = 1, in_total: int =
 def _times(n: int, what: str, parts: str) -> str:
     """parts, as n runs' worth where n > 1 ("2 seeds x (a + b)"), so the figures add up to the total."""
     return f"{n} {what} x ({parts})" if n > 1 else parts
+
+
+class RecipeCheck(BaseModel):
+    """What `validate` learns about a recipe without training: its environment, what a run needs,
+    what a compressed replay buffer is expected to hold, and why this machine may not fit it."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+    info: EnvInfo
+    needed: ResourcePlan
+    replay_expectation: str | None
+    machine_problem: str | None
+    """resources.check's refusal on this machine, if any: a warning, the recipe itself is valid."""
+
+
+def check_recipe(recipe: Any, run_dir: Path) -> RecipeCheck:
+    """Probe the recipe's environment and plan a run into run_dir (without importing TensorFlow)."""
+    info = probe_env(recipe.env)
+    needed = plan(recipe, info)
+    try:
+        check(needed, run_dir)
+        problem = None
+    except UserError as exc:
+        problem = str(exc)
+    return RecipeCheck(info=info, needed=needed, replay_expectation=replay_expectation(recipe.train, recipe.replay, info),
+                       machine_problem=problem)

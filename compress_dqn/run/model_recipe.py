@@ -1,0 +1,58 @@
+"""The one-off recipe `compress` and `search` make for a Q-network trained elsewhere: loading the model
+(to learn its layers) and reading its environment happen here, below the command line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from compress_dqn.envs.environment import probe_env
+from compress_dqn.errors import UserError
+from compress_dqn.port.baseline import load_model
+from compress_dqn.port.load import file_kind
+from compress_dqn.port.run_dir import run_env
+from compress_dqn.port.sb3 import atari_env
+from compress_dqn.port.tensor_pickle import read_file
+from compress_dqn.recipe.schema import EnvConfig
+from compress_dqn.rl.networks import weight_layers
+
+
+class ModelRecipe(BaseModel):
+    """A recipe as data, before the command adds its variants or search; the layers to keep dense
+    (like the shipped recipes: the small input and output layers); whether observations are flat."""
+
+    data: dict[str, Any]
+    keep_dense: list[str]
+    flat: bool
+
+
+def recipe_for_model(model: Path, env_id: str, transitions: Path | None, rollout_steps: int, epsilon: float,
+                     frame_stack: int, episodes: int, max_episodes: int, seed: int) -> ModelRecipe:
+    """The recipe for compressing `model` on `env_id`.
+
+    Its verdicts use sequential looks as the shipped recipes do: identical episodes decide "within"
+    only from ~400 on, so a plain 100-episode evaluation would leave the best variants undecided."""
+    env = run_env(model, env_id)  # a run's own settings, kwargs too
+    if env is None and model.is_file() and file_kind(model) == "sb3":  # an SB3 Atari agent: its AtariWrapper
+        env = atari_env(model, read_file(model), env_id)
+    env = env or EnvConfig(id=env_id, frame_stack=frame_stack)
+    info = probe_env(env)
+    layers = [layer.name for layer in weight_layers(load_model(model, info))]
+    keep_dense = [layers[-1]] + ([layers[0]] if len(layers) > 2 else [])
+    baseline: dict[str, Any] = {"from": str(model.absolute())}
+    if transitions is not None:
+        if not transitions.is_file():  # before the run directory exists: a typo must not block the rerun
+            raise UserError(f"--transitions: {transitions}: no such file; pass an .npz of transitions")
+        baseline["transitions"] = str(transitions.absolute())
+    else:
+        baseline["rollout"] = {"steps": rollout_steps, "epsilon": epsilon}
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", model.stem if model.is_file() else model.absolute().name).lstrip(".-_")
+    name = name or "model"
+    if model.is_dir():  # a run directory (or SavedModel): runs/NAME could be the source itself
+        name = f"{name}-compressed"
+    data = {"name": name, "seed": seed, "env": env.model_dump(mode="json", exclude_none=True), "baseline": baseline,
+            "eval": {"episodes": episodes, "seed": 0, "max_episodes": max(max_episodes, episodes)}}
+    return ModelRecipe(data=data, keep_dense=keep_dense, flat=len(info.obs_shape) == 1 and info.frame_stack == 1)
