@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from compress_dqn.errors import UserError
-from compress_dqn.export.conversion import export_saved_model, export_tflite
+from compress_dqn.export.conversion import convert_tflite, export_saved_model
 from compress_dqn.rl.networks import NumpyActor, build_q_network
 from compress_dqn.deploy.policy import TFLitePolicy, check_compatible
 from compress_dqn.export.loading import load_policy
@@ -24,7 +24,7 @@ def exported(tmp_path_factory):
     tf_keras.utils.set_random_seed(0)
     model = build_q_network((4,), 3, [32, 32])
     export_saved_model(model, (4,), np.float32, out / "saved_model")
-    export_tflite(out / "saved_model", out / "policy.tflite")
+    (out / "policy.tflite").write_bytes(convert_tflite(out / "saved_model"))
     return model, out
 
 

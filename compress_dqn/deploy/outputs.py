@@ -13,8 +13,6 @@ decoded `TFLiteFile` in place; the export that chains them packs it once.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from compress_dqn.deploy.tflite.file import TFLiteFile, edit_bytes
@@ -94,7 +92,3 @@ def action_from_float_q_values(data: bytes) -> bytes:
     """The file's bytes with `action_from_q_values` applied (the bytes themselves where it changes nothing)."""
     return edit_bytes(data, action_from_q_values)
 
-
-def q_values_disagree(policy: Any, observations: np.ndarray) -> int:
-    """States where argmax of the q_values output is not the action output (a policy with q_values() and actions())."""
-    return int(np.sum(np.argmax(policy.q_values(observations), axis=1) != policy.actions(observations)))

@@ -96,16 +96,6 @@ def _converter_output(saved_model_dir: Path, configure: Callable[[tf.lite.TFLite
         return converter.convert()
 
 
-def export_tflite(
-    saved_model_dir: Path,
-    path: Path,
-    configure: Callable[[tf.lite.TFLiteConverter], None] | None = None,
-) -> Path:
-    """Convert a SavedModel's serving signature and write the .tflite file atomically."""
-    write_bytes_atomic(Path(path), convert_tflite(saved_model_dir, configure))
-    return Path(path)
-
-
 def same_policy(candidate: bytes, reference: bytes, observations: Any) -> bool:
     """Whether a TFLite encoding loads in the runtime (XNNPACK) and computes what the reference does."""
     try:
