@@ -77,16 +77,20 @@ def test_the_report_names_each_losers_measured_reason_and_what_held():
                    below_step_decisive=0.01)]
     lines = reason_lines(results, diags)
     ptq, prune, student, last = lines
-    assert ptq.startswith("ptq-int8 (worse, ") and "not its Q-head's step (0.0172" in ptq
-    assert "100.0% of the decisive states" in ptq and "near-tied states" in ptq and "11.9%" not in ptq
-    assert prune.startswith("prune-80 (inconclusive") and "changes the baseline's action on 9.0% of the decisive" in prune
-    assert "Q-head" not in prune
-    assert "a student that plays the baseline's action on 96.2% of the decisive states" in student
-    assert "not the reason" in student
+    assert ptq.startswith("ptq-int8 (worse, ") and "its int8 Q-head decides in steps of 0.0172" in ptq
+    assert "100.0% of the decisive states" in ptq and "differs on 12.0% of all 1000 states" in ptq
+    assert "24.8%" not in ptq and "25.0% of those where its action differs" in ptq
+    assert ptq.endswith("near-tied states, which add up over an episode, not by its head's step.")
+    assert prune.startswith("prune-80 (inconclusive") and "on 91.0% of the decisive states" in prune
+    assert "Q-head" not in prune and prune.endswith("the network's own error, not a rounding of near-ties.")
+    assert student.startswith("student-32x32-qat-int8 (") and "a student: it plays the baseline's action on 96.2%" in student
     assert last == (f"Held the return in this run: {', '.join(held)}." if held else "No variant of this run held the return.")
-    coarse = reason_lines(results, [_diag("ptq-int8", output_step=0.5, below_step_decisive=0.3, below_step_all=0.7)])
-    assert "its int8 Q-head decides in steps of 0.5, and 30.0% of the decisive states" in coarse[0]
-    assert "A float Q-head removes that step." in coarse[0]
+    for coarse in (_diag("ptq-int8", output_step=0.5, below_step_decisive=0.3, below_step_all=0.7),
+                   _diag("ptq-int8", output_step=0.135, below_step_all=0.27, differing_below_step=0.81)):
+        (line, _) = reason_lines(results, [coarse])
+        assert f"its int8 Q-head decides in steps of {coarse.output_step:g}" in line and coarse.coarse_head
+        assert "the head's step rounds this policy's action gaps away. It plays" in line
+        assert line.endswith("A float Q-head removes that step.")
     markdown, page = render_markdown(results, [], diags), render_html(results, {}, diags)
     assert "## Why variants lost the return" in markdown and ptq in markdown
     assert "<h2>Why variants lost the return</h2>" in page

@@ -320,28 +320,22 @@ def _reason(v: VariantResult, d: Diagnosis) -> str:
     """Why one variant lost the return, in the words of what its held-out states measured."""
     lo, hi = find.difference_ci(v)
     lead = f"{v.name} ({v.label}, {find.difference(v):+.1f} [{lo:.1f}, {hi:.1f}])"
-    decisive = f"decisive states (the half with the largest gap, at least {d.gap_median:.3g})"
-    where = (f"; it differs on {_share(d.differing)} of all {d.states} states, where the baseline's median gap is "
-             f"{d.differing_gap_median:.3g}" if d.differing_gap_median is not None else "; it never differs")
+    agrees = (f"it plays the baseline's action on {_share(d.decisive_agreement)} of the decisive states (gap at least "
+              f"{d.gap_median:.3g}, the median)")
+    where = (f" and differs on {_share(d.differing)} of all {d.states} states, where the baseline's median gap is "
+             f"{d.differing_gap_median:.3g}" if d.differing_gap_median is not None else " and never differs")
+    step = (f"its int8 Q-head decides in steps of {d.output_step:.3g}, more than the gap of "
+            f"{_share(d.below_step_decisive)} of the decisive states, {_share(d.below_step_all)} of all states and "
+            f"{_share(d.differing_below_step or 0.0)} of those where its action differs" if d.output_step else "")
+    kind = "a student: " if d.student else ""
     if d.coarse_head:
-        return (f"{lead}: its int8 Q-head decides in steps of {d.output_step:.3g}, and {_share(d.below_step_decisive)} "
-                f"of the {decisive} have a gap below one step ({_share(d.below_step_all)} of all states): the head's "
-                f"step cannot tell this policy's actions apart; it agrees with the baseline on "
-                f"{_share(d.decisive_agreement)} of the decisive states{where}. A float Q-head removes that step.")
-    if d.student:
-        head = (f" Its int8 Q-head's step ({d.output_step:.3g}) is below the gap of all but "
-                f"{_share(d.below_step_decisive)} of the decisive states: not the reason." if d.output_step else "")
-        return (f"{lead}: a student that plays the baseline's action on {_share(d.decisive_agreement)} of the "
-                f"{decisive}{where}.{head}")
-    head = (f"not its Q-head's step ({d.output_step:.3g}, below the gap of all but {_share(d.below_step_decisive)} of "
-            f"the {decisive}); " if d.output_step else "")
+        return (f"{lead}: {kind}{step}; the head's step rounds this policy's action gaps away. {agrees[0].upper()}{agrees[1:]}"
+                f"{where}. A float Q-head removes that step.")
     if d.decisive_agreement >= 0.99:
-        return (f"{lead}: {head}it plays the baseline's action on {_share(d.decisive_agreement)} of the decisive "
-                f"states{where}" + (f" ({_share(d.differing_below_step)} of them below one step)"
-                                    if d.differing_below_step is not None else "")
-                + ": it loses on near-tied states, which add up over an episode.")
-    return (f"{lead}: {head}it changes the baseline's action on {_share(1 - d.decisive_agreement)} of the decisive "
-            f"states{where}: the network's own error, not a rounding of near-ties.")
+        why = "it loses on near-tied states, which add up over an episode" + (", not by its head's step" if step else "")
+    else:
+        why = "the network's own error, not a rounding of near-ties" + (" or its head's step" if step else "")
+    return f"{lead}: {kind}{agrees}{where}" + (f"; {step}" if step else "") + f": {why}."
 
 
 def reason_lines(results: RunResults, diagnosed: Sequence[Diagnosis]) -> list[str]:
