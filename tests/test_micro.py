@@ -76,13 +76,14 @@ def policies(tmp_path_factory):
     # As the pipeline exports a normalized int8 policy: calibrated on (obs - mean) / std, which the
     # file computes itself in front of its input (graph_input.py).
     from compress_dqn.deploy.graph_input import carry_input_normalization
-    from compress_dqn.compress.rewrites import fold_input_normalization
+    from compress_dqn.compress.rewrites import normalize_model_input
+    from compress_dqn.envs.normalization import Normalization
 
-    mean, std = np.array([0.1, -0.5, 0.02, 0.3], np.float32), np.array([2.0, 1.0, 0.05, 0.5], np.float32)
-    folded = fold_input_normalization(model, mean, std)
+    norm = Normalization(np.array([0.1, -0.5, 0.02, 0.3], np.float32), np.array([2.0, 1.0, 0.05, 0.5], np.float32))
+    folded = normalize_model_input(model, norm)
     raw = _export(folded, out / "normalized_graph.tflite", converter_setup(QuantizeConfig(mode="int8"), calibration))
     paths["normalized"] = out / "normalized.tflite"
-    paths["normalized"].write_bytes(carry_input_normalization(raw.read_bytes(), mean, std))
+    paths["normalized"].write_bytes(carry_input_normalization(raw.read_bytes(), norm))
     return paths
 
 
@@ -300,8 +301,9 @@ def test_unsupported_op_and_bad_files_get_one_line(policies, tmp_path):
 def test_a_normalization_that_does_not_fit_the_input_is_refused(policies):
     """MicroPolicy normalized an 8-feature observation with a 4-feature mean, reshaped, and played on."""
     from compress_dqn.deploy.tflite_metadata import with_input_normalization
+    from compress_dqn.envs.normalization import Normalization
 
-    bad = with_input_normalization(policies["fp32"].read_bytes(), np.zeros(2), np.ones(2))
+    bad = with_input_normalization(policies["fp32"].read_bytes(), Normalization(np.zeros(2), np.ones(2)))
     with pytest.raises(UserError, match="2 features but its input has 4"):
         micro.MicroPolicy(bad)
 
@@ -379,7 +381,7 @@ def test_a_normalized_policy_runs_on_tflm_from_raw_observations_and_its_int8_io_
     report = json.loads(stdout)
     assert report["ops"] == ["FULLY_CONNECTED", "ARG_MAX", "ADD"] and report["input"]["dtype"] == "int8"
     deployed = micro.MicroPolicy(out / "n.tflite")
-    np.testing.assert_allclose(deployed.input_normalization[1], [2.0, 1.0, 0.05, 0.5])
+    np.testing.assert_allclose(deployed.input_normalization.std, [2.0, 1.0, 0.05, 0.5])
     np.testing.assert_array_equal(deployed.actions(raw), expected)
     header, example = (out / "n_model.h").read_text(), (out / "n_example.cc").read_text()
     assert "constexpr float input_mean[4]" in header and "constexpr float input_std[4]" in header

@@ -98,22 +98,22 @@ def test_fan_in_uniform_init_draws_kernels_and_biases_like_torch():
         build_q_network((4,), 2, [8], init="zeros")
 
 
-def test_folded_input_normalization_computes_the_same_q_values():
-    from compress_dqn.compress.rewrites import fold_input_normalization, input_statistics, split_value_advantage
+def test_a_model_made_to_take_normalized_input_computes_the_same_q_values():
+    from compress_dqn.compress.rewrites import input_statistics, normalize_model_input, split_value_advantage
 
     rng = np.random.default_rng(0)
     obs = (rng.normal(size=(200, 4)) * [2.0, 0.01, 5.0, 0.0] + [1.0, 0.0, -3.0, 7.0]).astype(np.float32)
-    mean, std = input_statistics(obs)
-    assert std[3] == 1.0  # a constant feature passes through unscaled
+    norm = input_statistics(obs)
+    assert norm.std[3] == 1.0  # a constant feature passes through unscaled
     model = split_value_advantage(build_q_network((4,), 3, [16, 16]))
     before = model.get_weights()[0].copy()
-    folded = fold_input_normalization(model, mean, std)
+    folded = normalize_model_input(model, norm)
     a, v = model(obs)
-    fa, fv = folded((obs - mean) / std)
+    fa, fv = folded(norm.apply(obs))
     np.testing.assert_allclose(fa + fv, a + v, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(model.get_weights()[0], before)  # the original is untouched
     with pytest.raises(TypeError, match="flat observations"):
-        fold_input_normalization(build_q_network((6, 6, 1), 2, [8], conv=[_Conv(2, 3, 1)]), mean, std)
+        normalize_model_input(build_q_network((6, 6, 1), 2, [8], conv=[_Conv(2, 3, 1)]), norm)
 
 
 def test_input_range_puts_every_feature_in_minus_one_to_one():
@@ -122,9 +122,9 @@ def test_input_range_puts_every_feature_in_minus_one_to_one():
     rng = np.random.default_rng(0)
     obs = (rng.normal(size=(300, 4)) * [2.0, 0.01, 5.0, 0.0] + [1.0, 0.0, -3.0, 7.0]).astype(np.float32)
     obs[:3, 0] = 40.0  # a heavy tail: (obs - mean) / std would stretch this feature's range to ~20 std
-    center, half = input_range(obs)
-    scaled = (obs - center) / half
-    assert half[3] == 1.0  # a constant feature passes through unscaled
+    norm = input_range(obs)
+    scaled = norm.apply(obs)
+    assert norm.std[3] == 1.0  # a constant feature passes through unscaled
     np.testing.assert_allclose(scaled[:, :3].min(0), -1.0, atol=1e-5)
     np.testing.assert_allclose(scaled[:, :3].max(0), 1.0, atol=1e-5)
 

@@ -103,8 +103,9 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
     # The int8 student normalizes raw observations in its own graph (SUB, DIV in front of its input).
     from compress_dqn.deploy.graph_input import graph_normalization
 
-    mean, std = graph_normalization((tmp_path / "run" / student["artifacts"]["tflite"]).read_bytes())
-    assert student["compression"]["input_normalization"] == {"mean": mean.tolist(), "std": std.tolist(), "scaling": "std"}
+    in_graph = graph_normalization((tmp_path / "run" / student["artifacts"]["tflite"]).read_bytes())
+    assert student["compression"]["input_normalization"] == {"mean": in_graph.mean.tolist(), "std": in_graph.std.tolist(),
+                                                             "scaling": "std"}
     assert graph_normalization((tmp_path / "run" / fp16["artifacts"]["tflite"]).read_bytes()) is None
 
     # Agreement is measured on held-out episodes, not on the evaluation's.

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from compress_dqn.deploy.tflite import reader
+from compress_dqn.envs.normalization import Normalization
 
 
 @pytest.fixture
@@ -24,7 +25,7 @@ class _Normalized:
 
     def __init__(self, model, features: int) -> None:
         self.model = model
-        self.input_normalization = (np.linspace(-1, 1, features).astype(np.float32), np.full(features, 2, np.float32))
+        self.input_normalization = Normalization(np.linspace(-1, 1, features).astype(np.float32), np.full(features, 2, np.float32))
 
     def tflite_model(self):
         return self.model

@@ -12,9 +12,10 @@ import pytest
 from compress_dqn.compress.quantize import converter_setup
 from compress_dqn.errors import UserError
 from compress_dqn.export.conversion import convert_tflite, export_saved_model
-from compress_dqn.compress.rewrites import fold_input_normalization, input_statistics, split_value_advantage
+from compress_dqn.compress.rewrites import input_statistics, normalize_model_input, split_value_advantage
 from compress_dqn.rl.networks import build_q_network
 from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.envs.normalization import Normalization
 from compress_dqn.recipe.schema import QuantizeConfig
 from compress_dqn.deploy.graph_input import carry_input_normalization, graph_normalization
 from compress_dqn.deploy.tflite_metadata import (
@@ -45,17 +46,17 @@ def observations(n, seed):
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory):
     """fp32, plain int8 and normalized int8 TFLite files of one model, the latter's graph before its
-    normalization went in, and (mean, std)."""
+    normalization went in, and that normalization."""
     out = tmp_path_factory.mktemp("meta")
     model, calibration = sensitive_model(), observations(500, 1)
     export_saved_model(model, (4,), np.float32, out / "raw")
     fp32 = convert_tflite(out / "raw")
     int8 = convert_tflite(out / "raw", converter_setup(QuantizeConfig(mode="int8"), calibration))
-    mean, std = input_statistics(calibration)
-    export_saved_model(fold_input_normalization(model, mean, std), (4,), np.float32, out / "normalized")
-    normalized = convert_tflite(out / "normalized", converter_setup(QuantizeConfig(mode="int8"), (calibration - mean) / std))
-    int8_io = convert_tflite(out / "normalized", converter_setup(QuantizeConfig(mode="int8", int8_io=True), (calibration - mean) / std))
-    return fp32, int8, carry_input_normalization(normalized, mean, std), (mean, std), normalized, int8_io
+    norm = input_statistics(calibration)
+    export_saved_model(normalize_model_input(model, norm), (4,), np.float32, out / "normalized")
+    normalized = convert_tflite(out / "normalized", converter_setup(QuantizeConfig(mode="int8"), norm.apply(calibration)))
+    int8_io = convert_tflite(out / "normalized", converter_setup(QuantizeConfig(mode="int8", int8_io=True), norm.apply(calibration)))
+    return fp32, int8, carry_input_normalization(normalized, norm), norm, normalized, int8_io
 
 
 def test_metadata_round_trip_keeps_the_model_runnable(policies):
@@ -68,12 +69,12 @@ def test_metadata_round_trip_keeps_the_model_runnable(policies):
 
 
 def test_normalized_int8_keeps_the_actions_plain_int8_loses(policies):
-    fp32, int8, normalized, (mean, std), _, _ = policies
+    fp32, int8, normalized, norm, _, _ = policies
     held_out = observations(2000, 3)  # not the calibration states
     reference = TFLitePolicy(fp32).actions(held_out)
     plain = TFLitePolicy(int8)
     policy = TFLitePolicy(normalized)
-    np.testing.assert_allclose(graph_normalization(normalized)[0], mean)
+    np.testing.assert_allclose(graph_normalization(normalized).mean, norm.mean)
     assert policy.input_normalization is None and INPUT_NORMALIZATION.encode() not in normalized  # in the graph
     plain_agreement = np.mean(plain.actions(held_out) == reference)
     agreement = np.mean(policy.actions(held_out) == reference)
@@ -84,14 +85,14 @@ def test_normalized_int8_keeps_the_actions_plain_int8_loses(policies):
 
 def test_a_normalization_that_does_not_fit_the_input_is_refused(policies):
     fp32 = policies[0]
-    bad = with_input_normalization(fp32, np.zeros(3), np.ones(3))
+    bad = with_input_normalization(fp32, Normalization(np.zeros(3), np.ones(3)))
     with pytest.raises(UserError, match="3 features"):
         TFLitePolicy(bad)
     with pytest.raises(UserError, match="unreadable"):
         TFLitePolicy(add_metadata(fp32, "compress_dqn.input_normalization", b"{not json"))
     for mean, std in [([float("nan"), 0, 0, 0], [1, 1, 1, 1]), ([0, 0, 0, 0], [1, float("inf"), 1, 1])]:
         with pytest.raises(UserError, match="unreadable"):  # a NaN mean played every action on NaN inputs
-            TFLitePolicy(with_input_normalization(fp32, np.array(mean), np.array(std)))
+            TFLitePolicy(with_input_normalization(fp32, Normalization(np.array(mean), np.array(std))))
 
 
 def test_normalization_metadata_is_exact_and_short(policies):
@@ -100,10 +101,10 @@ def test_normalization_metadata_is_exact_and_short(policies):
     rng = np.random.default_rng(7)
     mean = (rng.normal(0, 1, 8) * np.logspace(-7, 5, 8)).astype(np.float32)
     std = (rng.uniform(0.5, 2, 8) * np.logspace(-6, 4, 8)).astype(np.float32)
-    tagged = with_input_normalization(fp32, mean, std)
-    got_mean, got_std = input_normalization(tagged)
-    np.testing.assert_array_equal(got_mean, mean)
-    np.testing.assert_array_equal(got_std, std)
+    tagged = with_input_normalization(fp32, Normalization(mean, std))
+    got = input_normalization(tagged)
+    np.testing.assert_array_equal(got.mean, mean)
+    np.testing.assert_array_equal(got.std, std)
     assert len(read_metadata(tagged, "compress_dqn.input_normalization")) < 16 * 16  # <= ~16 chars per number
 
 
@@ -151,10 +152,10 @@ def test_a_normalized_policy_plays_raw_observations_in_plain_litert_and_tflm(pol
     observations as the graph without them on (obs - mean) / std, with reference and XNNPACK kernels."""
     from compress_dqn.deploy import micro
 
-    _, _, normalized, (mean, std), before, _ = policies
+    _, _, normalized, norm, before, _ = policies
     raw = observations(1000, 4)
     for reference in (True, False):
-        np.testing.assert_array_equal(_plain(normalized, raw, reference), _plain(before, (raw - mean) / std, reference))
+        np.testing.assert_array_equal(_plain(normalized, raw, reference), _plain(before, norm.apply(raw), reference))
     assert 0.2 < np.mean(_plain(normalized, raw, True)) < 0.8
     if micro.available():
         np.testing.assert_array_equal(micro.MicroPolicy(normalized).actions(raw), _plain(normalized, raw, True))
@@ -162,8 +163,8 @@ def test_a_normalized_policy_plays_raw_observations_in_plain_litert_and_tflm(pol
 
 def test_an_int8_input_keeps_its_normalization_as_metadata_for_its_caller(policies):
     """An int8 input is quantized by its caller, so the caller normalizes: the loader does it for it."""
-    _, _, _, (mean, std), _, int8_io = policies
-    carried = carry_input_normalization(int8_io, mean, std)
+    _, _, _, norm, _, int8_io = policies
+    carried = carry_input_normalization(int8_io, norm)
     assert graph_normalization(carried) is None and input_normalization(carried) is not None
     policy = TFLitePolicy(carried)
     held_out = observations(1000, 3)
@@ -175,9 +176,9 @@ def test_an_older_file_needing_its_loader_is_refused_and_export_tflite_makes_it_
     from compress_dqn.cli import main
     from click.testing import CliRunner
 
-    _, _, _, (mean, std), before, _ = policies
+    _, _, _, norm, before, _ = policies
     legacy = tmp_path / "legacy.tflite"
-    legacy.write_bytes(with_input_normalization(before, mean, std))  # how exports carried it until now
+    legacy.write_bytes(with_input_normalization(before, norm))  # how exports carried it until now
     with pytest.raises(UserError, match="--target tflite"):
         TFLitePolicy(legacy)
     out = tmp_path / "ship" / "policy.tflite"
@@ -189,7 +190,7 @@ def test_an_older_file_needing_its_loader_is_refused_and_export_tflite_makes_it_
     raw = observations(500, 5)
     shipped = out.read_bytes()
     assert INPUT_NORMALIZATION.encode() not in shipped
-    np.testing.assert_array_equal(_plain(shipped, raw, False), _plain(before, (raw - mean) / std, False))
+    np.testing.assert_array_equal(_plain(shipped, raw, False), _plain(before, norm.apply(raw), False))
     # The usage snippet runs as written, with LiteRT and numpy alone, on raw observations.
     usage = (tmp_path / "ship" / "policy.usage.md").read_text()
     snippet = usage.split("```python\n")[1].split("```")[0]

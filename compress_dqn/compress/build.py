@@ -28,13 +28,14 @@ from compress_dqn.compress.details import BuildDetails, FineTune, InputNormaliza
 from compress_dqn.compress.distill import Distiller, build_student
 from compress_dqn.compress.rewrites import (
     flattened_dense_as_conv,
-    fold_input_normalization,
     input_range,
     input_statistics,
+    normalize_model_input,
     split_value_advantage,
     with_action_head,
 )
 from compress_dqn.envs.environment import EnvInfo
+from compress_dqn.envs.normalization import Normalization
 from compress_dqn.fileio import load_dict, save_arrays
 from compress_dqn.recipe.schema import FineTuneConfig, QatTeacher, QuantizeConfig, Recipe, VariantConfig
 from compress_dqn.replay.buffer import ReplayBuffer, sampling_undone
@@ -54,8 +55,8 @@ class BuiltVariant:
     calibration: np.ndarray | None
     try_sparse_format: bool
     details: BuildDetails = field(default_factory=BuildDetails)
-    input_normalization: tuple[np.ndarray, np.ndarray] | None = None
-    """(mean, std): tflite_model() takes (obs - mean) / std (rewrites.fold_input_normalization); the
+    input_normalization: Normalization | None = None
+    """tflite_model() takes (obs - mean) / std (rewrites.normalize_model_input); the
     exported file computes it itself in front of its input (deploy.graph_input)."""
     normalized_model: tf_keras.Model | None = None
     """The model on normalized observations where it was trained as such (QAT); export_model is it
@@ -72,7 +73,7 @@ class BuiltVariant:
             return self.normalized_model
         model = self.export_model
         if self.input_normalization is not None:
-            model = fold_input_normalization(model, *self.input_normalization)
+            model = normalize_model_input(model, self.input_normalization)
         if self.quantize is not None and self.quantize.action_head:
             model = with_action_head(model, self.calibration)  # calibration: what the folded model takes
         return model
@@ -293,12 +294,12 @@ def _compress_and_recover(variant: VariantConfig, model: tf_keras.Model, recipe:
 
 def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: Recipe, baseline: tf_keras.Model,
                         replay: ReplayBuffer, info: EnvInfo, details: BuildDetails, quiet: bool
-                        ) -> tuple[tf_keras.Model, tf_keras.Model, tuple[np.ndarray, np.ndarray] | None]:
+                        ) -> tuple[tf_keras.Model, tf_keras.Model, Normalization | None]:
     """QAT (PQAT/CQAT where the model is pruned/clustered): (the fake-quantized model on raw
     observations, the same on normalized ones or None, the normalization or None).
 
     Where the recipe normalizes the input, QAT gives each feature its own range as post-training
-    int8 does: it trains the normalized model (folded as rewrites.fold_input_normalization) behind
+    int8 does: it trains the normalized model (made by rewrites.normalize_model_input) behind
     a fixed normalization layer, so the fine-tune still sees raw observations. On the CartPole
     demo's baseline, qat-int8, pqat-90-int8 and the 32x32 student each kept 500.0 with it and lost
     20-33 points without it (one build each).
@@ -313,8 +314,8 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
     normalization = _input_normalization(q, info, observations, details)
     plain, seen = model, observations
     if normalization is not None:
-        plain = fold_input_normalization(model, *normalization)
-        seen = ((observations - normalization[0]) / normalization[1]).astype(np.float32)
+        plain = normalize_model_input(model, normalization)
+        seen = normalization.apply(observations)
     # The float model on raw observations, copied before QAT wraps its layers and trains: what
     # qat_teacher "float" distils to, held fixed.
     teacher = baseline if q.qat_teacher == "baseline" else independent_copy(model)
@@ -322,7 +323,7 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
         plain = flattened_dense_as_conv(plain)
     qat = quantize.qat_model(plain, preserve, quantize.FLOAT_HEADS if q.float_head else (), q.kernel_bits)
     quantize.calibrate_ranges(qat, plain, seen)
-    trained = qat if normalization is None else quantize.behind_normalization(qat, *normalization)
+    trained = qat if normalization is None else quantize.behind_normalization(qat, normalization)
     details.qat = fine_tune(trained, qat_fine_tune(variant), recipe, teacher, replay, wrapped=True,
                             label=f"{variant.name}/qat", quiet=quiet)
     details.qat.preserve = preserve
@@ -336,20 +337,20 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
 
 
 def _input_normalization(q: QuantizeConfig, info: EnvInfo, observations: np.ndarray, details: BuildDetails
-                         ) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per-feature (mean, std) of replay observations where the recipe asks to normalize the input
+                         ) -> Normalization | None:
+    """Per-feature normalization of replay observations where the recipe asks to normalize the input
     of an integer model (flat float observations only), else None."""
     if not (q.normalize_input and len(info.obs_shape) == 1 and info.input_scale is None):
         return None
     normalization = input_range(observations) if q.input_scaling == "range" else input_statistics(observations)
     # (obs - mean) / std; with input_scaling: range, mean is the midrange and std the half-range.
-    details.input_normalization = InputNormalization(mean=normalization[0].tolist(), std=normalization[1].tolist(),
+    details.input_normalization = InputNormalization(mean=normalization.mean.tolist(), std=normalization.std.tolist(),
                                                      scaling=q.input_scaling)
     return normalization
 
 
 def _calibration(q: QuantizeConfig | None, replay: ReplayBuffer, info: EnvInfo, details: BuildDetails
-                 ) -> tuple[np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
+                 ) -> tuple[np.ndarray | None, Normalization | None]:
     """Post-training integer quantization's representative observations, normalized per feature
     where the recipe asks for it (flat float observations only)."""
     if q is None or q.mode not in ("int8", "int16x8"):
@@ -358,7 +359,7 @@ def _calibration(q: QuantizeConfig | None, replay: ReplayBuffer, info: EnvInfo, 
     normalization = _input_normalization(q, info, calibration, details)
     if normalization is None:
         return calibration, None
-    return ((calibration - normalization[0]) / normalization[1]).astype(np.float32), normalization
+    return normalization.apply(calibration), normalization
 
 
 def build_variant(

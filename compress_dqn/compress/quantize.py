@@ -16,6 +16,7 @@ import tensorflow_model_optimization as tfmot
 from compress_dqn._tf import tf, tf_keras
 from compress_dqn.compress import low_bit
 from compress_dqn.compress.rewrites import SPLIT_HEADS
+from compress_dqn.envs.normalization import Normalization
 from compress_dqn.rl.networks import independent_copy, weight_layers
 from compress_dqn.recipe.schema import QuantizeConfig
 
@@ -151,11 +152,12 @@ def calibrate_ranges(qat: tf_keras.Model, plain: tf_keras.Model, observations: n
     return ranges
 
 
-def behind_normalization(model: tf_keras.Model, mean: np.ndarray, std: np.ndarray) -> tf_keras.Model:
+def behind_normalization(model: tf_keras.Model, normalization: Normalization) -> tf_keras.Model:
     """model (on z = (obs - mean) / std) behind a fixed layer that normalizes raw observations:
     what a fine-tune trains and the SavedModel serves. Trains model's own variables."""
     inputs = tf_keras.Input(model.input_shape[1:], name="observation")
-    normalized = tf_keras.layers.Normalization(mean=mean, variance=np.square(std), name="input_normalization")(inputs)
+    normalized = tf_keras.layers.Normalization(mean=normalization.mean, variance=np.square(normalization.std),
+                                               name="input_normalization")(inputs)
     return tf_keras.Model(inputs, model(normalized), name=f"{model.name}_on_observations")
 
 

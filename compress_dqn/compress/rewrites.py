@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from compress_dqn._tf import tf_keras
+from compress_dqn.envs.normalization import Normalization
 from compress_dqn.rl.networks import body_layers, independent_copy, weight_layers
 
 
@@ -84,14 +85,14 @@ def flattened_dense_as_conv(model: tf_keras.Model) -> tf_keras.Model:
     return rewritten
 
 
-def input_statistics(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def input_statistics(observations: np.ndarray) -> Normalization:
     """Per-feature mean and std of flat float observations (std floored, so constant features pass)."""
     x = np.asarray(observations, dtype=np.float64).reshape(len(observations), -1)
     std = x.std(axis=0)
-    return x.mean(axis=0).astype(np.float32), np.where(std > 1e-6, std, 1.0).astype(np.float32)
+    return Normalization(x.mean(axis=0).astype(np.float32), np.where(std > 1e-6, std, 1.0).astype(np.float32))
 
 
-def input_range(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def input_range(observations: np.ndarray) -> Normalization:
     """Per-feature midrange and half-range of flat float observations (floored as input_statistics's
     std): (obs - midrange) / half-range puts every feature in [-1, 1].
 
@@ -103,7 +104,7 @@ def input_range(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(observations, dtype=np.float64).reshape(len(observations), -1)
     low, high = x.min(axis=0), x.max(axis=0)
     half = (high - low) / 2
-    return ((low + high) / 2).astype(np.float32), np.where(half > 1e-6, half, 1.0).astype(np.float32)
+    return Normalization(((low + high) / 2).astype(np.float32), np.where(half > 1e-6, half, 1.0).astype(np.float32))
 
 
 def with_action_head(model: tf_keras.Model, observations: np.ndarray, floor_share: float = 0.125) -> tf_keras.Model:
@@ -132,8 +133,9 @@ def with_action_head(model: tf_keras.Model, observations: np.ndarray, floor_shar
     return extended
 
 
-def fold_input_normalization(model: tf_keras.Model, mean: np.ndarray, std: np.ndarray) -> tf_keras.Model:
-    """A copy that takes z = (obs - mean) / std and computes what model computes on obs.
+def normalize_model_input(model: tf_keras.Model, normalization: Normalization) -> tf_keras.Model:
+    """A copy that takes z = (obs - mean) / std and computes what model computes on obs (the
+    opposite of port.spec.absorb_normalization, which makes a net on z take obs).
 
     Exact in float: the first Dense layer's W x + b becomes (W * std) z + (b + mean W). Why: an
     integer-quantized policy has one scale for its whole input tensor, so a feature with a small
@@ -145,5 +147,5 @@ def fold_input_normalization(model: tf_keras.Model, mean: np.ndarray, std: np.nd
         raise TypeError("input normalization folds into a first Dense layer on flat observations only")
     copy = independent_copy(model)
     kernel, bias = first.get_weights()
-    copy.get_layer(first.name).set_weights([kernel * std[:, None], bias + mean @ kernel])
+    copy.get_layer(first.name).set_weights([kernel * normalization.std[:, None], bias + normalization.mean @ kernel])
     return copy

@@ -139,7 +139,7 @@ def _prologue(e: _Emitter, obs_type: str) -> None:
     scale, zero = float(obs.scales[0]), int(obs.zero_points[0])
     lines = []
     if e.graph.caller_normalization is not None:
-        mean, std = e.graph.caller_normalization
+        mean, std = e.graph.caller_normalization.mean, e.graph.caller_normalization.std
         m, s = e.const(mean, "float", "mean"), e.const(std, "float", "std")
         lines.append(f"    float v = observation[i] - {m}[i];\n    v = v / {s}[i];")
     else:

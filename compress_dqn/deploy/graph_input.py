@@ -18,24 +18,25 @@ import numpy as np
 
 from compress_dqn.deploy.tflite.file import TFLiteFile, edit_bytes
 from compress_dqn.deploy.tflite_metadata import mark_input_normalization
+from compress_dqn.envs.normalization import Normalization
 
 
-def carry_normalization(model: TFLiteFile, mean: np.ndarray, std: np.ndarray) -> None:
+def carry_normalization(model: TFLiteFile, normalization: Normalization) -> None:
     """The model made to take raw observations, in place: normalization in the graph where its input
     is float, else (an integer input, quantized by the caller) written as the metadata the caller must follow."""
     graph = model.graph
     if graph.tensors[int(graph.inputs[0])].type != model.schema.TensorType.FLOAT32:
-        mark_input_normalization(model, mean, std)
+        mark_input_normalization(model, normalization)
     else:
-        normalization_ops(model, mean, std)
+        normalization_ops(model, normalization)
 
 
-def carry_input_normalization(data: bytes, mean: np.ndarray, std: np.ndarray) -> bytes:
+def carry_input_normalization(data: bytes, normalization: Normalization) -> bytes:
     """The file's bytes with `carry_normalization` applied."""
-    return edit_bytes(data, carry_normalization, mean, std)
+    return edit_bytes(data, carry_normalization, normalization)
 
 
-def normalization_ops(model: TFLiteFile, mean: np.ndarray, std: np.ndarray) -> None:
+def normalization_ops(model: TFLiteFile, normalization: Normalization) -> None:
     """`x = (observations - mean) / std` (float SUB, DIV) computed in front of the model's input, in place.
 
     The old float input becomes the normalized tensor x, so everything that read the input (the
@@ -48,7 +49,7 @@ def normalization_ops(model: TFLiteFile, mean: np.ndarray, std: np.ndarray) -> N
     graph = model.graph
     x_index = int(graph.inputs[0])
     x = graph.tensors[x_index]
-    mean, std = np.asarray(mean, np.float32).ravel(), np.asarray(std, np.float32).ravel()
+    mean, std = np.asarray(normalization.mean, np.float32).ravel(), np.asarray(normalization.std, np.float32).ravel()
     if x.type != schema.TensorType.FLOAT32 or int(x.shape[-1]) != mean.size or x.shape.size != 2:
         raise ValueError(f"expected a float32 [batch, {mean.size}] input")
     first = len(graph.tensors)  # inner tensors named by index, as tflite_metadata.short_tensor_names does
@@ -72,9 +73,9 @@ def normalization_ops(model: TFLiteFile, mean: np.ndarray, std: np.ndarray) -> N
     model.edited = True
 
 
-def with_normalization_ops(data: bytes, mean: np.ndarray, std: np.ndarray) -> bytes:
+def with_normalization_ops(data: bytes, normalization: Normalization) -> bytes:
     """The file's bytes with `normalization_ops` applied."""
-    return edit_bytes(data, normalization_ops, mean, std)
+    return edit_bytes(data, normalization_ops, normalization)
 
 
 def _tensor(schema: Any, like: Any, name: bytes, buffer: int) -> Any:
@@ -95,8 +96,8 @@ def _constant(schema: Any, model: Any, values: np.ndarray, name: bytes) -> Any:
     return tensor
 
 
-def graph_normalization(source: bytes | TFLiteFile) -> tuple[np.ndarray, np.ndarray] | None:
-    """(mean, std) of a normalization normalization_ops put in front of the model's input, or None."""
+def graph_normalization(source: bytes | TFLiteFile) -> Normalization | None:
+    """The normalization normalization_ops put in front of the model's input, or None."""
     model = source if isinstance(source, TFLiteFile) else TFLiteFile.decode(source)
     schema, graph = model.schema, model.graph
     ops = graph.operators or []
@@ -112,4 +113,4 @@ def graph_normalization(source: bytes | TFLiteFile) -> tuple[np.ndarray, np.ndar
         data = model.model.buffers[graph.tensors[index].buffer].data
         return np.frombuffer(bytes(data), dtype="<f4").astype(np.float32)
 
-    return values(int(sub.inputs[1])), values(int(div.inputs[1]))
+    return Normalization(values(int(sub.inputs[1])), values(int(div.inputs[1])))

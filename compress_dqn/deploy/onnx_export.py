@@ -265,7 +265,7 @@ def _translate(graph: PolicyGraph, int8: Int8Form) -> _Translation:
 def _int8_input(b: _Builder, graph: PolicyGraph) -> None:
     obs, x = graph.observation, "observations"
     if graph.caller_normalization is not None:
-        mean, std = graph.caller_normalization
+        mean, std = graph.caller_normalization.mean, graph.caller_normalization.std
         x = b.node("Div", [b.node("Sub", [x, b.init(mean.astype(np.float32), "mean")], "sub"),
                            b.init(std.astype(np.float32), "std")], "div")
     x = b.node("Reshape", [x, b.init(np.array([-1, *obs.shape[1:]], np.int64), "shape")], "obs")

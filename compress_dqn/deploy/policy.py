@@ -97,8 +97,7 @@ class TFLitePolicy:
 
     def _prepare(self, obs: np.ndarray) -> np.ndarray:
         if self.input_normalization is not None:  # the policy takes (obs - mean) / std
-            mean, std = self.input_normalization
-            obs = (np.asarray(obs, np.float32).reshape(-1, mean.size) - mean) / std
+            obs = self.input_normalization.apply(obs)
         if self.quantized_input:  # full-integer model: quantize the input
             scale, zero_point = self._in["quantization"]
             info = np.iinfo(self.input_dtype)

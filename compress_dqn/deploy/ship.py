@@ -81,11 +81,10 @@ def _self_contained(data: bytes, label: str) -> tuple[bytes, bool]:
         return data, False  # self-contained already, or an int8 input whose caller normalizes
     model = TFLiteFile.decode(data, label)  # decoded once, both edits in place, packed once
     drop_metadata(model, INPUT_NORMALIZATION)
-    normalization_ops(model, *found)
+    normalization_ops(model, found)
     rewritten = model.pack()
-    mean, std = found
-    obs = np.random.default_rng(0).normal(mean, 2 * std, size=(512, mean.size)).astype(np.float32)
-    before = _plain_actions(data, ((obs - mean) / std).astype(np.float32))  # as the older loader fed it
+    obs = np.random.default_rng(0).normal(found.mean, 2 * found.std, size=(512, found.mean.size)).astype(np.float32)
+    before = _plain_actions(data, found.apply(obs))  # as the older loader fed it
     if not np.array_equal(_plain_actions(rewritten, obs), before):
         raise UserError(f"{label}: moving its normalization into the graph changed its actions (a bug); "
                         "re-export it with compress-dqn run")
@@ -114,7 +113,8 @@ def _python_input(policy: TFLitePolicy) -> tuple[str, str]:
     if policy.input_normalization is None:
         return (f"x = np.asarray(observation, np.{policy.input_dtype.name})[None]",
                 "Feed the raw observation: the file normalizes it itself.")
-    mean, std = (np.array2string(v, separator=", ", precision=9) for v in policy.input_normalization)
+    normalization = policy.input_normalization
+    mean, std = (np.array2string(v, separator=", ", precision=9) for v in (normalization.mean, normalization.std))
     return (f"x = (np.asarray(observation, np.float32) - np.array({mean}, np.float32)) / np.array({std}, np.float32)\n"
             "scale, zero_point = interpreter.get_input_details()[0][\"quantization\"]\n"
             "x = np.clip(np.round(x / scale + zero_point), -128, 127).astype(np.int8)[None]",

@@ -18,6 +18,7 @@ import numpy as np
 from compress_dqn.deploy.policy import SIGNATURE
 from compress_dqn.deploy.tflite.reader import builtin, decode, litert_schema, op_names, read_tflite
 from compress_dqn.deploy.tflite_metadata import caller_normalization
+from compress_dqn.envs.normalization import Normalization
 from compress_dqn.errors import UserError
 
 _DTYPES = {"FLOAT32": np.float32, "FLOAT16": np.float16, "INT8": np.int8, "UINT8": np.uint8, "INT32": np.int32,
@@ -101,7 +102,7 @@ class PolicyGraph:
     observation: Tensor
     action: Tensor
     ops: list[Op]
-    caller_normalization: tuple[np.ndarray, np.ndarray] | None
+    caller_normalization: Normalization | None
     label: str
     outputs: dict[str, Tensor] = field(default_factory=dict)
 

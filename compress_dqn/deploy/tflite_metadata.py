@@ -17,6 +17,7 @@ import numpy as np
 
 from compress_dqn.deploy.tflite.file import TFLiteFile, edit_bytes
 from compress_dqn.deploy.tflite.reader import pack as pack_model  # noqa: F401 (tests pack a ModelT through it)
+from compress_dqn.envs.normalization import Normalization
 from compress_dqn.errors import UserError
 
 INPUT_NORMALIZATION = "compress_dqn.input_normalization"
@@ -95,8 +96,8 @@ def without_metadata(data: bytes, name: str) -> bytes:
     return edit_bytes(data, drop_metadata, name)
 
 
-def input_normalization(data: bytes, label: str = "<bytes>", features: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
-    """(mean, std) per input feature, if the model expects normalized observations; checked to be
+def input_normalization(data: bytes, label: str = "<bytes>", features: int | None = None) -> Normalization | None:
+    """The normalization per input feature, if the model expects normalized observations; checked to be
     finite, with std > 0 and (given `features`, the model's input size) one pair per feature, so
     every loader refuses what would otherwise play quietly on wrongly scaled inputs."""
     if INPUT_NORMALIZATION.encode() not in data:  # the entry's name is stored verbatim: no need to parse
@@ -118,11 +119,11 @@ def input_normalization(data: bytes, label: str = "<bytes>", features: int | Non
     if features is not None and mean.size != features:
         raise UserError(f"{label}: its input normalization has {mean.size} features but its input has {features}; "
                         "re-export the policy")
-    return mean, std
+    return Normalization(mean, std)
 
 
-def caller_normalization(data: bytes, label: str, features: int, integer_input: bool) -> tuple[np.ndarray, np.ndarray] | None:
-    """The (mean, std) a caller applies before quantizing the model's integer input (int8 I/O), or None.
+def caller_normalization(data: bytes, label: str, features: int, integer_input: bool) -> Normalization | None:
+    """The normalization a caller applies before quantizing the model's integer input (int8 I/O), or None.
 
     A float-input model carries its normalization in its graph (graph_input.py); one that still has
     the entry was written before that, and only a loader reading it would play it right: refused,
@@ -135,15 +136,15 @@ def caller_normalization(data: bytes, label: str, features: int, integer_input: 
     return found
 
 
-def mark_input_normalization(model: TFLiteFile, mean: np.ndarray, std: np.ndarray) -> None:
+def mark_input_normalization(model: TFLiteFile, normalization: Normalization) -> None:
     """The model marked in place as taking (obs - mean) / std, for a caller that quantizes its integer input."""
-    spec = {"mean": _shortest(mean), "std": _shortest(std)}
+    spec = {"mean": _shortest(normalization.mean), "std": _shortest(normalization.std)}
     set_metadata(model, INPUT_NORMALIZATION, json.dumps(spec, separators=(",", ":")).encode())
 
 
-def with_input_normalization(data: bytes, mean: np.ndarray, std: np.ndarray) -> bytes:
+def with_input_normalization(data: bytes, normalization: Normalization) -> bytes:
     """The file's bytes with `mark_input_normalization` applied."""
-    return edit_bytes(data, mark_input_normalization, mean, std)
+    return edit_bytes(data, mark_input_normalization, normalization)
 
 
 def _shortest(values: np.ndarray) -> list[float]:

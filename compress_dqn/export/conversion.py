@@ -25,6 +25,7 @@ from compress_dqn.deploy.policy import SIGNATURE, TFLitePolicy
 from compress_dqn.deploy.tflite.file import TFLiteFile
 from compress_dqn.deploy.tflite_metadata import short_tensor_names
 from compress_dqn.envs.environment import EnvInfo
+from compress_dqn.envs.normalization import Normalization
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import refused_writes, replace_dir, write_bytes_atomic
 
@@ -113,7 +114,7 @@ class Conversion(Protocol):
     """How a compressed model converts to TFLite (compress.build.BuiltVariant is one): the model to
     convert, the converter settings, and the input normalization the file must carry."""
 
-    input_normalization: tuple[np.ndarray, np.ndarray] | None
+    input_normalization: Normalization | None
     try_sparse_format: bool
 
     @property
@@ -145,7 +146,7 @@ def export_policy(model: tf_keras.Model, info: EnvInfo, out: Path, built: Conver
         def convert(sparse: bool) -> bytes:  # decoded once, every edit in place, packed once
             model = converted(source, built.converter(sparse) if built is not None else None)
             if built is not None and built.input_normalization is not None:
-                carry_normalization(model, *built.input_normalization)
+                carry_normalization(model, built.input_normalization)
             float_q_values(model)  # argmax(q_values) is the action (deploy.outputs)
             action_from_q_values(model)
             return model.pack()

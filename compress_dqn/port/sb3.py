@@ -34,14 +34,15 @@ from pydantic import JsonValue
 
 from compress_dqn.envs.atari import SB3_DEFAULTS, AtariSettings, describe
 from compress_dqn.envs.environment import is_atari
+from compress_dqn.envs.normalization import Normalization
 from compress_dqn.errors import UserError
 from compress_dqn.port.spec import (
     Layer,
     PortedNet,
+    absorb_normalization,
     chw_rows_to_hwc,
     conv_kernel,
     conv_output_hw,
-    fold_input_normalization,
 )
 from compress_dqn.port.sb3_spaces import numbers, read_spaces, readable
 from compress_dqn.port.tensor_pickle import read_restricted_pickle, read_state_dict
@@ -210,8 +211,8 @@ class SB3Policy:
         self.transposed = transposed
         self.vecnormalize = read_vecnormalize(self.path)
         if self.vecnormalize is not None:
-            mean, std, clip = self.vecnormalize
-            fold_input_normalization(net, mean, std)
+            normalization, clip = self.vecnormalize
+            absorb_normalization(net, normalization)
             net.notes.append(f"VecNormalize observation statistics folded into the first layer (SB3 clips at "
                              f"+-{clip:g} standard deviations; the ported network does not)")
         return net
@@ -272,8 +273,8 @@ def reference(policy: SB3Policy) -> Any:
     def q_values(obs: np.ndarray) -> np.ndarray:
         x = np.transpose(obs, (0, 3, 1, 2)) if policy.transposed else np.asarray(obs)
         if policy.vecnormalize is not None:
-            mean, std, clip = policy.vecnormalize
-            x = np.clip((x - mean) / std, -clip, clip).astype(np.float32)
+            normalization, clip = policy.vecnormalize
+            x = np.clip((x - normalization.mean) / normalization.std, -clip, clip).astype(np.float32)
         with torch.no_grad():
             out = network(torch.as_tensor(np.ascontiguousarray(x)))
             return (out.mean(dim=1) if policy.algorithm == "QR-DQN" else out).numpy()
@@ -281,8 +282,8 @@ def reference(policy: SB3Policy) -> Any:
     return q_values
 
 
-def read_vecnormalize(path: Path) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """obs_rms (mean, sqrt(var + epsilon)) and clip_obs of a vecnormalize.pkl beside the zip, or None.
+def read_vecnormalize(path: Path) -> tuple[Normalization, float] | None:
+    """obs_rms (as mean and std = sqrt(var + epsilon)) and clip_obs of a vecnormalize.pkl beside the zip, or None.
 
     The RL Zoo saves it as <dir>/<env>/vecnormalize.pkl next to <dir>/<env>.zip; model.save() users
     keep it beside the zip. It pickles SB3 and gymnasium objects: they are read as inert records.
@@ -304,7 +305,7 @@ def read_vecnormalize(path: Path) -> tuple[np.ndarray, np.ndarray, float] | None
         raise UserError(f"{label}: its obs_rms is not a single mean/var pair (a Dict observation space?); "
                         "only flat observations are ported")
     std = np.sqrt(np.asarray(rms["var"], dtype=np.float64) + float(state.get("epsilon", 1e-8)))
-    return np.asarray(rms["mean"], dtype=np.float64), std, float(state.get("clip_obs", 10.0))
+    return Normalization(np.asarray(rms["mean"], dtype=np.float64), std), float(state.get("clip_obs", 10.0))
 
 
 ATARI_WRAPPER = "stable_baselines3.common.atari_wrappers.AtariWrapper"

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from compress_dqn._tf import tf_keras
+from compress_dqn.envs.normalization import Normalization
 from compress_dqn.errors import UserError
 
 
@@ -68,13 +69,14 @@ def chw_rows_to_hwc(kernel: np.ndarray, channels: int, h: int, w: int) -> np.nda
     return np.ascontiguousarray(kernel[index])
 
 
-def fold_input_normalization(net: PortedNet, mean: np.ndarray, std: np.ndarray) -> None:
-    """(obs - mean) / std folded into the first Dense layer: W' = W / std, b' = b - (mean / std) W."""
+def absorb_normalization(net: PortedNet, normalization: Normalization) -> None:
+    """(obs - mean) / std absorbed into the first Dense layer, in place, so the net takes raw
+    observations: W' = W / std, b' = b - (mean / std) W (the opposite of rewrites.normalize_model_input)."""
     first = net.layers[0]
     if first.is_conv or net.input_scale is not None:
         raise UserError("VecNormalize statistics apply to flat observations here; a CNN policy trained behind "
                         "VecNormalize(norm_obs=True) is not supported: retrain with norm_obs=False")
-    mean, std = mean.reshape(-1).astype(np.float64), std.reshape(-1).astype(np.float64)
+    mean, std = normalization.mean.reshape(-1).astype(np.float64), normalization.std.reshape(-1).astype(np.float64)
     if mean.shape[0] != first.kernel.shape[0]:
         raise UserError(f"VecNormalize statistics cover {mean.shape[0]} observation values, the network takes "
                         f"{first.kernel.shape[0]}; they belong to another environment")

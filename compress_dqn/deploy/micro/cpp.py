@@ -104,7 +104,7 @@ def _input_lines(e: _Export) -> list[str]:
     scale, zero_point = p.input_quantization
     lines.append(f"// {p.input_dtype.name} input: the caller transforms each raw observation feature i, as {e.name}_quantize() does:")
     if p.input_normalization is not None:
-        mean, std = p.input_normalization
+        mean, std = p.input_normalization.mean, p.input_normalization.std
         lines += ["//   x = (observation[i] - input_mean[i]) / input_std[i]",
                   f"constexpr float input_mean[{mean.size}] = {{{', '.join(_c_float(v) for v in mean)}}};",
                   f"constexpr float input_std[{std.size}] = {{{', '.join(_c_float(v) for v in std)}}};"]

@@ -67,8 +67,7 @@ class MicroPolicy:
 
     def _prepare(self, obs: np.ndarray) -> np.ndarray:
         if self.input_normalization is not None:  # as TFLitePolicy does: the caller of an int8 input normalizes
-            mean, std = self.input_normalization
-            obs = (np.asarray(obs, np.float32).reshape(-1, mean.size) - mean) / std
+            obs = self.input_normalization.apply(obs)
         if self.quantized_input:  # as TFLitePolicy does, so both runtimes see the same integers
             scale, zero_point = self.input_quantization
             info = np.iinfo(self.input_dtype)

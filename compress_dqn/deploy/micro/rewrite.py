@@ -160,7 +160,7 @@ def int8_io_model(data: bytes, label: str = "<bytes>") -> bytes:
     rewritten = bytes(model.build())
     normalization = graph_normalization(data)
     if normalization is not None:  # its ops are gone: the caller normalizes before quantizing
-        rewritten = with_input_normalization(rewritten, *normalization)
+        rewritten = with_input_normalization(rewritten, normalization)
     return aligned(rewritten)
 
 
@@ -169,7 +169,7 @@ def _type_name(schema: Any, code: int) -> str:
 
 
 @dataclass
-class Compression:
+class LutCompression:
     """Outcome of trying TFLM's look-up-table weight compression on a model."""
 
     data: bytes | None
@@ -182,7 +182,7 @@ class Compression:
     """Measured arena of the compressed model: decoded weights live in RAM, so it grows."""
 
 
-def try_compression(data: bytes, label: str = "<bytes>") -> Compression:
+def try_compression(data: bytes, label: str = "<bytes>") -> LutCompression:
     """TFLM's LUT compression of constant tensors with at most 128 distinct values (per tensor or channel).
 
     Kept only when the model gets smaller and TFLM's outputs stay bit-identical on probe inputs
@@ -207,7 +207,7 @@ def try_compression(data: bytes, label: str = "<bytes>") -> Compression:
                     index_bitwidth=bits, mode=cspec.PerTensor() if mode is None else cspec.PerChannel(axis=mode))
                 chosen += 1
     if not chosen:
-        return Compression(None, None, "no weight tensor has 128 or fewer distinct values (int8 weights use up to "
+        return LutCompression(None, None, "no weight tensor has 128 or fewer distinct values (int8 weights use up to "
                            "255): a look-up table would make it larger; cluster the weights first", 0)
 
     try:
@@ -215,17 +215,17 @@ def try_compression(data: bytes, label: str = "<bytes>") -> Compression:
             warnings.simplefilter("ignore")
             packed = bytes(compression.compress(data, builder.build()))
     except Exception as exc:  # CompressionError or a tensor the compressor cannot take
-        return Compression(None, None, f"TFLM's compressor refused it ({str(exc).splitlines()[0]})", chosen)
+        return LutCompression(None, None, f"TFLM's compressor refused it ({str(exc).splitlines()[0]})", chosen)
     if len(packed) >= len(data):
-        return Compression(None, len(packed), f"compressed model is not smaller ({len(packed)} >= {len(data)} bytes)", chosen)
+        return LutCompression(None, len(packed), f"compressed model is not smaller ({len(packed)} >= {len(data)} bytes)", chosen)
     try:
         same = same_outputs(data, packed, label)
     except UserError as exc:
-        return Compression(None, len(packed), f"TFLM cannot run the compressed model ({exc})", chosen)
+        return LutCompression(None, len(packed), f"TFLM cannot run the compressed model ({exc})", chosen)
     if not same:
-        return Compression(None, len(packed), "compressed model's outputs differ from the original's", chosen)
+        return LutCompression(None, len(packed), "compressed model's outputs differ from the original's", chosen)
     arena = measure_arena(packed, label).arena_bytes
-    return Compression(packed, len(packed), f"{chosen} tensor(s) LUT-compressed, outputs identical; decoded "
+    return LutCompression(packed, len(packed), f"{chosen} tensor(s) LUT-compressed, outputs identical; decoded "
                        f"weights need {arena} bytes of arena", chosen, arena)
 
 
