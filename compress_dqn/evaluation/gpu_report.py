@@ -115,11 +115,17 @@ def table(benches: list[ServingBench]) -> list[list[str]]:
 
 
 def notes(benches: list[ServingBench]) -> list[str]:
-    """How the figures were measured, and what holds where."""
-    lines = [f"{b.policy}: `compress-dqn bench {Path(b.file).name} --device gpu` on {_machine(b)}; {b.runtime_note}; "
-             f"states: {b.states}; CUDA context: {_mb(b.context_bytes) if b.context_bytes is not None else b.context_note}"
-             + (f"; no graph figures: {b.graph_note}" if b.graph_note else "")
-             + (f"; GPU memory {b.memory_note}" if b.memory_note else "") + "." for b in benches]
+    """How the figures were measured, and what holds where: one line for the policies measured alike."""
+    alike: dict[str, list[ServingBench]] = {}
+    for b in benches:
+        setup = (f"on {_machine(b)}; {b.runtime_note}; states: {b.states}; CUDA context: "
+                 f"{_mb(b.context_bytes) if b.context_bytes is not None else b.context_note}"
+                 + (f"; no graph figures: {b.graph_note}" if b.graph_note else "")
+                 + (f"; GPU memory {b.memory_note}" if b.memory_note else "") + ".")
+        alike.setdefault(setup, []).append(b)
+    lines = [(f"{group[0].policy}: `compress-dqn bench {Path(group[0].file).name} --device gpu` " if len(group) == 1 else
+              f"{', '.join(b.policy for b in group)}: `compress-dqn bench POLICY.onnx --device gpu` each ") + setup
+             for setup, group in alike.items()]
     return lines + [
         "p50 of one call with its result waited for (the input already on the GPU); graph: one call captured as a CUDA "
         "graph and replayed; fp32 with TF32 off. CPU: onnxruntime on the same machine at the thread count named (the "
