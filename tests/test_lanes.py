@@ -119,8 +119,8 @@ def leave_aliens(columns: list[int], interval: int):
         game.enemy_move_interval = interval
         lanes._aliens[lane] = keep
         lanes._state[lanes_module._INTERVAL, lane] = interval
-        one = [lane]
-        lanes._observe(one, lanes._state[:, one], lanes._aliens[one], lanes._friendly[one], lanes._enemy[one])
+        lanes._state[lanes_module._ALIENS, lane] = len(columns)
+        lanes._show_aliens(np.array([lane]), np.array([-1]))
 
     return start
 

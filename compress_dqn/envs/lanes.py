@@ -216,11 +216,15 @@ class BreakoutLanes:
 # Space Invaders' constants (minatar.environments.space_invaders) and the per-lane numbers of
 # SpaceInvadersLanes._state: the cannon, the aliens' direction (-1 left, 1 right), their move
 # interval (12, down to 6 as waves are cleared), the alien move and shot timers, the cannon's
-# cool-down, the last action (full id), steps played.
+# cool-down, the last action (full id), steps played, aliens left.
 _SHOT_COOL_DOWN, _ENEMY_MOVE_INTERVAL, _ENEMY_SHOT_INTERVAL = 5, 12, 10
-_CANNON, _ADIR, _INTERVAL, _MOVE_T, _SHOT_T, _COOL, _ALAST, _ASTEPS = range(8)
+_CANNON, _ADIR, _INTERVAL, _MOVE_T, _SHOT_T, _COOL, _ALAST, _ASTEPS, _ALIENS = range(9)
 _FIRE = 5  # MinAtar's full action id of 'f'
 _COLUMNS = np.arange(10)
+_WAVE = np.zeros((10, 10), dtype=bool)
+_WAVE[0:4, 2:8] = True  # a new wave of 24 aliens
+_CELLS = np.arange(100)
+_SHOWN = np.array([[1, 0, 1], [1, 1, 0]], dtype=np.uint8)  # alien channels 1..3 of an alien moving right, left
 
 
 class SpaceInvadersLanes:
@@ -228,119 +232,144 @@ class SpaceInvadersLanes:
     difficulty ramping on or off, and an optional step limit) for every lane at once; observations
     as BoolToUint8 gives them (cannon, alien, alien moving left, alien moving right, the cannon's
     bullets, the aliens' bullets). The game draws nothing of its own: the only draw is the sticky
-    action's, one a step, from RandomState(seed)."""
+    action's, one a step, from RandomState(seed).
+
+    The bullets live in the observations' last two channels, shifted a row each step (the cannon's
+    also in a map of their own, `_friendly`, to find them fast); the aliens in `_aliens`, copied
+    into the alien channels only for the lanes whose aliens moved or came anew: most steps most
+    lanes' aliens stay where they are."""
 
     def __init__(self, width: int, action_set: list[int], sticky: float, max_steps: int | None,
                  ramping: bool = True) -> None:
         self._action_set = np.asarray(action_set)
         self._sticky, self._max_steps, self._ramping = float(sticky), max_steps, bool(ramping)
         self._draws = _Draws(width, lambda random: None)  # Env.reset draws nothing
-        self._state = np.zeros((8, width), dtype=np.intp)
+        self._state = np.zeros((9, width), dtype=np.intp)
         self._aliens = np.zeros((width, 10, 10), dtype=bool)
         self._friendly = np.zeros((width, 10, 10), dtype=bool)
-        self._enemy = np.zeros((width, 10, 10), dtype=bool)
         self._all = np.arange(width)
         self.obs = np.zeros((width, 10, 10, 6), dtype=np.uint8)
 
     def start(self, lane: int, seed: int) -> None:
         """minatar's reset after Environment.seed(seed), with the last action a fresh Environment has."""
         self._draws.start(lane, seed)
-        self._state[:, lane] = (5, -1, _ENEMY_MOVE_INTERVAL, _ENEMY_MOVE_INTERVAL, _ENEMY_SHOT_INTERVAL, 0, 0, 0)
-        self._aliens[lane] = self._friendly[lane] = self._enemy[lane] = False
-        self._aliens[lane, 0:4, 2:8] = True
-        one = [lane]
-        self._observe(one, self._state[:, one], self._aliens[one], self._friendly[one], self._enemy[one])
+        self._state[:, lane] = (5, -1, _ENEMY_MOVE_INTERVAL, _ENEMY_MOVE_INTERVAL, _ENEMY_SHOT_INTERVAL, 0, 0, 0,
+                                _WAVE.sum())
+        self._aliens[lane] = _WAVE
+        self._friendly[lane] = False
+        self.obs[lane] = 0
+        self.obs[lane, 9, 5, 0] = 1
+        self._show_aliens(np.array([lane]), np.array([-1]))
 
     def step(self, actions: np.ndarray, lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """minatar's Environment.act then Env.act, for each lane given (none of them terminal)."""
         lanes = np.asarray(lanes)
-        rows = slice(None) if len(lanes) == len(self._all) and np.array_equal(lanes, self._all) else lanes
-        n = len(lanes)
+        n, obs, aliens, friendly = len(lanes), self.obs, self._aliens, self._friendly
+        rows = slice(None) if n == len(self._all) and np.array_equal(lanes, self._all) else lanes
         state = self._state[:, rows].copy()  # written back whole at the end
-        pos, direction, interval = state[_CANNON], state[_ADIR], state[_INTERVAL]
-        move_timer, shot_timer, cool = state[_MOVE_T], state[_SHOT_T], state[_COOL]
-        aliens, friendly, enemy = self._aliens[rows], self._friendly[rows], self._enemy[rows]
-        if isinstance(rows, slice):  # views: copies, so that a step's arrays are new ones like a subset's
-            aliens, friendly, enemy = aliens.copy(), friendly.copy(), enemy.copy()
-        every = np.arange(n)
+        pos, direction, interval, move_timer, shot_timer, cool, count = (
+            state[_CANNON], state[_ADIR], state[_INTERVAL], state[_MOVE_T], state[_SHOT_T], state[_COOL], state[_ALIENS])
 
         act = np.where(self._draws.next(lanes) < self._sticky, state[_ALAST], self._action_set[np.asarray(actions)])
         fire = (act == _FIRE) & (cool == 0)
-        if np.count_nonzero(fire):
-            friendly[every[fire], 9, pos[fire]] = True
         cool = np.where(fire, _SHOT_COOL_DOWN, cool)
-        pos = np.minimum(np.maximum(pos + _MOVE[act], 0), 9)  # firing moves nothing: its move is 0
+        obs[lanes, 9, pos, 0] = 0
+        new_pos = np.minimum(np.maximum(pos + _MOVE[act], 0), 9)  # firing moves nothing: its move is 0
+        obs[lanes, 9, new_pos, 0] = 1
 
-        friendly[:, :9] = friendly[:, 1:].copy()  # np.roll(-1, axis=0), the bottom row cleared
-        friendly[:, 9] = False
-        enemy[:, 1:] = enemy[:, :9].copy()  # np.roll(1, axis=0), the top row cleared
-        enemy[:, 0] = False
-        terminal = enemy[every, 9, pos] | aliens[every, 9, pos]
+        # the bullets: the cannon's a row up (MinAtar's np.roll(-1) and its bottom row cleared), one
+        # fired from the cannon's column before it moved; the aliens' a row down (roll(1), top cleared)
+        if isinstance(rows, slice):
+            obs[:, :9, :, 4] = obs[:, 1:, :, 4]  # numpy copies overlapping views as if through a buffer
+            obs[:, 9, :, 4] = 0
+            obs[:, 1:, :, 5] = obs[:, :9, :, 5]
+            obs[:, 0, :, 5] = 0
+            friendly[:, :9] = friendly[:, 1:]
+            friendly[:, 9] = False
+            ours = friendly
+        else:
+            mine, theirs = obs[lanes, :, :, 4], obs[lanes, :, :, 5]
+            obs[lanes, :9, :, 4], obs[lanes, 9, :, 4] = mine[:, 1:], 0
+            obs[lanes, 1:, :, 5], obs[lanes, 0, :, 5] = theirs[:, :9], 0
+            ours = friendly[lanes]
+            ours[:, :9], ours[:, 9] = ours[:, 1:].copy(), False
+        if np.count_nonzero(fire):
+            obs[lanes[fire], 8, pos[fire], 4] = 1
+            ours[np.flatnonzero(fire), 8, pos[fire]] = True
+        pos = new_pos
+        terminal = (obs[lanes, 9, pos, 5] == 1) | aliens[lanes, 9, pos]
 
+        shown = np.zeros(n, dtype=bool)  # lanes whose alien channels are written from their map
         moving = move_timer == 0
         if np.count_nonzero(moving):
-            m = every[moving]
+            m, at = lanes[moving], np.flatnonzero(moving)
             group = aliens[m]
-            move_timer[m] = np.minimum(group.sum(axis=(1, 2)), interval[m])
-            turn = (group[:, :, 0].any(axis=1) & (direction[m] < 0)) | (group[:, :, 9].any(axis=1) & (direction[m] > 0))
-            direction[m] = np.where(turn, -direction[m], direction[m])
-            terminal[m] |= turn & group[:, 9, :].any(axis=1)
-            moved = np.where(turn[:, None, None], np.roll(group, 1, axis=1),
-                             np.where((direction[m] < 0)[:, None, None], np.roll(group, -1, axis=2),
-                                      np.roll(group, 1, axis=2)))
-            aliens[m] = moved
-            terminal[m] |= moved[np.arange(len(m)), 9, pos[m]]
+            move_timer[at] = np.minimum(count[at], interval[at])
+            columns = group.any(axis=1)
+            turn = (columns[:, 0] & (direction[at] < 0)) | (columns[:, 9] & (direction[at] > 0))
+            direction[at] = np.where(turn, -direction[at], direction[at])
+            terminal[at] |= turn & group[:, 9, :].any(axis=1)
+            # down a row (np.roll(1, axis=0), the bottom row to the top), else a column along: a
+            # roll of the flat map, which moves no alien across a row's end (none is at the edge
+            # it moves towards, or they would have turned)
+            shift = np.where(turn, 10, direction[at])
+            moved = group.reshape(len(m), 100)[np.arange(len(m))[:, None], (_CELLS[None, :] - shift[:, None]) % 100]
+            aliens[m] = moved = moved.reshape(len(m), 10, 10)
+            terminal[at] |= moved[np.arange(len(m)), 9, pos[at]]
+            shown[at] = True
 
         shooting = shot_timer == 0
         if np.count_nonzero(shooting):
-            s = every[shooting]
-            shot_timer[s] = _ENEMY_SHOT_INTERVAL
+            s, at = lanes[shooting], np.flatnonzero(shooting)
+            shot_timer[at] = _ENEMY_SHOT_INTERVAL
             group = aliens[s]
-            occupied = group.any(axis=1)  # (lanes, columns)
             # the column nearest the cannon (the lower one on a tie) that holds an alien: MinAtar's
             # stable sort of the columns by distance; the wave is never empty here (refilled below)
-            key = np.abs(_COLUMNS[None, :] - pos[s, None]) * 10 + _COLUMNS[None, :]
-            column = np.argmin(np.where(occupied, key, 1000), axis=1)
-            rows_of = group[np.arange(len(s)), :, column]  # (lanes, rows)
-            row = 9 - np.argmax(rows_of[:, ::-1], axis=1)  # its lowest alien
-            enemy[s, row, column] = True
+            key = np.abs(_COLUMNS[None, :] - pos[at, None]) * 10 + _COLUMNS[None, :]
+            column = np.argmin(np.where(group.any(axis=1), key, 1000), axis=1)
+            row = 9 - np.argmax(group[np.arange(len(s)), ::-1, column], axis=1)  # its lowest alien
+            obs[s, row, column, 5] = 1
 
-        kills = aliens & friendly
-        rewards = kills.sum(axis=(1, 2))
-        if np.count_nonzero(rewards):
-            aliens &= ~kills
-            friendly &= ~kills
+        # an alien and a bullet of the cannon's in one cell: both gone, a point each
+        bullets = np.flatnonzero(ours)
+        at, cell = np.divmod(bullets, 100)
+        hit = aliens.reshape(len(aliens), 100)[lanes[at], cell]
+        rewards = np.zeros(n)
+        if np.count_nonzero(hit):
+            at, cell = at[hit], cell[hit]
+            row, column = np.divmod(cell, 10)
+            aliens[lanes[at], row, column] = False
+            ours[at, row, column] = False
+            obs[lanes[at], row, column, 1:5] = 0
+            kills = np.bincount(at, minlength=n)
+            rewards, count = kills.astype(np.float64), count - kills
 
         cool = cool - (cool > 0)
         move_timer -= 1
         shot_timer -= 1
-        cleared = ~aliens.any(axis=(1, 2))
+        cleared = count == 0
         if np.count_nonzero(cleared):
             if self._ramping:
                 interval = np.where(cleared & (interval > 6), interval - 1, interval)
-            aliens[every[cleared], 0:4, 2:8] = True
+            aliens[lanes[cleared]] |= _WAVE
+            count = np.where(cleared, _WAVE.sum(), count)
+            shown |= cleared
 
-        state[_CANNON], state[_ADIR], state[_INTERVAL] = pos, direction, interval
+        if not isinstance(rows, slice):
+            friendly[lanes] = ours
+        if np.count_nonzero(shown):
+            self._show_aliens(lanes[shown], direction[shown])
+        state[_CANNON], state[_ADIR], state[_INTERVAL], state[_ALIENS] = pos, direction, interval, count
         state[_MOVE_T], state[_SHOT_T], state[_COOL], state[_ALAST] = move_timer, shot_timer, cool, act
         state[_ASTEPS] += 1
         self._state[:, rows] = state
-        self._aliens[rows], self._friendly[rows], self._enemy[rows] = aliens, friendly, enemy
-        self._observe(rows, state, aliens, friendly, enemy)
         if self._max_steps is not None:  # gymnasium's TimeLimit
             terminal = terminal | (state[_ASTEPS] >= self._max_steps)
-        return rewards.astype(np.float64), terminal
+        return rewards, terminal
 
-    def _observe(self, rows, state: np.ndarray, aliens: np.ndarray, friendly: np.ndarray, enemy: np.ndarray) -> None:
-        """Env.state() into the rows' observations (state, aliens and bullets: the rows' own)."""
-        obs = np.zeros((*aliens.shape, 6), dtype=np.uint8)
-        obs[np.arange(len(aliens)), 9, state[_CANNON], 0] = 1
-        left = (state[_ADIR] < 0)[:, None, None]
-        obs[..., 1] = aliens
-        obs[..., 2] = aliens & left
-        obs[..., 3] = aliens & ~left
-        obs[..., 4] = friendly
-        obs[..., 5] = enemy
-        self.obs[rows] = obs
+    def _show_aliens(self, lanes: np.ndarray, direction: np.ndarray) -> None:
+        """The lanes' alien channels from their maps: every alien, and each under its direction."""
+        self.obs[lanes, :, :, 1:4] = self._aliens[lanes][..., None] * _SHOWN[(direction < 0).astype(np.intp)][:, None, None, :]
 
     def close(self) -> None:
         pass
