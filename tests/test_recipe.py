@@ -1,10 +1,11 @@
 import subprocess
 import sys
 
+import pydantic
 import pytest
 
 from compress_dqn.errors import UserError
-from compress_dqn.recipe.schema import load_recipe, parse_byte_size
+from compress_dqn.recipe.schema import ByteSize, load_recipe
 
 from conftest import ROOT, TINY, cli
 
@@ -41,7 +42,7 @@ def test_scientific_counts_sizes_and_floats(tmp_path):
     ("512MiB", 512 * 2**20), ("1GB", 10**9), ("1.5 GiB", int(1.5 * 2**30)), (4096, 4096), ("100", 100),
 ])
 def test_byte_sizes(text, expected):
-    assert parse_byte_size(text) == expected
+    assert pydantic.TypeAdapter(ByteSize).validate_python(text) == expected
 
 
 @pytest.mark.parametrize("body, fragment", [
@@ -97,10 +98,13 @@ def test_candidate_episodes_must_be_fresh(tmp_path):
         assert message.startswith(str(tmp_path)) and "variants.0.candidates.seed: the fresh episodes" in message and "of variant s overlap" in message and clash in message
     load_recipe(write(tmp_path, base + f"variants: [{student}{{seed: 2000, episodes: 50}}}}]\n"))  # apart: fine
     assert "candidates.count: 1 must be >= 2" in error_of(write(tmp_path, base + f"variants: [{student}{{count: 1}}}}]\n"))
-    search = "search: {students: [[4]], student_fine_tune: {select_interval: 50, select_episodes: 30}, student_candidates: "
-    message = error_of(write(tmp_path, base + search + "{seed: 1010}}\n"))
-    assert "search.student_candidates.seed: the fresh episodes [1010, 1210) of the search's students overlap train.eval_seed's" in message
-    load_recipe(write(tmp_path, base + search + "{seed: 2000}}\n"))
+    search = "search: {students: [[4]], student: {fine_tune: {select_interval: 50, select_episodes: 30}, candidates: "
+    message = error_of(write(tmp_path, base + search + "{seed: 1010}}}\n"))
+    assert "search.student.candidates.seed: the fresh episodes [1010, 1210) of the search's students overlap train.eval_seed's" in message
+    load_recipe(write(tmp_path, base + search + "{seed: 2000}}}\n"))
+    pruned = "search: {students: [], sparsities: [0.9], pruned: {candidates: {seed: 30}}}\n"
+    assert "search.pruned.candidates.seed: the fresh episodes [30, 230) of the search's pruned rungs overlap eval.seed's" in error_of(
+        write(tmp_path, base + pruned))
 
 
 def test_overrides(tmp_path):
@@ -234,7 +238,7 @@ def test_compress_presets_carry_selection_dagger_and_best_of_builds_where_the_ta
     assert student["candidates"]["count"] > 1 and student["fine_tune"]["learning_rate_schedule"] == "linear"
     assert "student_states" not in preset_for("prune-80", ["q_values"], flat_observations=False)["fine_tune"]
     assert preset_for("prune-80", ["q_values", "hidden_0"])["prune"]["exclude"] == ["q_values", "hidden_0"]
-    assert "student_states" not in search_defaults(flat_observations=False)["student_fine_tune"]
+    assert "student_states" not in search_defaults(flat_observations=False)["student"]["fine_tune"]
     assert "student_states" in VARIANT_PRESETS["prune-80"]["fine_tune"]  # the shared table is not edited
     # Every preset and the search defaults validate as a recipe.
     data = {"env": {"id": "CartPole-v1"}, "baseline": {"from": "m.keras"},

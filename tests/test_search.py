@@ -98,7 +98,7 @@ def test_search_recipe_errors_are_one_line():
 
 
 def test_student_candidates_make_each_student_rung_a_best_of_k_build_and_leave_pruning_alone():
-    recipe = load_recipe(TINY, [STUDENTS, "search.sparsities=[0.9]", "search.student_candidates={count: 4, episodes: 50}"])
+    recipe = load_recipe(TINY, [STUDENTS, "search.sparsities=[0.9]", "search.student.candidates={count: 4, episodes: 50}"])
     rungs = ladders(recipe, (4,), 2)
     assert [c.variant.candidates.count for c in rungs["student"]] == [4] * 5
     assert {c.variant.candidates.episodes for c in rungs["student"]} == {50}
@@ -164,7 +164,7 @@ def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(t
 
     for module in (looks, search_module):
         monkeypatch.setattr(module, "paired_difference", undecided_until_20)
-    overrides = ["search.students=[[8]]", "search.student_quantize=float16", "search.student_fine_tune.steps=300",
+    overrides = ["search.students=[[8]]", "search.student.quantize={mode: float16}", "search.student.fine_tune.steps=300",
                  "eval.tolerance=1.0", "eval.max_episodes=20", NO_TF_MEMORY]
     outcomes = {workers: run_search(load_recipe(TINY, [*overrides, f"workers={workers}"]), tmp_path / f"w{workers}",
                                     quiet=True, log=lambda m: None) for workers in (1, 2)}
@@ -217,9 +217,13 @@ def test_the_front_offers_only_kept_candidates():
     assert pareto_names(log, seeds=2) == ["small", "big"]
 
 
+def _cnn_student(template: str) -> list[str]:
+    """An override: a search of one CNN student (8 3x3 filters, 32 units) built as the student template says."""
+    return ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}], student: " + template + "}"]
+
+
 def test_float_head_students_are_named_for_it_and_weigh_their_float_heads():
-    recipe = load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}], "
-                                   "qat_float_head: true}"])
+    recipe = load_recipe(MINATAR, _cnn_student("{quantize: {mode: qat, float_head: true}}"))
     (rung,) = ladders(recipe, (10, 10, 4), 3)["student"]
     assert rung.variant.name == "student-c8k3-32-qat-int8-float-heads"
     assert rung.variant.quantize.float_head and rung.variant.quantize.mode == "qat"
@@ -227,51 +231,51 @@ def test_float_head_students_are_named_for_it_and_weigh_their_float_heads():
     (plain,) = ladders(load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}]}"]),
                        (10, 10, 4), 3)["student"]
     assert plain.variant.name == "student-c8k3-32-qat-int8" and not plain.variant.quantize.float_head
-    (own,) = ladders(load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}], "
-                                           "qat_float_head: true, qat_teacher: float}"]), (10, 10, 4), 3)["student"]
+    own_float = _cnn_student("{quantize: {mode: qat, float_head: true, qat_teacher: float}}")
+    (own,) = ladders(load_recipe(MINATAR, own_float), (10, 10, 4), 3)["student"]
     assert own.variant.name == "student-c8k3-32-qat-int8-float-heads-self" and own.variant.quantize.qat_teacher == "float"
     assert plain.variant.quantize.qat_teacher == "baseline"
-    (both,) = ladders(load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}], "
-                                            "qat_float_head: true, qat_teacher: both, student_candidates: {count: 2}}"]),
+    (both,) = ladders(load_recipe(MINATAR, _cnn_student("{quantize: {mode: qat, float_head: true}, "
+                                                                "candidates: {count: 2, qat_teachers: [baseline, float]}}")),
                       (10, 10, 4), 3)["student"]
     assert both.variant.name == "student-c8k3-32-qat-int8-float-heads" and both.variant.quantize.qat_teacher == "baseline"
     assert both.variant.candidates.qat_teachers == ["baseline", "float"] and both.variant.candidates.count == 2
-    with pytest.raises(UserError, match="qat_teacher: both .* needs student_quantize: qat and student_candidates"):
-        load_recipe(MINATAR, ["search={students: [[32]], qat_teacher: both}"])
+    with pytest.raises(UserError, match="search.student: candidates.qat_teachers: QAT's teachers need quantize.mode: qat"):
+        load_recipe(MINATAR, ["search={students: [[32]], student: {quantize: {mode: int8}, candidates: {qat_teachers: "
+                              "[baseline, float]}}}"])
 
 
 def test_clustered_students_are_named_for_it_keep_their_clusters_through_qat_and_weigh_fewer_bits():
-    recipe = load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}], "
-                                   "qat_float_head: true, student_cluster: {clusters: 8, exclude: [conv_0, q_values], "
-                                   "steps: 400, learning_rate: 1e-4}}"])
+    recipe = load_recipe(MINATAR, _cnn_student("{quantize: {mode: qat, float_head: true}, cluster: {clusters: 8, "
+                                                    "exclude: [conv_0, q_values], steps: 400, learning_rate: 1e-4}}"))
     (rung,) = ladders(recipe, (10, 10, 4), 3)["student"]
     assert rung.variant.name == "student-c8k3-32-cl8-cqat-int8-float-heads"
     assert rung.variant.cluster.clusters == 8 and rung.variant.cluster.steps == 400
     assert rung.variant.quantize.mode == "qat" and rung.variant.quantize.preserve
     # The clustered hidden kernel at 3 bits a weight; the conv (a byte) and float heads excluded.
     assert rung.estimated_bytes == 3 * 3 * 4 * 8 + 512 * 32 * 3 / 8 + 4 * 32 * 3
-    with pytest.raises(UserError, match="search.student_cluster: .*set student_quantize: qat"):
-        load_recipe(MINATAR, ["search={students: [[32]], student_quantize: int8, student_cluster: {clusters: 8}}"])
+    with pytest.raises(UserError, match=r"search.student: cluster: .*set quantize: \{mode: qat\} or remove cluster"):
+        load_recipe(MINATAR, ["search={students: [[32]], student: {quantize: {mode: int8}, cluster: {clusters: 8}}}"])
 
 
 def test_low_bit_students_are_named_for_it_and_weigh_their_bits():
-    recipe = load_recipe(MINATAR, ["search={students: [{conv: [{filters: 8, kernel: 3}], net_arch: [32]}], "
-                                   "qat_float_head: true, student_kernel_bits: {hidden_0: 4}}"])
+    recipe = load_recipe(MINATAR, _cnn_student("{quantize: {mode: qat, float_head: true, kernel_bits: {hidden_0: 4}}}"))
     (rung,) = ladders(recipe, (10, 10, 4), 3)["student"]
     assert rung.variant.name == "student-c8k3-32-qat-int8-hidden_0-4bit-float-heads"
     assert rung.variant.quantize.kernel_bits == {"hidden_0": 4} and rung.variant.quantize.float_head
     # The hidden kernel at 4 bits a weight; the conv a byte, the float heads 4 bytes.
     assert rung.estimated_bytes == 3 * 3 * 4 * 8 + 512 * 32 * 4 / 8 + 4 * 32 * 3
-    for conflict in ("student_quantize: int8", "student_cluster: {clusters: 16}"):
-        with pytest.raises(UserError, match="search.student_kernel_bits: .*set student_quantize: qat and remove student_cluster"):
-            load_recipe(MINATAR, [f"search={{students: [[32]], student_kernel_bits: {{hidden_0: 4}}, {conflict}}}"])
+    for quantize, conflict, fix in (("int8", "", "kernel_bits applies to mode qat only"),
+                                    ("qat", ", cluster: {clusters: 16}", "without clustering; remove cluster or kernel_bits")):
+        with pytest.raises(UserError, match=f"search.student.*{fix}"):
+            load_recipe(MINATAR, _cnn_student(f"{{quantize: {{mode: {quantize}, kernel_bits: {{hidden_0: 4}}}}{conflict}}}"))
     with pytest.raises(UserError, match="kernel_bits"):
-        load_recipe(MINATAR, ["search={students: [[32]], student_kernel_bits: {hidden_0: 1}}"])
+        load_recipe(MINATAR, ["search={students: [[32]], student: {quantize: {mode: qat, kernel_bits: {hidden_0: 1}}}}"])
 
 
 def test_pruned_candidates_may_be_quantized_by_qat_or_dynamic_range_and_stay_dense():
-    recipe = load_recipe(MINATAR, ["search={students: [], sparsities: [0.95], prune_exclude: [conv_0, q_values], "
-                                   "prune_quantize: qat, qat_float_head: true, qat_steps: 300, prune_sparse_format: false}"])
+    recipe = load_recipe(MINATAR, ["search={students: [], sparsities: [0.95], pruned: {prune: {exclude: [conv_0, q_values], "
+                                   "sparse_format: false}, quantize: {mode: qat, float_head: true, qat_steps: 300}}}"])
     (rung,) = ladders(recipe, (10, 10, 4), 3)["prune"]
     assert rung.variant.name == "prune-95-qat-int8-float-heads"
     assert rung.variant.quantize.mode == "qat" and rung.variant.quantize.float_head and rung.variant.quantize.preserve
@@ -282,8 +286,8 @@ def test_pruned_candidates_may_be_quantized_by_qat_or_dynamic_range_and_stay_den
     (default,) = ladders(load_recipe(MINATAR, ["search={students: [], sparsities: [0.9]}"]), (10, 10, 4), 3)["prune"]
     assert default.variant.name == "prune-90-int8" and default.variant.quantize.mode == "int8"
     assert default.variant.prune.sparse_format
-    (dynamic,) = ladders(load_recipe(MINATAR, ["search={students: [], sparsities: [0.95], prune_quantize: dynamic, "
-                                               "prune_exclude: [conv_0, q_values]}"]), (10, 10, 4), 3)["prune"]
+    (dynamic,) = ladders(load_recipe(MINATAR, ["search={students: [], sparsities: [0.95], pruned: {quantize: {mode: dynamic}, "
+                                               "prune: {exclude: [conv_0, q_values]}}}"]), (10, 10, 4), 3)["prune"]
     assert dynamic.variant.name == "prune-95-dynamic" and dynamic.variant.quantize.mode == "dynamic"
     assert dynamic.estimated_bytes == pytest.approx(3 * 3 * 4 * 16 + 0.05 * 1024 * 128 + 128 * 3)
 
@@ -297,7 +301,8 @@ def test_conv_students_are_named_and_sized_from_their_layers():
     specs = _students("c8k3-32,c4k3s2-16x16,64")
     assert specs == [{"conv": [{"filters": 8, "kernel": 3, "stride": 1}], "net_arch": [32]},
                      {"conv": [{"filters": 4, "kernel": 3, "stride": 2}], "net_arch": [16, 16]}, [64]]
-    recipe = load_recipe(MINATAR, [f"search={{students: {json.dumps(specs)}, sparsities: [0.9], prune_exclude: [q_values]}}"])
+    recipe = load_recipe(MINATAR, [f"search={{students: {json.dumps(specs)}, sparsities: [0.9], "
+                                   "pruned: {prune: {exclude: [q_values]}}}"])
     rungs = ladders(recipe, (10, 10, 4), 3)
     by_name = {c.variant.name: c for c in rungs["student"]}
     assert set(by_name) == {"student-c8k3-32-qat-int8", "student-c4k3s2-16x16-qat-int8", "student-64-qat-int8"}
@@ -337,13 +342,15 @@ def test_the_quantized_baseline_is_a_one_rung_family_and_names_must_not_clash(tm
     from compress_dqn.errors import UserError
     from compress_dqn.run.search import run_search
 
-    recipe = load_recipe(TINY, [STUDENTS, "search.quantized_baseline=qat", "search.qat_steps=77"])
+    qat = "search.quantized_baseline={quantize: {mode: qat, qat_steps: 77}, fine_tune: {steps: 300}}"
+    recipe = load_recipe(TINY, [STUDENTS, qat])
     (rung,) = ladders(recipe, (4,), 2)["quantize"]
     assert rung.variant.name == "qat-int8" and rung.variant.quantize.qat_steps == 77 and rung.variant.student is None
     assert rung.estimated_bytes == 4 * 16 + 16 * 16 + 16 * 2  # tiny's [16, 16] network, a byte a weight
-    assert rung.variant.fine_tune == recipe.search.student_fine_tune
-    assert ladders(load_recipe(TINY, ["search.quantized_baseline=int8"]), (4,), 2)["quantize"][0].variant.name == "ptq-int8"
-    clash = load_recipe(TINY, [STUDENTS, "search.quantized_baseline=qat", "variants=[{name: qat-int8, quantize: {mode: qat}}]"])
+    assert rung.variant.fine_tune.steps == 300
+    int8 = "search.quantized_baseline={quantize: {mode: int8}}"
+    assert ladders(load_recipe(TINY, [int8]), (4,), 2)["quantize"][0].variant.name == "ptq-int8"
+    clash = load_recipe(TINY, [STUDENTS, qat, "variants=[{name: qat-int8, quantize: {mode: qat}}]"])
     with pytest.raises(UserError, match="qat-int8 also name"):
         run_search(clash, tmp_path / "run", quiet=True, log=lambda m: None)
     assert not (tmp_path / "run").exists()

@@ -2,14 +2,17 @@
 ladder, rung for rung, as it did when its runs were started, so those runs resume without rebuilding.
 
 tests/data/search_ladders_before.json holds each case's ladder (each rung's name, estimated bytes and
-variant) and the search block of the recipe.yaml its run wrote, as at commit 5969047, before the change, by `python tests/test_search_templates.py`
-(`_capture`); the recipes it read are in tests/data/search_recipes_before/ (the shipped search
-recipes as they were then written) and tests/data/legacy-a0e684b/.
+variant) and the search block of the recipe.yaml its run wrote, as built at commit 5969047, before
+the change, by `python tests/test_search_templates.py` (`_capture`; run at a later commit it would
+record that commit's ladders instead). The recipes it read are in tests/data/search_recipes_before/
+(the shipped search recipes as they were then written) and tests/data/legacy-a0e684b/.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,9 +22,13 @@ sys.path.insert(0, str(HERE))
 
 from conftest import MINATAR, TINY  # noqa: E402
 
+import pytest  # noqa: E402
+
+from compress_dqn.errors import UserError  # noqa: E402
 from compress_dqn.recipe.presets import search_defaults  # noqa: E402
-from compress_dqn.recipe.schema import Recipe, load_recipe, recipe_from_data  # noqa: E402
-from compress_dqn.run.ladders import ladders  # noqa: E402
+from compress_dqn.recipe.safe_yaml import read_yaml  # noqa: E402
+from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig, load_recipe, recipe_from_data  # noqa: E402
+from compress_dqn.run.ladders import ladders, variant_name  # noqa: E402
 
 DATA = HERE / "data"
 BEFORE = DATA / "search_ladders_before.json"
@@ -80,6 +87,7 @@ def ladder_of(recipe: Recipe, shape: tuple[tuple[int, ...], int]) -> dict[str, l
             for family, rungs in ladders(recipe, *shape).items()}
 
 
+@functools.cache
 def _cases() -> dict[str, tuple[Recipe, tuple[tuple[int, ...], int]]]:
     """Every case as its old text builds it: recipe and (observation shape, actions)."""
     cases = {f"recipes/{name}.yaml": (load_recipe(OLD_RECIPES / f"{name}.yaml"), shape) for name, shape in SHIPPED.items()}
@@ -96,6 +104,185 @@ def _capture() -> None:
     ladders_before = {name: {"ladder": ladder_of(recipe, shape), "recipe_yaml_search": recipe.to_dict()["search"]}
                       for name, (recipe, shape) in _cases().items()}
     BEFORE.write_text(json.dumps(ladders_before, indent=1, sort_keys=True) + "\n")
+
+
+@functools.cache
+def _all_before() -> dict[str, Any]:
+    return json.loads(BEFORE.read_text())
+
+
+def _before(name: str) -> dict[str, Any]:
+    return _all_before()[name]
+
+
+def _built(recipe: Recipe, shape: tuple[tuple[int, ...], int]) -> dict[str, Any]:
+    return json.loads(json.dumps(ladder_of(recipe, shape)))  # as JSON holds it: tuples as lists
+
+
+@pytest.mark.parametrize("name", sorted(json.loads(BEFORE.read_text())))
+def test_a_recipe_written_before_builds_the_ladder_it_built_then(name):
+    """The old text of each shipped search recipe, the a0e684b one, compress-dqn search's defaults
+    and each old key: every rung named, estimated and defined as before."""
+    recipe, shape = _cases()[name]
+    assert _built(recipe, shape) == _before(name)["ladder"]
+
+
+@pytest.mark.parametrize("name", sorted(json.loads(BEFORE.read_text())))
+def test_a_run_started_before_reads_its_recipe_yaml_as_the_same_recipe(name):
+    """A run's recipe.yaml holds every search key of its day: read back, it is the recipe the old
+    text is now (so a rerun finds no difference and keeps its search log and builds)."""
+    recipe, shape = _cases()[name]
+    stored = recipe_from_data({**recipe.to_dict(), "search": _before(name)["recipe_yaml_search"]})
+    assert stored.to_dict() == recipe.to_dict()
+    assert _built(stored, shape) == _before(name)["ladder"]
+
+
+def test_the_shipped_search_recipes_are_written_in_templates_and_build_their_old_ladders():
+    shipped = {path.stem for path in (HERE.parent / "recipes").glob("*.yaml") if (read_yaml(path) or {}).get("search")}
+    assert shipped == set(SHIPPED)
+    for name, shape in SHIPPED.items():
+        path = HERE.parent / "recipes" / f"{name}.yaml"
+        assert not set(read_yaml(path)["search"]) & OLD_KEYS, f"{name}: written in the old keys"
+        recipe = load_recipe(path)
+        assert recipe.to_dict() == load_recipe(OLD_RECIPES / f"{name}.yaml").to_dict(), name
+        assert _built(recipe, shape) == _before(f"recipes/{name}.yaml")["ladder"], name
+
+
+def test_every_rung_is_named_from_its_settings():
+    for case in _all_before().values():
+        for rungs in case["ladder"].values():
+            for rung in rungs:
+                assert variant_name(VariantConfig.model_validate(rung["variant"])) == rung["name"]
+
+
+def test_the_a0e684b_search_run_resumes_without_rebuilding(tmp_path):
+    """Its recipe.yaml (the old keys, every one written out) reads as the recipe that started it, so
+    a rerun of legacy-search.yaml changes nothing: the search log and every build are kept, each
+    under the name the ladder still gives it."""
+    from compress_dqn.run.ladders import candidate_variants
+    from compress_dqn.run.rundir import prepare_run_dir
+
+    run_dir = tmp_path / "search"
+    shutil.copytree(LEGACY / "search", run_dir)
+    recipe = load_recipe(LEGACY / "legacy-search.yaml")
+    names = [v.name for v in candidate_variants(recipe.search)]
+    assert names == ["student-8-qat-int8", "student-4-qat-int8", "prune-50-int8"]
+    assert list(json.loads((run_dir / "search.json").read_text())["tried"]) == names
+    stages = json.loads((run_dir / "seed-0" / "stages.json").read_text())
+    assert {f"variant:{name}" for name in names} <= set(stages)
+    logs: list[str] = []
+    assert prepare_run_dir(recipe, run_dir, logs.append)  # resumed
+    assert logs == []  # no difference: nothing rebuilt or dropped
+    assert (run_dir / "search.json").read_bytes() == (LEGACY / "search" / "search.json").read_bytes()
+    assert (run_dir / "recipe.yaml").read_bytes() == (LEGACY / "search" / "recipe.yaml").read_bytes()
+    assert json.loads((run_dir / "seed-0" / "stages.json").read_text()) == stages
+
+
+QAT = "mode: qat, qat_steps: 5000, qat_learning_rate: 1e-4"
+NEW_FORM = {
+    "float-heads": [f"search={{students: [{CNN_STUDENT}], student: {{quantize: {{{QAT}, float_head: true}}}}}}"],
+    "self": [f"search={{students: [{CNN_STUDENT}], student: {{quantize: {{{QAT}, float_head: true, qat_teacher: float}}}}}}"],
+    "both": [f"search={{students: [{CNN_STUDENT}], student: {{quantize: {{{QAT}, float_head: true}}, "
+             "candidates: {count: 2, qat_teachers: [baseline, float]}}}"],
+    "cluster": [f"search={{students: [{CNN_STUDENT}, [32, 32]], student: {{quantize: {{{QAT}, float_head: true}}, "
+                "cluster: {clusters: 8, exclude: [conv_0, q_values], steps: 400, learning_rate: 1e-4}}}"],
+    "kernel-bits": [f"search={{students: [{CNN_STUDENT}], student: {{quantize: {{mode: qat, qat_steps: 70, "
+                    "qat_learning_rate: 2e-4, float_head: true, kernel_bits: {hidden_0: 4, q_values: 6}}}}"],
+    "student-int8": ["search={students: [[8], [4]], student: {quantize: {mode: int8}}}"],
+    "student-float16": ["search={students: [[8]], student: {quantize: {mode: float16}}}"],
+    "student-none": ["search={students: [[8]], student: {quantize: null, candidates: {count: 4}}}"],
+    "prune-qat": ["search={students: [], sparsities: [0.95, 0.9], pruned: {prune: {exclude: [conv_0, q_values], "
+                  "sparse_format: false}, quantize: {mode: qat, qat_steps: 300, qat_learning_rate: 1e-4, float_head: true}}}"],
+    "prune-dynamic": ["search={students: [], sparsities: [0.95], pruned: {prune: {exclude: [conv_0, q_values]}, "
+                      "quantize: {mode: dynamic}}}"],
+    "prune-default": ["search={students: [], sparsities: [0.5, 0.975]}"],
+    "quantized-qat": ["search={students: [[8]], student: {fine_tune: {steps: 300}, quantize: {mode: qat, qat_steps: 77, "
+                      "qat_learning_rate: 1e-4, float_head: true}}, quantized_baseline: {fine_tune: {steps: 300}, "
+                      "quantize: {mode: qat, qat_steps: 77, qat_learning_rate: 1e-4}}}"],
+    "quantized-int8": ["search={students: [], quantized_baseline: {quantize: {mode: int8}}}"],
+    "defaults": ["search={}"],
+    "set-fine-tune": ["search.students=[[8]]", "search.student.fine_tune.steps=300",
+                      "search.student.quantize={mode: qat, qat_steps: 99, qat_learning_rate: 1e-4}"],
+}
+"""OLD_KEY_CASES written as templates."""
+
+
+@pytest.mark.parametrize("name", sorted(NEW_FORM))
+def test_the_old_keys_and_the_templates_build_the_same_ladder(name):
+    path, _, shape = OLD_KEY_CASES[name]
+    assert _built(load_recipe(path, NEW_FORM[name]), shape) == _before(name)["ladder"]
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_an_old_key_set_on_a_rewritten_recipe_means_what_it_meant_on_the_old_text(name):
+    """docs and scripts --set the old keys on the shipped recipes (search.student_fine_tune.
+    select_episodes=50, search.student_quantize=int8, ...): on a template the recipe writes, the key
+    edits that template as it edited the old key's block."""
+    sets = [["search.student_fine_tune.select_episodes=50", "search.qat_steps=7"], ["search.student_quantize=int8"],
+            ["search.qat_float_head=false", "search.student_candidates=null"], ["search.prune_quantize=dynamic"],
+            ["search.prune_exclude=[q_values]", "search.prune_fine_tune.steps=10"], ["search.quantized_baseline=qat"],
+            ["search.prune_quantize=qat", "search.qat_learning_rate=1e-5", "search.prune_sparse_format=true"]]
+    shape = SHIPPED[name]
+    for overrides in sets:
+        old = load_recipe(OLD_RECIPES / f"{name}.yaml", overrides)
+        new = load_recipe(HERE.parent / "recipes" / f"{name}.yaml", overrides)
+        assert _built(new, shape) == _built(old, shape), overrides
+        assert new.to_dict() == old.to_dict(), overrides
+
+
+@pytest.mark.parametrize("search, fix", [
+    # the old keys' combinations, refused as before
+    ("{students: [[8]], qat_teacher: both}", "qat_teacher: both makes each QAT build two candidates: it needs "
+                                             "student_quantize: qat and student_candidates"),
+    ("{students: [[8]], qat_teacher: both, student_candidates: {count: 2}, student_quantize: int8}",
+     "needs student_quantize: qat and student_candidates (now written student: {quantize: {mode: qat}, candidates: "
+     "{qat_teachers: [baseline, float]}})"),
+    ("{students: [[8]], student_quantize: int8, student_cluster: {clusters: 8}}",
+     "search.student: cluster: clustered students keep their clusters through quantization-aware int8; "
+     "set quantize: {mode: qat} or remove cluster"),
+    ("{students: [[8]], student_quantize: none, student_kernel_bits: {hidden_0: 4}}",
+     "student_kernel_bits: low-bit kernels are trained by QAT without clustering; set student_quantize: qat and "
+     "remove student_cluster, or remove student_kernel_bits"),
+    ("{students: [[8]], student_cluster: {clusters: 8}, student_kernel_bits: {hidden_0: 4}}",
+     "search.student: quantize.kernel_bits: low-bit kernels are trained by QAT without clustering; remove cluster "
+     "or kernel_bits"),
+    # and the same on the templates
+    ("{students: [[8]], student: {quantize: {mode: int8}, candidates: {qat_teachers: [baseline, float]}}}",
+     "search.student: candidates.qat_teachers: QAT's teachers need quantize.mode: qat; remove it or use mode qat"),
+    ("{students: [[8]], student: {quantize: null, cluster: {clusters: 8}}}", "set quantize: {mode: qat} or remove cluster"),
+    ("{students: [[8]], student: {quantize: {mode: int8, kernel_bits: {hidden_0: 4}}}}",
+     "search.student.quantize: kernel_bits applies to mode qat only, not int8; remove it or use mode: qat"),
+    ("{students: [[8]], student: {cluster: {clusters: 8}, quantize: {mode: qat, kernel_bits: {hidden_0: 4}}}}",
+     "remove cluster or kernel_bits"),
+    ("{students: [], sparsities: [0.5], pruned: {cluster: {clusters: 4}}}", "search.pruned: cluster: a pruned rung "
+                                                                             "is not clustered too; remove cluster"),
+    ("{students: [[8]], student: {fine_tune: {method: td}}}",
+     "search.student: a student learns from the baseline: fine_tune.method must be distill"),
+    ("{students: [], quantized_baseline: {}}", "search.quantized_baseline: a variant needs at least one of"),
+    ("{students: [], sparsities: [0.5], pruned: {prune: {sparsity: 0.5}}}", "search.pruned.prune.sparsity: unknown key"),
+    ("{students: []}", "search: give students, sparsities or quantized_baseline; nothing to try"),
+])
+def test_a_search_that_cannot_be_built_is_refused_in_one_line_naming_the_fix(search, fix):
+    with pytest.raises(UserError) as refused:
+        load_recipe(TINY, [f"search={search}"])
+    assert fix in str(refused.value) and "\n" not in str(refused.value)
+
+
+OLD_KEYS = {"student_quantize", "student_fine_tune", "student_candidates", "student_cluster", "student_kernel_bits",
+            "prune_exclude", "prune_fine_tune", "prune_quantize", "prune_sparse_format", "qat_steps",
+            "qat_learning_rate", "qat_float_head", "qat_teacher"}
+
+
+def test_the_search_block_holds_what_varies_and_one_template_a_family():
+    """No search key twins a variant's: a new variant setting reaches every family through its template."""
+    assert set(SearchConfig.model_fields) == {"objective", "students", "student", "sparsities", "pruned",
+                                              "quantized_baseline", "max_candidates", "max_seconds"}
+    assert not OLD_KEYS & set(SearchConfig.model_fields)
+    variant_keys = set(VariantConfig.model_fields) - {"name"}
+    for template in ("student", "pruned", "quantized_baseline"):
+        annotation = SearchConfig.model_fields[template].annotation
+        model = annotation if isinstance(annotation, type) else annotation.__args__[0]
+        assert set(model.model_fields) <= variant_keys, template
 
 
 if __name__ == "__main__":

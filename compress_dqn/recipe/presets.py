@@ -35,23 +35,20 @@ VARIANT_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 SEARCH_DEFAULTS: dict[str, Any] = {
-    "student_quantize": "qat",
-    "student_fine_tune": {"steps": 40000, "learning_rate": 1e-3, **_SELECT},
-    "student_candidates": {"count": 3, "episodes": 200, "seed": 200000},
-    "qat_steps": 20000,
-    "qat_learning_rate": 3e-4,
-    "prune_fine_tune": _RECOVER,
+    "student": {"fine_tune": {"steps": 40000, "learning_rate": 1e-3, **_SELECT},
+                "quantize": {"mode": "qat", "qat_steps": 20000, "qat_learning_rate": 3e-4},
+                "candidates": {"count": 3, "episodes": 200, "seed": 200000}},
+    "pruned": {"fine_tune": _RECOVER},
 }
-"""The search's student and pruning settings for `compress-dqn search` (recipes/lunarlander-search.yaml's)."""
+"""The search's student and pruning templates for `compress-dqn search` (recipes/lunarlander-search.yaml's)."""
 
 
 def _for_task(settings: dict[str, Any], flat_observations: bool) -> dict[str, Any]:
     """Student states (DAgger) play only flat-observation tasks: image tasks fine-tune without them."""
     settings = copy.deepcopy(settings)
     if not flat_observations:
-        for fine_tune in [settings.get("fine_tune"), settings.get("student_fine_tune"), settings.get("prune_fine_tune")]:
-            if fine_tune:
-                fine_tune.pop("student_states", None)
+        for variant in [settings, settings.get("student") or {}, settings.get("pruned") or {}]:
+            (variant.get("fine_tune") or {}).pop("student_states", None)
     return settings
 
 

@@ -97,11 +97,6 @@ ByteSize = Annotated[pydantic.ByteSize, BeforeValidator(_not_bool)]
 """536870912, "512MiB", "1.5 GB" (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024): pydantic's ByteSize."""
 
 
-def parse_byte_size(value: Any) -> int:
-    """Bytes from a size as a recipe writes it."""
-    return int(pydantic.TypeAdapter(ByteSize).validate_python(value))
-
-
 class StrictModel(BaseModel):
     """Rejects unknown keys with a did-you-mean and the list of valid keys."""
 
@@ -375,11 +370,10 @@ class EvalConfig(StrictModel):
         return self
 
 
-class PruneConfig(StrictModel):
-    """Magnitude pruning (tfmot prune_low_magnitude), reached during the recovery fine-tune."""
+class PruneSettings(StrictModel):
+    """Magnitude pruning less its target: how, when and where (a search's pruned family; its
+    sparsities give each rung's target)."""
 
-    sparsity: _real(0.0, 1.0, hi_open=True)
-    """Target share of zero weights in each pruned layer's kernel."""
     schedule: Literal["polynomial", "constant"] = "polynomial"
     """PolynomialDecay (ramp from 0 to sparsity) or ConstantSparsity (at sparsity from begin)."""
     begin_fraction: Probability = 0.0
@@ -396,10 +390,19 @@ class PruneConfig(StrictModel):
     so set false for a microcontroller policy."""
 
     @model_validator(mode="after")
-    def _ordered(self) -> PruneConfig:
+    def _ordered(self) -> PruneSettings:
         if self.schedule == "polynomial" and self.end_fraction <= self.begin_fraction:
             raise ValueError(f"end_fraction {self.end_fraction} must be after begin_fraction {self.begin_fraction}")
         return self
+
+
+class _Sparsity(StrictModel):
+    sparsity: _real(0.0, 1.0, hi_open=True)
+    """Target share of zero weights in each pruned layer's kernel."""
+
+
+class PruneConfig(PruneSettings, _Sparsity):  # _Sparsity last: sparsity stays the first key written
+    """Magnitude pruning (tfmot prune_low_magnitude), reached during the recovery fine-tune."""
 
 
 QUANTIZE_MODES = ("dynamic", "float16", "int8", "int16x8", "qat")
@@ -639,12 +642,187 @@ def _tuning(steps: int, learning_rate: float) -> Any:
     return Field(default_factory=lambda: FineTuneConfig(steps=steps, learning_rate=learning_rate))
 
 
+class VariantTemplate(StrictModel):
+    """A variant less its name: the settings every rung of a search family shares. Each rung is
+    this variant with what its family varies, named for its settings (run.ladders.variant_name). A
+    key given replaces that key's default whole."""
+
+    fine_tune: FineTuneConfig | None = None
+    quantize: QuantizeConfig | None = None
+    cluster: ClusterConfig | None = None
+    candidates: CandidatesConfig | None = None
+    """Build each rung several times and keep the best on fresh episodes (as a variant's candidates)."""
+
+    def variant(self, **varied: Any) -> VariantConfig:
+        """The variant a rung is: these settings and what it varies (a student, a prune target), unnamed."""
+        try:
+            return VariantConfig.model_validate({**self.model_dump(), "name": "rung", **varied})
+        except ValidationError as exc:
+            raise ValueError(format_validation_error(exc, limit=1)) from None
+
+    def _check(self) -> None:
+        self.variant()
+
+    @model_validator(mode="after")
+    def _a_variant(self) -> VariantTemplate:
+        """A template that cannot make a variant is refused with the recipe, not at its first rung."""
+        self._check()
+        return self
+
+
+_QAT = {"mode": "qat", "qat_steps": 5_000, "qat_learning_rate": 1e-4}
+"""The search's QAT unless told otherwise: a quarter of the students' distillation, at a tenth of its step size."""
+_PRUNE_DENSE = [layer_names.hidden(0), layer_names.OUTPUT]
+"""The pruned family's dense layers unless told: an MLP's small input and output layers."""
+
+
+class StudentTemplate(VariantTemplate):
+    """How each of search.students is built: distilled from the baseline (fine_tune), then quantized."""
+
+    fine_tune: FineTuneConfig | None = _tuning(20_000, 1e-3)
+    """The distillation."""
+    quantize: QuantizeConfig | None = Field(default_factory=lambda: QuantizeConfig(**_QAT))
+    """int8 after a quantization-aware fine-tune (its own steps, a smaller step size); null: float students."""
+
+    def rung(self, student: StudentConfig) -> VariantConfig:
+        return self.variant(student=student)
+
+    def _check(self) -> None:
+        qat = self.quantize is not None and self.quantize.mode == "qat"
+        if self.cluster is not None and not qat:
+            raise ValueError("cluster: clustered students keep their clusters through quantization-aware int8; "
+                             "set quantize: {mode: qat} or remove cluster")
+        if qat and self.quantize.kernel_bits and self.cluster is not None:
+            raise ValueError("quantize.kernel_bits: low-bit kernels are trained by QAT without clustering; "
+                             "remove cluster or kernel_bits")
+        self.rung(StudentConfig(net_arch=[1]))
+
+
+class PrunedTemplate(VariantTemplate):
+    """How the baseline is pruned to each of search.sparsities, recovered (fine_tune) and quantized."""
+
+    prune: PruneSettings = Field(default_factory=lambda: PruneSettings(exclude=_PRUNE_DENSE))
+    """Layers kept dense (by default the small input and output layers) and how pruning ramps."""
+    fine_tune: FineTuneConfig | None = _tuning(6_000, 3e-4)
+    """The recovery fine-tune, during which pruning reaches its target."""
+    quantize: QuantizeConfig | None = Field(default_factory=lambda: QuantizeConfig(mode="int8"))
+    """Post-training int8. dynamic keeps float activations: on MinAtar Space Invaders int8 activations
+    cost the pruned baseline its return and int8 weights alone did not (docs/minatar.md); qat keeps
+    the sparsity through quantization-aware int8."""
+
+    def rung(self, sparsity: float) -> VariantConfig:
+        return self.variant(prune={**self.prune.model_dump(), "sparsity": sparsity})
+
+    def _check(self) -> None:
+        if self.cluster is not None:
+            raise ValueError("cluster: a pruned rung is not clustered too; remove cluster (a student may be)")
+        self.rung(0.5)
+
+
+_OLD_SEARCH_KEYS = ("student_quantize", "student_fine_tune", "student_candidates", "student_cluster",
+                    "student_kernel_bits", "prune_exclude", "prune_fine_tune", "prune_quantize", "prune_sparse_format",
+                    "qat_steps", "qat_learning_rate", "qat_float_head", "qat_teacher")
+"""search: keys before the families were templates (issue 60), read into the templates."""
+
+
+def _merged(given: Any, value: Any) -> Any:
+    """value over what the recipe gives: an --set of an earlier key edits a template the recipe writes."""
+    if isinstance(given, dict) and isinstance(value, dict):
+        return {**given, **{key: _merged(given.get(key), v) for key, v in value.items()}}
+    return value
+
+
+def _is_qat(quantize: Any) -> bool:
+    return isinstance(quantize, dict) and quantize.get("mode") == "qat"
+
+
+def _search_qat(student_quantize: Any, keys: tuple[str, ...] = ("qat_steps", "qat_learning_rate", "float_head")) -> Any:
+    """The QAT the earlier keys (qat_steps, qat_learning_rate, qat_float_head) gave every family: the
+    students' where they are QAT'd (a template keeps them there)."""
+    if not _is_qat(student_quantize):
+        return dict(_QAT)
+    return {"mode": "qat", **{key: student_quantize[key] for key in keys if key in student_quantize}}
+
+
+def _quantize(quantize: Any, mode: str | None, old: dict[str, Any], qat: Any = _QAT, float_head: bool = True) -> Any:
+    """A template's quantize after the earlier keys: mode (student_quantize, prune_quantize; qat as
+    the search's QAT) and, on QAT, qat_steps, qat_learning_rate and qat_float_head."""
+    if mode == "qat":
+        quantize = quantize if _is_qat(quantize) else dict(qat)
+    elif mode is not None:
+        quantize = None if mode == "none" else {"mode": mode}
+    if not _is_qat(quantize):
+        return quantize
+    keys = {"qat_steps": "qat_steps", "qat_learning_rate": "qat_learning_rate", "qat_float_head": "float_head"}
+    return {**quantize, **{keys[k]: old[k] for k in keys if k in old and (float_head or k != "qat_float_head")}}
+
+
+def _student_from_old_keys(student: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    for key in ("fine_tune", "candidates", "cluster"):
+        if f"student_{key}" in old:
+            student[key] = _merged(student.get(key), old[f"student_{key}"])
+    quantize = _quantize(student.get("quantize", dict(_QAT)), old.get("student_quantize"), old)
+    bits, teacher = old.get("student_kernel_bits"), old.get("qat_teacher")
+    if _is_qat(quantize):
+        quantize = {**quantize, **({"kernel_bits": bits} if bits else {}),
+                    **({"qat_teacher": teacher} if teacher in ("baseline", "float") else {})}
+        if teacher == "both" and isinstance(student.get("candidates"), dict):
+            student["candidates"] = {**student["candidates"], "qat_teachers": ["baseline", "float"]}
+    elif bits:
+        raise ValueError("student_kernel_bits: low-bit kernels are trained by QAT without clustering; "
+                         "set student_quantize: qat and remove student_cluster, or remove student_kernel_bits")
+    if teacher == "both" and not (_is_qat(quantize) and isinstance(student.get("candidates"), dict)):
+        raise ValueError("qat_teacher: both makes each QAT build two candidates: it needs student_quantize: qat and "
+                         "student_candidates (now written student: {quantize: {mode: qat}, candidates: {qat_teachers: "
+                         "[baseline, float]}})")
+    return {**student, "quantize": quantize}
+
+
+def _templates_from_old_keys(data: Any) -> Any:
+    """The earlier keys (_OLD_SEARCH_KEYS, quantized_baseline: none/int8/qat) as the templates they
+    meant: each rung is built, and named, as before, so a search started before resumes its builds."""
+    if not isinstance(data, dict):
+        return data
+    if not (set(_OLD_SEARCH_KEYS) & set(data) or isinstance(data.get("quantized_baseline"), str)):
+        return data
+    old = {key: data[key] for key in _OLD_SEARCH_KEYS if key in data}
+    data = {key: value for key, value in data.items() if key not in old}
+    student, pruned = data.get("student", {}), data.get("pruned", {})
+    if not (isinstance(student, dict) and isinstance(pruned, dict)):
+        return {**data, **old}  # refused as written
+    data["student"] = _student_from_old_keys(dict(student), old)
+    pruned = dict(pruned)
+    if "prune_exclude" in old or "prune_sparse_format" in old:
+        prune = dict(pruned.get("prune") or {"exclude": _PRUNE_DENSE})
+        prune.update({key: old[f"prune_{key}"] for key in ("exclude", "sparse_format") if f"prune_{key}" in old})
+        pruned["prune"] = prune
+    if "prune_fine_tune" in old:
+        pruned["fine_tune"] = _merged(pruned.get("fine_tune"), old["prune_fine_tune"])
+    quantize = _quantize(pruned.get("quantize", {"mode": "int8"}), old.get("prune_quantize"), old,
+                         _search_qat(data["student"]["quantize"]))
+    data["pruned"] = {**pruned, "quantize": quantize}
+    baseline = data.get("quantized_baseline")
+    if isinstance(baseline, str):  # the whole baseline in QAT: the students' fine-tune, QAT steps and step size
+        student = data["student"]
+        qat = {"fine_tune": student.get("fine_tune", StudentTemplate().fine_tune.model_dump()),
+               "quantize": _search_qat(student["quantize"], ("qat_steps", "qat_learning_rate"))}
+        baseline = {"none": None, "int8": {"quantize": {"mode": "int8"}}, "qat": qat}.get(baseline, baseline)
+    if isinstance(baseline, dict):
+        baseline = {**baseline, "quantize": _quantize(baseline.get("quantize"), None, old, float_head=False)}
+    data["quantized_baseline"] = baseline
+    return data
+
+
 class SearchConfig(StrictModel):
     """Find the smallest policy that keeps the baseline's return on every training seed.
 
-    Each family is a ladder of candidates ordered by size; the search bisects each ladder for its
-    smallest rung within eval.tolerance (assuming a smaller rung never keeps more return), and
-    skips a rung that cannot beat the best policy found so far."""
+    Each family is a ladder of candidates ordered by size: the students, the baseline pruned to
+    each sparsity, and the quantized baseline (one rung). A family's rungs are one variant
+    template (student, pruned, quantized_baseline) with what the ladder varies, each named for its
+    settings (student-32x32-qat-int8, prune-90-int8, qat-int8). The search bisects each ladder for
+    its smallest rung within eval.tolerance (assuming a smaller rung never keeps more return), and
+    skips a rung that cannot beat the best policy found so far. The earlier keys (student_quantize,
+    prune_fine_tune, qat_steps, ...) are still read, into the templates."""
 
     objective: Literal["gzip_bytes", "params", "latency"] = "gzip_bytes"
     """What "smallest" means: the gzipped .tflite bytes, the nonzero parameters, or the TFLite
@@ -654,76 +832,41 @@ class SearchConfig(StrictModel):
     """Students to try (distilled from the baseline): hidden widths, an MLP on the flattened
     observation ([32, 32]), or a network with conv layers for images ({conv: [{filters: 8,
     kernel: 3}], net_arch: [32]}); [] leaves students out."""
-    student_quantize: Literal["qat", "int8", "float16", "none"] = "qat"
-    """How each student is quantized: qat (int8 after a quantization-aware fine-tune), int8, float16, none."""
-    student_fine_tune: FineTuneConfig = _tuning(20_000, 1e-3)
-    """Distillation of each student."""
-    student_candidates: CandidatesConfig | None = None
-    """Build each student this many times and keep the build that plays best on fresh episodes
-    (as a variant's `candidates:`); null: one build per student."""
-    student_cluster: ClusterConfig | None = None
-    """Cluster each student's kernels after its distillation (cluster.steps at
-    cluster.learning_rate), then cluster-preserving QAT (named ...-clK-cqat-int8): each output
-    unit's int8 weights keep at most `clusters` values, which gzip stores in fewer bits than a
-    byte; null: no clustering. Needs student_quantize: qat."""
-    student_kernel_bits: KernelBits = Field(default_factory=dict)
-    """QAT students' layers whose kernel trains and exports at fewer bits (quantize.kernel_bits), e.g.
-    {hidden_0: 4}: named ...-qat-int8-hidden_0-4bit. Needs student_quantize: qat, no student_cluster."""
+    student: StudentTemplate = Field(default_factory=StudentTemplate)
+    """How every student is built: a variant less its name and network (fine_tune, quantize,
+    cluster, candidates)."""
     sparsities: list[_real(0.0, 1.0, lo_open=True, hi_open=True)] = Field(default_factory=list)
-    """Magnitude-pruning targets to try on the baseline (each then post-training int8); [] leaves pruning out."""
-    prune_exclude: list[str] = Field(default_factory=lambda: [layer_names.hidden(0), layer_names.OUTPUT])
-    """Layers the pruning family keeps dense."""
-    prune_fine_tune: FineTuneConfig = _tuning(6_000, 3e-4)
-    """Recovery fine-tune of each pruned candidate."""
-    prune_quantize: Literal["int8", "dynamic", "qat"] = "int8"
-    """How each pruned candidate is quantized: int8 (post-training, weights and activations; named
-    prune-90-int8), dynamic (int8 weights, float activations; prune-90-dynamic), or qat
-    (sparsity-preserving QAT at qat_steps and qat_learning_rate, float heads with qat_float_head;
-    prune-90-qat-int8[-float-heads]). On MinAtar Space Invaders int8 activations cost the pruned
-    baseline its return and int8 weights alone did not (docs/minatar.md)."""
-    prune_sparse_format: bool = True
-    """Pruned candidates' prune.sparse_format. false: their kernels stay dense with their zeros,
-    which the C exporter translates for dynamic-range layers and TFLite Micro loads (it has no
-    DENSIFY); gzipped, such a file was no larger than the sparse format's (docs/minatar.md), while
-    the sparse format's own file is several times smaller ungzipped."""
-    quantized_baseline: Literal["qat", "int8", "none"] = "none"
-    """Also try the whole baseline in int8, a one-rung family: qat (quantization-aware, with the
-    students' fine-tune at qat_steps and qat_learning_rate) or int8 (post-training). Where no
-    student or pruning keeps the return (MinAtar Breakout, docs/minatar.md), it is the smallest
-    policy that does; where one does, it is skipped unplayed, being larger."""
-    qat_steps: PositiveCount = 5_000
-    """Gradient steps of each QAT fine-tune."""
-    qat_learning_rate: _real(0.0, 1.0, lo_open=True) = 1e-4
-    """Adam step size of each QAT fine-tune (a tenth of the distillation's by default)."""
-    qat_float_head: bool = False
-    """QAT students, and pruned candidates with prune_quantize: qat, keep their output heads in float
-    (quantize.float_head; named ...-qat-int8-float-heads)."""
-    qat_teacher: QatTeacher | Literal["both"] = "baseline"
-    """Whom QAT students distil to (quantize.qat_teacher): the baseline, their own float weights
-    (named ...-qat-int8[-float-heads]-self), or both: each build's float student is QAT'd to each,
-    and student_candidates picks among all (candidates.qat_teachers)."""
+    """Magnitude-pruning targets to try on the baseline; [] leaves pruning out."""
+    pruned: PrunedTemplate = Field(default_factory=PrunedTemplate)
+    """How every pruned rung is built: a variant less its name and sparsity (prune, fine_tune, quantize)."""
+    quantized_baseline: VariantTemplate | None = None
+    """The whole baseline quantized, a one-rung family: {quantize: {mode: int8}} (ptq-int8) or
+    {quantize: {mode: qat, ...}, fine_tune: {...}} (qat-int8); null: none. Where no student or
+    pruning keeps the return (MinAtar Breakout, docs/minatar.md), it is the smallest policy that
+    does; where one does, it is skipped unplayed, being larger."""
     max_candidates: _count(1) | None = None
     """Budget: candidates evaluated at most (each on every seed); null: no limit."""
     max_seconds: _real(0.0, None, lo_open=True) | None = None
     """Budget: no new candidate starts after this many seconds of search; null: no limit."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_keys(cls, data: Any) -> Any:
+        return _templates_from_old_keys(data)
+
     @model_validator(mode="after")
     def _something_to_try(self) -> SearchConfig:
-        if not self.students and not self.sparsities and self.quantized_baseline == "none":
+        if not self.students and not self.sparsities and self.quantized_baseline is None:
             raise ValueError("search: give students, sparsities or quantized_baseline; nothing to try")
-        if self.qat_teacher == "both" and (self.student_candidates is None or self.student_quantize != "qat"):
-            raise ValueError("search.qat_teacher: both makes each QAT build two candidates: it needs "
-                             "student_quantize: qat and student_candidates")
-        if self.student_cluster is not None and self.student_quantize != "qat":
-            raise ValueError("search.student_cluster: clustered students keep their clusters through "
-                             "quantization-aware int8; set student_quantize: qat or remove student_cluster")
-        if self.student_kernel_bits and (self.student_quantize != "qat" or self.student_cluster is not None):
-            raise ValueError("search.student_kernel_bits: low-bit kernels are trained by QAT without clustering; "
-                             "set student_quantize: qat and remove student_cluster, or remove student_kernel_bits")
         if any(not (s.net_arch if isinstance(s, StudentConfig) else s) for s in self.students):
             raise ValueError("search.students: each entry is a list of hidden widths, e.g. [32, 32], or "
                              "{conv: [...], net_arch: [...]} with at least one hidden width")
         return self
+
+    def templates(self) -> dict[str, VariantTemplate]:
+        """Each family's template, by the recipe's key."""
+        found = {"student": self.student, "pruned": self.pruned, "quantized_baseline": self.quantized_baseline}
+        return {key: template for key, template in found.items() if template is not None}
 
 
 class MeasureConfig(StrictModel):
@@ -794,7 +937,10 @@ class Recipe(StrictModel):
             others.append(("train.eval_seed", *selection))
         picks = [(f"variants.{i}.candidates.seed", f"variant {v.name}", v.candidates) for i, v in enumerate(self.variants)]
         if self.search is not None:
-            picks.append(("search.student_candidates.seed", "the search's students", self.search.student_candidates))
+            whose = {"student": "the search's students", "pruned": "the search's pruned rungs",
+                     "quantized_baseline": "the search's quantized baseline"}
+            picks += [(f"search.{key}.candidates.seed", whose[key], template.candidates)
+                      for key, template in self.search.templates().items()]
         for where, whose, candidates in picks:  # candidates are picked on fresh episodes
             if candidates is None:
                 continue
@@ -830,8 +976,8 @@ class Recipe(StrictModel):
         evaluation = (self.eval.seed, self.eval.seed + max(self.eval.episodes, self.eval.max_episodes or 0))
         selecting = [v.fine_tune.select_episodes for v in self.variants if v.fine_tune and v.fine_tune.select_interval]
         if self.search is not None:
-            selecting += [ft.select_episodes for ft in (self.search.student_fine_tune, self.search.prune_fine_tune)
-                          if ft.select_interval]
+            selecting += [t.fine_tune.select_episodes for t in self.search.templates().values()
+                          if t.fine_tune and t.fine_tune.select_interval]
         if not (self.train.eval_interval or selecting):
             return evaluation, None
         width = max([self.train.eval_episodes if self.train.eval_interval else 0, *selecting])

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import JsonValue
 
 from compress_dqn.recipe.schema import Recipe, SearchConfig, StudentConfig, VariantConfig
 
@@ -97,68 +96,36 @@ def parse_student(text: str) -> list[int] | StudentConfig:
     return StudentConfig(conv=conv, net_arch=net_arch) if conv else net_arch
 
 
-def _qat(search: SearchConfig) -> dict[str, JsonValue]:
-    """A QAT rung's quantize settings: the search's QAT length and step size, for every family."""
-    return {"mode": "qat", "qat_steps": search.qat_steps, "qat_learning_rate": search.qat_learning_rate}
+def variant_name(variant: VariantConfig) -> str:
+    """A rung's name from its settings: what it is built from (student-32x32, prune-90, or the
+    baseline), cl8 for clusters, then its quantization: qat-int8 (cqat-int8 clustered) with any
+    low-bit kernels (hidden_0-4bit), float-heads and self (QAT to its own float weights), or the
+    post-training mode (int8, dynamic, float16; ptq-int8 on the baseline). Runs key builds by name,
+    so these stay as the search has always named them."""
+    parts = ([student_name(variant.student)] if variant.student else []) + (
+        [f"prune-{100 * variant.prune.sparsity:g}"] if variant.prune else [])
+    if variant.cluster:
+        parts.append(f"cl{variant.cluster.clusters}")
+    quantize = variant.quantize
+    if quantize and quantize.mode == "qat":
+        parts.append("cqat-int8" if variant.cluster else "qat-int8")
+        parts += [f"{layer}-{bits}bit" for layer, bits in quantize.kernel_bits.items()]
+        parts += ["float-heads"] * quantize.float_head + ["self"] * (quantize.qat_teacher == "float")
+    elif quantize:
+        parts.append(quantize.mode if parts else f"ptq-{quantize.mode}")
+    return "-".join(parts)
 
 
-def _student(spec: list[int] | StudentConfig, search: SearchConfig) -> VariantConfig:
-    student = spec if isinstance(spec, StudentConfig) else StudentConfig(net_arch=list(spec))
-    name = student_name(student)
-    data: dict[str, JsonValue] = {"student": student.model_dump(mode="json", exclude_defaults=True),
-                                  "fine_tune": search.student_fine_tune.model_dump()}
-    if search.student_candidates is not None:
-        data["candidates"] = search.student_candidates.model_dump()
-    clustered = search.student_cluster is not None  # validated: student_quantize is qat
-    if clustered:
-        name += f"-cl{search.student_cluster.clusters}"
-        data["cluster"] = search.student_cluster.model_dump()
-    if search.student_quantize == "qat":
-        name += "-cqat-int8" if clustered else "-qat-int8"
-        data["quantize"] = _qat(search)
-        if search.student_kernel_bits:
-            name += "".join(f"-{layer}-{bits}bit" for layer, bits in search.student_kernel_bits.items())
-            data["quantize"]["kernel_bits"] = dict(search.student_kernel_bits)
-        if search.qat_float_head:
-            name += "-float-heads"
-            data["quantize"]["float_head"] = True
-        if search.qat_teacher == "float":
-            name += "-self"
-            data["quantize"]["qat_teacher"] = "float"
-        elif search.qat_teacher == "both":  # validated: student_candidates is set
-            data["candidates"]["qat_teachers"] = ["baseline", "float"]
-    elif search.student_quantize != "none":
-        name += f"-{search.student_quantize}"
-        data["quantize"] = {"mode": search.student_quantize}
-    return VariantConfig(name=name, **data)
-
-
-def _pruned(sparsity: float, search: SearchConfig) -> VariantConfig:
-    name = f"prune-{100 * sparsity:g}-{search.prune_quantize}"  # prune-90-int8, prune-90-dynamic
-    quantize: dict[str, JsonValue] = {"mode": search.prune_quantize}
-    if search.prune_quantize == "qat":  # sparsity-preserving: QuantizeConfig.preserve's default
-        name = f"prune-{100 * sparsity:g}-qat-int8"
-        quantize = _qat(search)
-        if search.qat_float_head:
-            name += "-float-heads"
-            quantize["float_head"] = True
-    prune = {"sparsity": sparsity, "exclude": search.prune_exclude, "sparse_format": search.prune_sparse_format}
-    return VariantConfig(name=name, prune=prune, quantize=quantize, fine_tune=search.prune_fine_tune.model_dump())
-
-
-def _quantized(search: SearchConfig) -> list[VariantConfig]:
-    if search.quantized_baseline == "int8":
-        return [VariantConfig(name="ptq-int8", quantize={"mode": "int8"})]
-    if search.quantized_baseline == "qat":
-        return [VariantConfig(name="qat-int8", fine_tune=search.student_fine_tune.model_dump(),
-                              quantize=_qat(search))]
-    return []
+def _named(variant: VariantConfig) -> VariantConfig:
+    return VariantConfig.model_validate({**variant.model_dump(), "name": variant_name(variant)})
 
 
 def _families(search: SearchConfig) -> dict[str, list[VariantConfig]]:
-    return {"student": [_student(spec, search) for spec in search.students],
-            "prune": [_pruned(s, search) for s in search.sparsities],
-            "quantize": _quantized(search)}
+    students = [s if isinstance(s, StudentConfig) else StudentConfig(net_arch=list(s)) for s in search.students]
+    quantized = [search.quantized_baseline.variant()] if search.quantized_baseline else []
+    return {"student": [_named(search.student.rung(s)) for s in students],
+            "prune": [_named(search.pruned.rung(s)) for s in search.sparsities],
+            "quantize": [_named(v) for v in quantized]}
 
 
 def candidate_variants(search: SearchConfig) -> list[VariantConfig]:
