@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -40,19 +41,25 @@ SMOKE_SET = ["eval.heldout_episodes=1", "measure.saved_model_memory=none", "sear
 """--smoke's overrides: one short build of one student, no DAgger states, no snapshot selection."""
 
 
-def smoke_zoo(root: Path) -> list[tuple[str, str]]:
-    """A one-agent stand-in for rl-trained-agents: an untrained sb3-contrib QR-DQN on CartPole-v1."""
+SMOKE_AGENTS = [("qrdqn", "CartPole-v1")]
+
+
+def smoke_zoo(root: Path) -> None:
+    """A one-agent stand-in for rl-trained-agents: an untrained sb3-contrib QR-DQN on CartPole-v1 (SMOKE_AGENTS)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from rl_zoo_agents import smoke_zoo as tiny_zip
 
-    return tiny_zip(root)
+    assert tiny_zip(root) == SMOKE_AGENTS
 
 
-def search(path: Path, env_id: str, out: Path, args: list[str]) -> tuple[list[str], float | None]:
-    """`compress-dqn search` in a fresh interpreter (unless out holds a finished search): the command and its seconds."""
+def search(path: Path, env_id: str, out: Path, args: list[str], make_zip=None) -> tuple[list[str], float | None]:
+    """`compress-dqn search` in a fresh interpreter (unless out holds a finished search): the command and its seconds.
+    make_zip: writes the zip first where it is generated (--smoke), only when the search must run."""
     command = ["compress-dqn", "search", str(path), "--env", env_id, "--out", str(out), "--quiet", *args]
     if (out / "results.json").is_file() and (out / "search.json").is_file():
         return command, None
+    if make_zip is not None and not path.is_file():
+        make_zip()
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "compress_dqn", *command[1:]], capture_output=True, text=True,
                           env={**os.environ, "COMPRESS_DQN_TF_LOGS": "0"})
@@ -68,7 +75,7 @@ def agent_row(out: Path, line: float) -> dict:
     from compress_dqn.evaluation.results import load_results
 
     summary = load_results(out / "results.json")
-    seed_dir = out / summary.runs[0]
+    seed_dir = (out / summary.runs[0]).parent
     seed = load_results(seed_dir / "results.json")
     found = summary.search
     baseline_gzip = seed.baseline.size.tflite_gzip_bytes
@@ -105,7 +112,7 @@ def main() -> None:
     extra = ["--max-episodes", str(args.max_episodes)] if args.max_episodes else []
     overrides = list(args.overrides)
     if args.smoke:
-        zoo, agents = out / "zoo", smoke_zoo(out / "zoo")
+        zoo, agents = out / "zoo", SMOKE_AGENTS
         extra = ["--episodes", "2", "--max-episodes", "2", "--rollout-steps", "300", "--students", "8",
                  "--sparsities", ""]
         overrides = SMOKE_SET + overrides
@@ -113,14 +120,15 @@ def main() -> None:
         zoo, agents = Path(args.zoo), [(algo, env) for algo in ALGOS for env in ENVS]
     else:
         parser.error("give --zoo (a copy of rl-trained-agents) or --smoke")
-    if args.only:
-        agents = [a for a in agents if "/".join(a) in args.only]
+    if args.only:  # in the order given
+        agents = [a for name in args.only for a in agents if "/".join(a) == name]
     rows = []
     for algo, env in agents:
         run = out / f"{algo}-{env}"
         command, seconds = search(zoo / algo / f"{env}_1" / f"{env}.zip", ENVS[env], run,
-                                  extra + [a for o in overrides for a in ("--set", o)])
-        rows.append({"algo": algo, "env_id": env, "played_on": ENVS[env], "command": " ".join(command),
+                                  extra + [a for o in overrides for a in ("--set", o)],
+                                  make_zip=(lambda: smoke_zoo(zoo)) if args.smoke else None)
+        rows.append({"algo": algo, "env_id": env, "played_on": ENVS[env], "command": shlex.join(command),
                      "seconds": seconds, **agent_row(run, args.line)})
         print(json.dumps(rows[-1]), flush=True)
     print(json.dumps({"summary": True, "agents": len(rows), "meet_line": sum(r["meets_line"] for r in rows),
