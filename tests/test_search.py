@@ -91,7 +91,7 @@ def test_a_rung_that_cannot_beat_the_best_is_skipped_unplayed_and_the_budget_sto
 def test_search_recipe_errors_are_one_line():
     from compress_dqn.errors import UserError
 
-    with pytest.raises(UserError, match="search: give students, sparsities or quantized_baseline"):
+    with pytest.raises(UserError, match="search: give students, shrunk, sparsities or quantized_baseline"):
         load_recipe(TINY, ["search.students=[]"])
     with pytest.raises(UserError, match=r"search.sparsities.0: 1.5 must be < 1"):
         load_recipe(TINY, ["search.sparsities=[1.5]"])

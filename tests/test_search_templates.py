@@ -115,8 +115,18 @@ def _before(name: str) -> dict[str, Any]:
     return _all_before()[name]
 
 
+ADDED_SINCE = {"student": {"from_teacher": None}}
+"""Variant keys added after the capture, at the default that leaves a rung as it was built then."""
+
+
 def _built(recipe: Recipe, shape: tuple[tuple[int, ...], int]) -> dict[str, Any]:
-    return json.loads(json.dumps(ladder_of(recipe, shape)))  # as JSON holds it: tuples as lists
+    built = json.loads(json.dumps(ladder_of(recipe, shape)))  # as JSON holds it: tuples as lists
+    for rung in (r for rungs in built.values() for r in rungs):
+        for block, added in ADDED_SINCE.items():
+            for key, default in added.items():
+                if rung["variant"].get(block) and rung["variant"][block].get(key, default) == default:
+                    rung["variant"][block].pop(key, None)
+    return built
 
 
 @pytest.mark.parametrize("name", sorted(json.loads(BEFORE.read_text())))
@@ -260,7 +270,7 @@ def test_an_old_key_set_on_a_rewritten_recipe_means_what_it_meant_on_the_old_tex
      "search.student: a student learns from the baseline: fine_tune.method must be distill"),
     ("{students: [], quantized_baseline: {}}", "search.quantized_baseline: a variant needs at least one of"),
     ("{students: [], sparsities: [0.5], pruned: {prune: {sparsity: 0.5}}}", "search.pruned.prune.sparsity: unknown key"),
-    ("{students: []}", "search: give students, sparsities or quantized_baseline; nothing to try"),
+    ("{students: []}", "search: give students, shrunk, sparsities or quantized_baseline; nothing to try"),
 ])
 def test_a_search_that_cannot_be_built_is_refused_in_one_line_naming_the_fix(search, fix):
     with pytest.raises(UserError) as refused:
@@ -275,7 +285,7 @@ OLD_KEYS = {"student_quantize", "student_fine_tune", "student_candidates", "stud
 
 def test_the_search_block_holds_what_varies_and_one_template_a_family():
     """No search key twins a variant's: a new variant setting reaches every family through its template."""
-    assert set(SearchConfig.model_fields) == {"objective", "students", "student", "sparsities", "pruned",
+    assert set(SearchConfig.model_fields) == {"objective", "students", "shrunk", "student", "sparsities", "pruned",
                                               "quantized_baseline", "max_candidates", "max_seconds"}
     assert not OLD_KEYS & set(SearchConfig.model_fields)
     variant_keys = set(VariantConfig.model_fields) - {"name"}
@@ -283,6 +293,22 @@ def test_the_search_block_holds_what_varies_and_one_template_a_family():
         annotation = SearchConfig.model_fields[template].annotation
         model = annotation if isinstance(annotation, type) else annotation.__args__[0]
         assert set(model.model_fields) <= variant_keys, template
+
+
+
+def test_the_shrunk_family_narrows_the_baseline_built_as_the_students_are():
+    """search.shrunk: structured pruning from the teacher, a family of its own (its rungs start from
+    the baseline's weights, so they are not bisected with the fresh students), ranked by the gap
+    unless an entry says, distilled and quantized by the student template."""
+    recipe = recipe_from_data({**cli_search_recipe(True), "search": {
+        "students": [[32, 32]], "shrunk": [[32, 32], {"net_arch": [16, 16], "from_teacher": "magnitude"}]}})
+    built = ladders(recipe, *CARTPOLE)
+    assert [c.variant.name for c in built["shrunk"]] == ["shrink-gap-32x32-qat-int8", "shrink-magnitude-16x16-qat-int8"]
+    assert [c.variant.name for c in built["student"]] == ["student-32x32-qat-int8"]
+    student, shrunk = built["student"][0].variant, built["shrunk"][0].variant
+    assert shrunk.student.from_teacher == "gap" and student.student.from_teacher is None
+    assert shrunk.model_dump(exclude={"name", "student"}) == student.model_dump(exclude={"name", "student"})
+    assert built["shrunk"][0].estimated_bytes == built["student"][0].estimated_bytes
 
 
 if __name__ == "__main__":

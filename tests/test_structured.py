@@ -82,3 +82,23 @@ def test_a_student_that_is_not_a_narrower_teacher_is_refused():
     cnn = build_q_network((6, 6, 3), 4, [12], conv=[_Conv(6)], name="c")
     with pytest.raises(ValueError, match="kernel size and stride"):
         check_shrinkable(cnn, build_q_network((6, 6, 3), 4, [12], conv=[_Conv(3, kernel=2)], name="d"))
+
+
+def test_a_variant_started_from_the_teacher_is_the_teacher_where_it_keeps_every_unit(trained_tiny):
+    """build_variant with student.from_teacher: the same widths keep every unit, so before any real
+    distillation the student's Q-values are the baseline's; a student of other layers is refused in one line."""
+    from compress_dqn.compress.build import build_variant
+    from compress_dqn.errors import UserError
+    from compress_dqn.rl.networks import q_from_outputs
+
+    from conftest import variant
+
+    recipe, result = trained_tiny
+    obs = result.replay.gather(result.replay.sample_indices(500)).observations
+    tiny_step = {"steps": 1, "learning_rate": 1e-12}
+    built = build_variant(variant(recipe, student={"net_arch": [32, 32], "from_teacher": "gap"}, fine_tune=tiny_step),
+                          result.model, result.replay, recipe, result.info, quiet=True)
+    np.testing.assert_allclose(q_from_outputs(built.export_model(obs)).numpy(), result.model(obs).numpy(), atol=1e-4)
+    with pytest.raises(UserError, match="from_teacher: a student started from the teacher needs the teacher's 3"):
+        build_variant(variant(recipe, student={"net_arch": [8], "from_teacher": "gap"}, fine_tune=tiny_step),
+                      result.model, result.replay, recipe, result.info, quiet=True)

@@ -26,6 +26,7 @@ from compress_dqn._tf import set_seed, tf, tf_keras, use_xla
 from compress_dqn.compress import cluster, prune, quantize
 from compress_dqn.compress.details import BuildDetails, FineTune, InputNormalization
 from compress_dqn.compress.distill import Distiller, build_student
+from compress_dqn.compress.structured import check_shrinkable, shrink_from_teacher
 from compress_dqn.compress.rewrites import (
     flattened_dense_as_conv,
     input_range,
@@ -36,6 +37,7 @@ from compress_dqn.compress.rewrites import (
 )
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.envs.normalization import Normalization
+from compress_dqn.errors import UserError
 from compress_dqn.fileio import load_dict, save_arrays
 from compress_dqn.recipe.schema import FineTuneConfig, QatTeacher, QuantizeConfig, Recipe, VariantConfig
 from compress_dqn.replay.buffer import ReplayBuffer, sampling_undone
@@ -409,11 +411,30 @@ def _recovered(variant: VariantConfig, baseline: tf_keras.Model, replay: ReplayB
     """The variant's float model: a student distilled, or the baseline's copy pruned or clustered
     and recovered, its output layer split into value and advantage heads."""
     model = build_student(info, variant.student) if variant.student else independent_copy(baseline)
+    if variant.student and variant.student.from_teacher:
+        _start_from_teacher(variant, model, baseline, replay)
     model = _compress_and_recover(variant, model, recipe, baseline, replay, details, quiet, shared)
     # Exact reparameterisation of the output layer into advantage + value heads: quantized
     # variants keep the action gaps (see rewrites.split_value_advantage). What is measured below
     # is what is exported: the split heads, not the layer they replace.
     return split_value_advantage(model)
+
+
+SHRINK_STATES = 2048
+"""Replay states the units of a student started from the teacher are ranked on."""
+
+
+def _start_from_teacher(variant: VariantConfig, student: tf_keras.Model, baseline: tf_keras.Model,
+                        replay: ReplayBuffer) -> None:
+    """The student's weights become the baseline's best-ranked filters and units (structured pruning)."""
+    try:
+        check_shrinkable(baseline, student)
+    except ValueError as exc:
+        raise UserError(f"variant {variant.name}: student.from_teacher: {exc}; give the baseline's layers, "
+                        "each as narrow or narrower, or remove from_teacher") from None
+    with sampling_undone(replay):
+        states = replay.sample_observations(SHRINK_STATES)
+    shrink_from_teacher(baseline, student, states, variant.student.from_teacher)
 
 
 def _finished(variant: VariantConfig, model: tf_keras.Model, baseline: tf_keras.Model, replay: ReplayBuffer,

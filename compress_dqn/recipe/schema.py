@@ -510,6 +510,11 @@ class StudentConfig(StrictModel):
     activation: Literal["relu", "tanh"] = "relu"
     conv: list[ConvLayer] = Field(default_factory=list)
     """Conv2D layers before the Dense ones (empty: an MLP student on the flattened observation)."""
+    from_teacher: Literal["gap", "activation", "magnitude"] | None = None
+    """Start as the baseline's best-ranked conv filters and dense units with their weights (structured
+    pruning), not fresh weights: ranked by the action gap each carries (gap: |activation x d gap /
+    d activation|), by its activation times its outgoing weights (activation), or by its incoming
+    weights (magnitude). Needs the baseline's layers, none wider, with its conv kernels and strides."""
 
 
 class FineTuneConfig(StrictModel):
@@ -837,6 +842,11 @@ class SearchConfig(StrictModel):
     cluster, candidates)."""
     sparsities: list[_real(0.0, 1.0, lo_open=True, hi_open=True)] = Field(default_factory=list)
     """Magnitude-pruning targets to try on the baseline; [] leaves pruning out."""
+    shrunk: list[list[PositiveCount] | StudentConfig] = Field(default_factory=list)
+    """The baseline narrowed to each shape (structured pruning): it keeps its best-ranked filters and
+    units with their weights (a student's from_teacher, gap unless an entry names another), then is
+    built as `student:` says. Widths for an MLP baseline ([64, 64]); for a CNN, its conv layers with
+    fewer filters ({conv: [{filters: 8, kernel: 3}], net_arch: [32]}); [] leaves it out."""
     pruned: PrunedTemplate = Field(default_factory=PrunedTemplate)
     """How every pruned rung is built: a variant less its name and sparsity (prune, fine_tune, quantize)."""
     quantized_baseline: VariantTemplate | None = None
@@ -856,11 +866,12 @@ class SearchConfig(StrictModel):
 
     @model_validator(mode="after")
     def _something_to_try(self) -> SearchConfig:
-        if not self.students and not self.sparsities and self.quantized_baseline is None:
-            raise ValueError("search: give students, sparsities or quantized_baseline; nothing to try")
-        if any(not (s.net_arch if isinstance(s, StudentConfig) else s) for s in self.students):
-            raise ValueError("search.students: each entry is a list of hidden widths, e.g. [32, 32], or "
-                             "{conv: [...], net_arch: [...]} with at least one hidden width")
+        if not self.students and not self.shrunk and not self.sparsities and self.quantized_baseline is None:
+            raise ValueError("search: give students, shrunk, sparsities or quantized_baseline; nothing to try")
+        for key in ("students", "shrunk"):
+            if any(not (s.net_arch if isinstance(s, StudentConfig) else s) for s in getattr(self, key)):
+                raise ValueError(f"search.{key}: each entry is a list of hidden widths, e.g. [32, 32], or "
+                                 "{conv: [...], net_arch: [...]} with at least one hidden width")
         return self
 
     def templates(self) -> dict[str, VariantTemplate]:

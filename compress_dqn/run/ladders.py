@@ -76,9 +76,11 @@ def _estimate(variant: VariantConfig, train: Any, obs_shape: tuple[int, ...], n_
 
 
 def student_name(student: StudentConfig) -> str:
-    """student-32x32 for an MLP; student-c8k3-32 for 8 3x3 filters then 32 units (s2: stride 2)."""
+    """student-32x32 for an MLP; student-c8k3-32 for 8 3x3 filters then 32 units (s2: stride 2);
+    shrink-gap-32x32 for the baseline narrowed to that shape, its units ranked by the action gap."""
     convs = [f"c{c.filters}k{c.kernel}" + (f"s{c.stride}" if c.stride != 1 else "") for c in student.conv]
-    return "-".join(["student", *convs, "x".join(map(str, student.net_arch))])
+    start = ["shrink", student.from_teacher] if student.from_teacher else ["student"]
+    return "-".join([*start, *convs, "x".join(map(str, student.net_arch))])
 
 
 _CONV = re.compile(r"c(\d+)k(\d+)(?:s(\d+))?")
@@ -123,7 +125,10 @@ def _named(variant: VariantConfig) -> VariantConfig:
 def _families(search: SearchConfig) -> dict[str, list[VariantConfig]]:
     students = [s if isinstance(s, StudentConfig) else StudentConfig(net_arch=list(s)) for s in search.students]
     quantized = [search.quantized_baseline.variant()] if search.quantized_baseline else []
+    shrunk = [s.model_copy(update={"from_teacher": s.from_teacher or "gap"}) if isinstance(s, StudentConfig)
+              else StudentConfig(net_arch=list(s), from_teacher="gap") for s in search.shrunk]
     return {"student": [_named(search.student.rung(s)) for s in students],
+            "shrunk": [_named(search.student.rung(s)) for s in shrunk],
             "prune": [_named(search.pruned.rung(s)) for s in search.sparsities],
             "quantize": [_named(v) for v in quantized]}
 
