@@ -90,7 +90,11 @@ def test_the_report_names_each_losers_measured_reason_and_what_held():
         (line, _) = reason_lines(results, [coarse])
         assert f"its int8 Q-head decides in steps of {coarse.output_step:g}" in line and coarse.coarse_head
         assert "the head's step rounds this policy's action gaps away. It plays" in line
-        assert line.endswith("A float Q-head removes that step.")
+        assert line.endswith("where the baseline's median gap is 0.037.")  # no remedy named for a post-training head
+    student_line, _ = reason_lines(results, [_diag("student-32x32-qat-int8", student=True, output_step=0.135,
+                                                   differing_below_step=0.81)])
+    assert "a student: its int8 Q-head decides in steps of 0.135" in student_line
+    assert student_line.endswith("fits the student's head range to them, and with it the step.")
     markdown, page = render_markdown(results, [], diags), render_html(results, {}, diags)
     assert "## Why variants lost the return" in markdown and ptq in markdown
     assert "<h2>Why variants lost the return</h2>" in page

@@ -329,8 +329,10 @@ def _reason(v: VariantResult, d: Diagnosis) -> str:
             f"{_share(d.differing_below_step or 0.0)} of those where its action differs" if d.output_step else "")
     kind = "a student: " if d.student else ""
     if d.coarse_head:
+        fix = (" A distillation that also fits the teacher's advantages (fine_tune.advantage_weight) fits the student's "
+               "head range to them, and with it the step." if d.student else "")
         return (f"{lead}: {kind}{step}; the head's step rounds this policy's action gaps away. {agrees[0].upper()}{agrees[1:]}"
-                f"{where}. A float Q-head removes that step.")
+                f"{where}.{fix}")
     if d.decisive_agreement >= 0.99:
         why = "it loses on near-tied states, which add up over an episode" + (", not by its head's step" if step else "")
     else:
