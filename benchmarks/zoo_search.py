@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/zoo_search.py --zoo /work/zoo --out runs/zoo-search
     .venv/bin/python benchmarks/zoo_search.py --out runs/zoo-search-smoke --smoke
+    .venv/bin/python benchmarks/zoo_search.py --out runs/x --ptq-float-head runs/rl-zoo-agents/*/ --episodes 100
 
 --zoo is a copy of github.com/DLR-RM/rl-trained-agents (dqn/ENV_1/ENV.zip and qrdqn/ENV_1/ENV.zip of the four
 classic-control games, with their config dirs beside), as benchmarks/rl_zoo_agents.py takes it. Each agent runs
@@ -86,14 +87,71 @@ def agent_row(out: Path, line: float) -> dict:
     winner = next((t for t in tried if t["name"] == found.winner), None)
     ratio = baseline_gzip / winner["gzip_bytes"] if winner and winner["gzip_bytes"] else None
     meets = ratio is not None and ratio >= line
+    data = seed.train.source.data if seed.train.source is not None else None
     row = {"baseline": {"mean": round(seed.baseline.returns.mean, 2), "episodes": seed.baseline.episodes,
                         "gzip_bytes": baseline_gzip},
+           "rollout": data.model_dump(exclude_none=True) if data is not None else None,
            "random_mean": round(seed.random.returns.mean, 2), "winner": found.winner,
            "winner_gzip_bytes": winner["gzip_bytes"] if winner else None,
            "ratio": round(ratio, 1) if ratio else None, "winner_per_seed": winner["per_seed"] if winner else None,
            "meets_line": meets, "tried": tried, "search_seconds": round(found.cost.wall_seconds, 1)}
     if not meets:
         row["reasons"] = reason_lines(seed, diagnoses(seed, seed_dir))
+    return row
+
+
+def ptq_float_head(run: Path, episodes: int) -> dict:
+    """A finished run's ptq-int8 beside the same file with a float Q-head, emulated: LiteRT runs the int8 body to the
+    last hidden activation (every tensor kept), which is dequantized and multiplied by the baseline's float output
+    layer (baseline/weights.npz; its argmax is that of the split heads the file computes). Both and the baseline play
+    the run's first `episodes` evaluation episodes; paired verdicts at 1%, and greedy-action agreement on the held-out
+    states. A float head is at least as exact as any int8 output scale (per-channel ones included): where it does not
+    hold, no output scale will."""
+    import numpy as np
+    from ai_edge_litert.interpreter import Interpreter
+
+    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.envs.episodes import play_side_by_side, random_returns
+    from compress_dqn.evaluation.results import load_results
+    from compress_dqn.evaluation.verdicts import paired_difference
+    from compress_dqn.fileio import load_dict
+    from compress_dqn.recipe.schema import load_recipe
+
+    results, recipe = load_results(run / "results.json"), load_recipe(run / "recipe.yaml")
+    tflite = run / "variants" / "ptq-int8" / "policy.tflite"
+    graph = read_policy_graph(tflite)
+    argmax = next(op for op in graph.ops if op.outputs[0] is graph.action)
+    hidden = next(op for op in graph.ops if op.outputs[0] is argmax.inputs[0]).inputs[0]
+    with np.load(run / "baseline" / "weights.npz") as weights:
+        kernel, bias = (weights[k].astype(np.float64) for k in sorted(weights.files)[-2:])
+    interpreter = Interpreter(model_path=str(tflite), experimental_preserve_all_tensors=True)
+    source, batch = interpreter.get_input_details()[0]["index"], [0]
+
+    def float_head(observations: np.ndarray) -> np.ndarray:
+        observations = np.asarray(observations, np.float32)
+        if len(observations) != batch[0]:
+            interpreter.resize_tensor_input(source, [len(observations), *observations.shape[1:]])
+            interpreter.allocate_tensors()
+            batch[0] = len(observations)
+        interpreter.set_tensor(source, observations)
+        interpreter.invoke()
+        h = (interpreter.get_tensor(hidden.index).astype(np.float64) - hidden.zero_points[0]) * hidden.scales[0]
+        return (h @ kernel + bias).argmax(1)
+
+    base, ptq = TFLitePolicy(run / "baseline" / "policy.tflite"), TFLitePolicy(tflite)
+    states = load_dict(run / "baseline" / "heldout_obs.npz")["observations"]
+    reference = base.actions(states)
+    seeds = range(results.eval.seed, results.eval.seed + episodes)
+    baseline = play_side_by_side(lambda o, _: base.actions(o), recipe.env, seeds, 256)
+    rand = random_returns(recipe.env, seeds, base.n_actions)
+    row = {"run": str(run), "episodes": episodes, "baseline": round(float(np.mean(baseline)), 2)}
+    for name, act in (("ptq_int8", ptq.actions), ("ptq_int8_float_head", float_head)):
+        returns = play_side_by_side(lambda o, _, act=act: act(o), recipe.env, seeds, 256)
+        versus = paired_difference(returns, baseline, 0.01, rand)
+        row[name] = {"mean": round(float(np.mean(returns)), 2), "verdict": versus.label,
+                     "difference": round(versus.mean, 2), "ci": [round(x, 2) for x in versus.ci],
+                     "agreement": round(float(np.mean(act(states) == reference)), 3)}
     return row
 
 
@@ -106,7 +164,14 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], dest="overrides", help="a recipe override for search")
     parser.add_argument("--line", type=float, default=20.0, help="the size ratio a winner must reach (gzip to gzip)")
     parser.add_argument("--smoke", action="store_true", help="one tiny generated QR-DQN zip, one tiny student")
+    parser.add_argument("--ptq-float-head", nargs="*", metavar="RUN", help="finished compress runs with ptq-int8: "
+                        "play it beside the same file with a float Q-head (emulated), instead of searching")
+    parser.add_argument("--episodes", type=int, default=100, help="--ptq-float-head's episodes")
     args = parser.parse_args()
+    if args.ptq_float_head:
+        for run in args.ptq_float_head:
+            print(json.dumps(ptq_float_head(Path(run), args.episodes)), flush=True)
+        return
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     extra = ["--max-episodes", str(args.max_episodes)] if args.max_episodes else []

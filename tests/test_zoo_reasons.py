@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compress_dqn.evaluation.figures import Verdict
-from compress_dqn.evaluation.findings import Diagnosis, action_gaps, diagnose, diagnoses, head_step
+from compress_dqn.evaluation.figures import Compression, Verdict
+from compress_dqn.evaluation.findings import (Diagnosis, action_gaps, diagnose, diagnoses, head_step, is_student,
+                                              post_training_int8)
 from compress_dqn.evaluation.report import reason_lines, render_html, render_markdown, write_report
 from compress_dqn.evaluation.results import load_results
 
@@ -48,6 +49,12 @@ def test_a_coarse_head_is_named_where_decisive_gaps_fall_below_its_step():
     fine = diagnose("ptq-int8", q, actions, variant, output_step=0.02)
     assert fine.below_step_decisive == 0.0 and not fine.coarse_head
     assert fine.differing_gap_median == pytest.approx(np.median(gaps[:10]))
+    assert d.float_head_agreement is None and d.head_share is None
+    assert d.gap_to_q == pytest.approx(np.median(gaps / np.abs(q).mean(axis=1)))
+    emulated = variant.copy()
+    emulated[:8] = 0  # a float head gets 8 of the 10 changed actions back
+    head = diagnose("ptq-int8", q, actions, variant, output_step=0.02, float_head_actions=emulated)
+    assert head.float_head_agreement == pytest.approx(0.98) and head.head_share == pytest.approx(0.8)
     floating = diagnose("student", q, actions, actions, output_step=None, student=True)
     assert floating.output_step is None and floating.below_step_decisive is None and floating.differing_gap_median is None
 
@@ -91,6 +98,12 @@ def test_the_report_names_each_losers_measured_reason_and_what_held():
         assert f"its int8 Q-head decides in steps of {coarse.output_step:g}" in line and coarse.coarse_head
         assert "the head's step rounds this policy's action gaps away. It plays" in line
         assert line.endswith("where the baseline's median gap is 0.037.")  # no remedy named for a post-training head
+    for share, part in ((0.82, "its int8 Q-head (weights and step) changes most of them"),
+                        (0.11, "its int8 body (the hidden layers), where the baseline's gaps are a median 0.1% of its |Q|")):
+        emulated = _diag("ptq-int8", float_head_agreement=0.88 + 0.12 * share, gap_to_q=0.0012)
+        line, _ = reason_lines(results, [emulated])
+        assert f"it would play the baseline's action on {100 * (0.88 + 0.12 * share):.1f}% of all states" in line
+        assert f"{100 * share:.1f}% of those it changes: {part}" in line and "(its int8 Q-head decides in steps" in line
     student_line, _ = reason_lines(results, [_diag("student-32x32-qat-int8", student=True, output_step=0.135,
                                                    differing_below_step=0.81)])
     assert "a student: its int8 Q-head decides in steps of 0.135" in student_line
@@ -111,6 +124,14 @@ def test_a_run_that_lost_nothing_or_whose_files_are_gone_reports_as_before(tmp_p
     write_report(run)
     assert "Why variants lost" not in (run / "report.md").read_text()
     assert head_step(tmp_path / "missing.tflite") is None
+    assert not any(post_training_int8(v) for v in results.variants)  # a file that kept no compression blocks
+    assert [is_student(v) for v in results.variants[1:]] == [False, False, True]  # by its preset's name
+    ptq = results.variant("ptq-int8")
+    assert post_training_int8(ptq.model_copy(update={"compression": Compression(quantize={"mode": "int8"})}))
+    for other in ({"quantize": {"mode": "qat"}}, {"quantize": {"mode": "int8"}, "fine_tune": {"steps": 10}},
+                  {"quantize": {"mode": "int8"}, "student": {"net_arch": [8]}}):
+        built = ptq.model_copy(update={"compression": Compression(**other)})
+        assert not post_training_int8(built) and is_student(built) == ("student" in other)
 
 
 def test_zoo_search_smoke_reads_a_finished_search_of_its_tiny_zip(tmp_path):

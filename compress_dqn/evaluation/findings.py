@@ -263,6 +263,20 @@ class Diagnosis:
     """Share of all the states whose gap is below one output step."""
     differing_below_step: float | None
     """Share of the states where the action differs whose gap is below one output step."""
+    gap_to_q: float | None = None
+    """The baseline's median over the states of gap / mean |Q|: how fine a difference between Q-values of one
+    magnitude its decisions take (int8 holds about 1/127 of a tensor's range)."""
+    float_head_agreement: float | None = None
+    """Post-training int8 of the baseline's own weights: its agreement with the baseline on all the states were its
+    Q-head float (its int8 body's last activation, dequantized, times the baseline's float output layer); None for
+    other variants. Where it is near 1 the int8 head (weights and step) is what changed the actions, else the body."""
+
+    @property
+    def head_share(self) -> float | None:
+        """Of the states where the action differs, the share a float Q-head gets back (float_head_agreement's)."""
+        if self.float_head_agreement is None or self.differing == 0:
+            return None
+        return max(0.0, self.float_head_agreement - (1 - self.differing)) / self.differing
 
     @property
     def coarse_head(self) -> bool:
@@ -282,7 +296,7 @@ def action_gaps(q_values: np.ndarray) -> np.ndarray:
 
 
 def diagnose(name: str, baseline_q: np.ndarray, baseline_actions: np.ndarray, actions: np.ndarray,
-             output_step: float | None, student: bool = False) -> Diagnosis:
+             output_step: float | None, student: bool = False, float_head_actions: np.ndarray | None = None) -> Diagnosis:
     """One variant's diagnosis from the baseline's Q-values and actions and the variant's actions on the same states."""
     gap = action_gaps(baseline_q)
     median = float(np.median(gap))
@@ -297,6 +311,9 @@ def diagnose(name: str, baseline_q: np.ndarray, baseline_actions: np.ndarray, ac
         below_step_decisive=float(below[decisive].mean()) if below is not None else None,
         below_step_all=float(below.mean()) if below is not None else None,
         differing_below_step=float(below[differs].mean()) if below is not None and differs.any() else None,
+        gap_to_q=float(np.median(gap / np.maximum(np.abs(np.asarray(baseline_q, np.float64)).mean(axis=1), 1e-12))),
+        float_head_agreement=(float(np.mean(np.asarray(float_head_actions) == np.asarray(baseline_actions)))
+                              if float_head_actions is not None else None),
     )
 
 
@@ -329,10 +346,56 @@ def head_step(tflite: Path) -> float | None:
     return float(np.max(head.scales))
 
 
+def post_training_int8(v: VariantResult) -> bool:
+    """The baseline's own weights quantized after training (ptq-int8): no student, pruning, clustering or fine-tune."""
+    fields = (v.compression.model_extra or {}) if v.compression is not None else {}
+    quantize = fields.get("quantize") or {}
+    return (quantize.get("mode") == "int8" and not fields.get("student") and not fields.get("prune")
+            and not fields.get("cluster") and not fields.get("fine_tune"))
+
+
+def float_head_actions(tflite: Path, weights: Path, states: np.ndarray) -> np.ndarray | None:
+    """The greedy actions of a post-training int8 policy were its Q-head float: LiteRT runs the file keeping every
+    tensor, the head's int8 input is dequantized and multiplied by the baseline's float output layer (the last kernel
+    and bias of baseline/weights.npz; the file's split heads take the same argmax). None where the shapes do not match
+    (a baseline whose last arrays are not its output layer) or the file has no quantized head."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn._quiet import quiet_stderr
+
+    if not weights.is_file():
+        return None
+    graph = read_policy_graph(tflite)
+    argmax = next((op for op in graph.ops if op.outputs[0] is graph.action), None)
+    head = next((op for op in graph.ops if argmax is not None and op.outputs[0] is argmax.inputs[0]), None)
+    if head is None or head.kind != "FULLY_CONNECTED" or not head.inputs[0].quantized:
+        return None
+    hidden = head.inputs[0]
+    with np.load(weights) as arrays:
+        names = sorted(arrays.files)
+        if len(names) < 2:
+            return None
+        kernel, bias = (arrays[k].astype(np.float64) for k in names[-2:])
+    if kernel.ndim != 2 or kernel.shape != (hidden.shape[-1], graph.n_actions) or bias.shape != (graph.n_actions,):
+        return None
+    with quiet_stderr():
+        interpreter = Interpreter(model_path=str(tflite), experimental_preserve_all_tensors=True)
+    source = interpreter.get_input_details()[0]
+    batch = np.asarray(states, dtype=source["dtype"])
+    interpreter.resize_tensor_input(source["index"], list(batch.shape))
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(source["index"], batch)
+    interpreter.invoke()
+    h = (interpreter.get_tensor(hidden.index).astype(np.float64) - float(hidden.zero_points[0])) * float(hidden.scales[0])
+    return (h.reshape(len(batch), -1) @ kernel + bias).argmax(1)
+
+
 def diagnoses(results: RunResults, run_dir: Path) -> list[Diagnosis]:
     """Each variant's diagnosis, measured now on the run's held-out states with the baseline's and the
     variant's TFLite files (LiteRT only); [] where the run directory lacks them (a results.json alone)."""
     from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.errors import UserError
     from compress_dqn.fileio import load_dict
 
     run_dir = Path(run_dir)
@@ -351,6 +414,12 @@ def diagnoses(results: RunResults, run_dir: Path) -> list[Diagnosis]:
         path = run_dir / v.artifacts.get("tflite", "")
         if not path.is_file():
             continue
+        emulated = None
+        if post_training_int8(v):
+            try:
+                emulated = float_head_actions(path, base_file.parent / "weights.npz", states)
+            except (UserError, ValueError, RuntimeError):
+                emulated = None
         found.append(diagnose(v.name, baseline_q, baseline_actions, TFLitePolicy(path).actions(states),
-                              head_step(path), student=is_student(v)))
+                              head_step(path), student=is_student(v), float_head_actions=emulated))
     return found

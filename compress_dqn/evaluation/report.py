@@ -328,6 +328,14 @@ def _reason(v: VariantResult, d: Diagnosis) -> str:
             f"{_share(d.below_step_decisive)} of the decisive states, {_share(d.below_step_all)} of all states and "
             f"{_share(d.differing_below_step or 0.0)} of those where its action differs" if d.output_step else "")
     kind = "a student: " if d.student else ""
+    if d.head_share is not None:  # post-training int8: the float head emulated tells the head from the body
+        part = ("its int8 Q-head (weights and step)" if d.head_share >= 0.5 else
+                "its int8 body (the hidden layers)" + (f", where the baseline's gaps are a median {_share(d.gap_to_q)} "
+                                                       "of its |Q|" if d.gap_to_q is not None else ""))
+        return (f"{lead}: {agrees}{where}; with a float Q-head (its int8 body's last activation times the baseline's "
+                f"float output layer) it would play the baseline's action on {_share(d.float_head_agreement)} of all "
+                f"states, {_share(d.head_share)} of those it changes: {part} changes most of them"
+                + (f" ({step})" if step else "") + ".")
     if d.coarse_head:
         fix = (" A distillation that also fits the teacher's advantages (fine_tune.advantage_weight) fits the student's "
                "head range to them, and with it the step." if d.student else "")
