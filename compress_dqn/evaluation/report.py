@@ -330,12 +330,12 @@ def _reason(v: VariantResult, d: Diagnosis) -> str:
     kind = "a student: " if d.student else ""
     if d.head_share is not None:  # post-training int8: the float head emulated tells the head from the body
         part = ("its int8 Q-head (weights and step)" if d.head_share >= 0.5 else
-                "its int8 body (the hidden layers)" + (f", where the baseline's gaps are a median {_share(d.gap_to_q)} "
-                                                       "of its |Q|" if d.gap_to_q is not None else ""))
+                "its int8 body (the hidden layers" + (f"; the baseline's gaps are a median {_share(d.gap_to_q)} of its "
+                                                      "|Q|" if d.gap_to_q is not None else "") + ")")
         return (f"{lead}: {agrees}{where}; with a float Q-head (its int8 body's last activation times the baseline's "
                 f"float output layer) it would play the baseline's action on {_share(d.float_head_agreement)} of all "
-                f"states, {_share(d.head_share)} of those it changes: {part} changes most of them"
-                + (f" ({step})" if step else "") + ".")
+                f"states, {_share(d.head_share)} of those it changes: most of them come from {part}"
+                + (f"; {step}" if step else "") + ".")
     if d.coarse_head:
         fix = (" A distillation that also fits the teacher's advantages (fine_tune.advantage_weight) fits the student's "
                "head range to them, and with it the step." if d.student else "")
