@@ -101,18 +101,16 @@ def agent_row(out: Path, line: float) -> dict:
 
 
 def ptq_float_head(run: Path, episodes: int) -> dict:
-    """A finished run's ptq-int8 beside the same file with a float Q-head, emulated: LiteRT runs the int8 body to the
-    last hidden activation (every tensor kept), which is dequantized and multiplied by the baseline's float output
-    layer (baseline/weights.npz; its argmax is that of the split heads the file computes). Both and the baseline play
+    """A finished run's ptq-int8 beside the same file with a float Q-head, emulated (evaluation.findings.FloatHeadPolicy:
+    the int8 body's last activation, dequantized, times the baseline's float output layer). Both and the baseline play
     the run's first `episodes` evaluation episodes; paired verdicts at 1%, and greedy-action agreement on the held-out
     states. A float head is at least as exact as any int8 output scale (per-channel ones included): where it does not
     hold, no output scale will."""
     import numpy as np
-    from ai_edge_litert.interpreter import Interpreter
 
     from compress_dqn.deploy.policy import TFLitePolicy
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
     from compress_dqn.envs.episodes import play_side_by_side, random_returns
+    from compress_dqn.evaluation.findings import float_head_policy
     from compress_dqn.evaluation.results import load_results
     from compress_dqn.evaluation.verdicts import paired_difference
     from compress_dqn.fileio import load_dict
@@ -120,25 +118,7 @@ def ptq_float_head(run: Path, episodes: int) -> dict:
 
     results, recipe = load_results(run / "results.json"), load_recipe(run / "recipe.yaml")
     tflite = run / "variants" / "ptq-int8" / "policy.tflite"
-    graph = read_policy_graph(tflite)
-    argmax = next(op for op in graph.ops if op.outputs[0] is graph.action)
-    hidden = next(op for op in graph.ops if op.outputs[0] is argmax.inputs[0]).inputs[0]
-    with np.load(run / "baseline" / "weights.npz") as weights:
-        kernel, bias = (weights[k].astype(np.float64) for k in sorted(weights.files)[-2:])
-    interpreter = Interpreter(model_path=str(tflite), experimental_preserve_all_tensors=True)
-    source, batch = interpreter.get_input_details()[0]["index"], [0]
-
-    def float_head(observations: np.ndarray) -> np.ndarray:
-        observations = np.asarray(observations, np.float32)
-        if len(observations) != batch[0]:
-            interpreter.resize_tensor_input(source, [len(observations), *observations.shape[1:]])
-            interpreter.allocate_tensors()
-            batch[0] = len(observations)
-        interpreter.set_tensor(source, observations)
-        interpreter.invoke()
-        h = (interpreter.get_tensor(hidden.index).astype(np.float64) - hidden.zero_points[0]) * hidden.scales[0]
-        return (h @ kernel + bias).argmax(1)
-
+    float_head = float_head_policy(tflite, run / "baseline" / "weights.npz").actions
     base, ptq = TFLitePolicy(run / "baseline" / "policy.tflite"), TFLitePolicy(tflite)
     states = load_dict(run / "baseline" / "heldout_obs.npz")["observations"]
     reference = base.actions(states)

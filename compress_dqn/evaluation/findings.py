@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -354,17 +355,41 @@ def post_training_int8(v: VariantResult) -> bool:
             and not fields.get("cluster") and not fields.get("fine_tune"))
 
 
-def float_head_actions(tflite: Path, weights: Path, states: np.ndarray) -> np.ndarray | None:
-    """The greedy actions of a post-training int8 policy were its Q-head float: LiteRT runs the file keeping every
-    tensor, the head's int8 input is dequantized and multiplied by the baseline's float output layer (the last kernel
-    and bias of baseline/weights.npz; the file's split heads take the same argmax). None where the shapes do not match
-    (a baseline whose last arrays are not its output layer) or the file has no quantized head."""
-    from ai_edge_litert.interpreter import Interpreter
+class FloatHeadPolicy:
+    """A post-training int8 policy were its Q-head float: LiteRT runs the file keeping every tensor, the head's int8
+    input is dequantized and multiplied by the baseline's float output layer (the file's split heads take the same
+    argmax). Greedy actions of a batch, as TFLitePolicy.actions."""
 
+    def __init__(self, tflite: Path, hidden: Any, kernel: np.ndarray, bias: np.ndarray) -> None:
+        from ai_edge_litert.interpreter import Interpreter
+
+        from compress_dqn._quiet import quiet_stderr
+
+        with quiet_stderr():
+            self._interp = Interpreter(model_path=str(tflite), experimental_preserve_all_tensors=True)
+        self._input = self._interp.get_input_details()[0]
+        self._hidden, self._kernel, self._bias, self._batch = hidden, kernel, bias, None
+
+    def actions(self, states: np.ndarray) -> np.ndarray:
+        batch = np.asarray(states, dtype=self._input["dtype"])
+        if batch.shape != self._batch:
+            self._interp.resize_tensor_input(self._input["index"], list(batch.shape))
+            self._interp.allocate_tensors()
+            self._batch = batch.shape
+        self._interp.set_tensor(self._input["index"], batch)
+        self._interp.invoke()
+        hidden = self._hidden
+        h = (self._interp.get_tensor(hidden.index).astype(np.float64) - float(hidden.zero_points[0])) * float(hidden.scales[0])
+        return (h.reshape(len(batch), -1) @ self._kernel + self._bias).argmax(1)
+
+
+def float_head_policy(tflite: Path, weights: Path) -> FloatHeadPolicy | None:
+    """FloatHeadPolicy of a post-training int8 file with the baseline's output layer (the last kernel and bias of
+    baseline/weights.npz); None where the file has no quantized fully connected head or the shapes do not match (a
+    baseline whose last arrays are not its output layer)."""
     from compress_dqn.deploy.tflite_graph import read_policy_graph
-    from compress_dqn._quiet import quiet_stderr
 
-    if not weights.is_file():
+    if not Path(weights).is_file():
         return None
     graph = read_policy_graph(tflite)
     argmax = next((op for op in graph.ops if op.outputs[0] is graph.action), None)
@@ -379,16 +404,7 @@ def float_head_actions(tflite: Path, weights: Path, states: np.ndarray) -> np.nd
         kernel, bias = (arrays[k].astype(np.float64) for k in names[-2:])
     if kernel.ndim != 2 or kernel.shape != (hidden.shape[-1], graph.n_actions) or bias.shape != (graph.n_actions,):
         return None
-    with quiet_stderr():
-        interpreter = Interpreter(model_path=str(tflite), experimental_preserve_all_tensors=True)
-    source = interpreter.get_input_details()[0]
-    batch = np.asarray(states, dtype=source["dtype"])
-    interpreter.resize_tensor_input(source["index"], list(batch.shape))
-    interpreter.allocate_tensors()
-    interpreter.set_tensor(source["index"], batch)
-    interpreter.invoke()
-    h = (interpreter.get_tensor(hidden.index).astype(np.float64) - float(hidden.zero_points[0])) * float(hidden.scales[0])
-    return (h.reshape(len(batch), -1) @ kernel + bias).argmax(1)
+    return FloatHeadPolicy(tflite, hidden, kernel, bias)
 
 
 def diagnoses(results: RunResults, run_dir: Path) -> list[Diagnosis]:
@@ -417,7 +433,8 @@ def diagnoses(results: RunResults, run_dir: Path) -> list[Diagnosis]:
         emulated = None
         if post_training_int8(v):
             try:
-                emulated = float_head_actions(path, base_file.parent / "weights.npz", states)
+                policy = float_head_policy(path, base_file.parent / "weights.npz")
+                emulated = policy.actions(states) if policy is not None else None
             except (UserError, ValueError, RuntimeError):
                 emulated = None
         found.append(diagnose(v.name, baseline_q, baseline_actions, TFLitePolicy(path).actions(states),
