@@ -57,6 +57,25 @@ def test_cnn_without_its_dead_filters_keeps_every_q_value(rank):
     np.testing.assert_allclose(student(states).numpy(), teacher(states).numpy(), rtol=1e-5, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("rank", ["gap", "activation"])
+@pytest.mark.parametrize("conv", [False, True])
+def test_a_removed_unit_that_sends_a_constant_leaves_it_in_the_next_layers_bias(conv, rank):
+    """A unit whose output is the same on every state (zero incoming weights, a positive bias) carries
+    no gap but moves every Q-value: removed, its mean output joins the next layer's bias exactly."""
+    rng = np.random.default_rng(3)
+    shape, student_conv = ((5, 5, 2), [_Conv(3)]) if conv else ((6,), [])
+    teacher = build_q_network(shape, 3, [8], conv=[_Conv(4)] if conv else [], name="teacher")
+    student = build_q_network(shape, 3, [8] if conv else [7], conv=student_conv, name="student")
+    kernel, bias = teacher.layers[0 if not conv else 0].get_weights()
+    kernel[..., 0] = 0.0
+    bias[0] = 0.7  # unit 0: relu(0.7) everywhere; the others' biases are 0 at initialization
+    teacher.layers[0].set_weights([kernel, bias])
+    states = rng.normal(size=(64, *shape)).astype(np.float32)
+    shrink_from_teacher(teacher, student, states, rank)  # exact only if unit 0 (or one as still) went
+    np.testing.assert_allclose(student(states).numpy(), teacher(states).numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_ranks_keep_the_units_that_carry_the_gap():
     """A unit that reads a large input but whose output nothing reads is kept by magnitude alone."""
     rng = np.random.default_rng(2)
