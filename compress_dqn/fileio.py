@@ -78,21 +78,29 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f".tmp-{path.name}-{socket.gethostname()}-{os.getpid()}")
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write a file under a temporary name, fsync, then rename into place."""
+@contextlib.contextmanager
+def _atomic(path: Path) -> Iterator[IO[bytes]]:
+    """A file opened under a temporary name: on leaving, fsync'd and renamed into place; on an
+    error, removed (a full disk must not also leave a half-written file behind)."""
     path = Path(path)
     tmp = _tmp_name(path)
     try:
         with refused_writes(path):
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as fh:
-                fh.write(data)
+                yield fh
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
     except BaseException:
-        _discard(tmp)  # a full disk must not also leave a half-written file behind
+        _discard(tmp)
         raise
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write a file under a temporary name, fsync, then rename into place."""
+    with _atomic(path) as fh:
+        fh.write(data)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -104,19 +112,8 @@ def save_arrays(path: Path, arrays: list[np.ndarray] | dict[str, np.ndarray]) ->
     """np.savez (a list keeps its order) written atomically."""
     if isinstance(arrays, list):
         arrays = {f"a{i:04d}": a for i, a in enumerate(arrays)}
-    path = Path(path)
-    tmp = _tmp_name(path)
-    try:
-        with refused_writes(path):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **arrays)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-    except BaseException:
-        _discard(tmp)
-        raise
+    with _atomic(path) as fh:
+        np.savez(fh, **arrays)
 
 
 def load_arrays(path: Path) -> list[np.ndarray]:

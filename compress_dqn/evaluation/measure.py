@@ -71,24 +71,7 @@ def measure_latency(policy: Any, observations: np.ndarray, calls: int = 2000, wa
         act(observations[i % n])
         if perf_counter_ns() > warm_until:
             break
-    times = np.empty(calls)
-    spent, made = 0, calls
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for i in range(calls):
-            obs = observations[i % n]
-            start = perf_counter_ns()
-            act(obs)
-            times[i] = perf_counter_ns() - start
-            spent += times[i]
-            if spent > budget_ns and i + 1 >= min_calls:
-                made = i + 1
-                break
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    times = times[:made]
+    times = np.asarray(_time_calls(act, observations, calls, budget_ns, min_calls))
     batch = observations[np.arange(256) % n]
     policy.actions(batch)  # warm-up (and tensor resize for TFLite)
     repeats = 50
@@ -101,7 +84,7 @@ def measure_latency(policy: Any, observations: np.ndarray, calls: int = 2000, wa
         p50=float(np.percentile(times, 50) / 1e3),
         p99=float(np.percentile(times, 99) / 1e3),
         mean=float(times.mean() / 1e3),
-        calls=made,
+        calls=len(times),
         batch256_obs_per_s=float(256 * repeats / elapsed),
     )
 
@@ -154,9 +137,10 @@ def _as_input(x: np.ndarray, details: dict) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=dtype)
 
 
-def _time_calls(call: Any, inputs: list, n: int) -> list[float]:
-    """Nanoseconds of each of n calls (the garbage collector paused, as measure_latency does)."""
-    perf_counter_ns, times, count = time.perf_counter_ns, [], len(inputs)
+def _time_calls(call: Any, inputs: Any, n: int, budget_ns: float = float("inf"), min_calls: int = 0) -> list[float]:
+    """Nanoseconds of each of n calls on inputs in turn, the garbage collector paused (see
+    measure_latency); with a budget, ended once the calls have spent it and number min_calls."""
+    perf_counter_ns, times, count, spent = time.perf_counter_ns, [], len(inputs), 0
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -165,6 +149,9 @@ def _time_calls(call: Any, inputs: list, n: int) -> list[float]:
             start = perf_counter_ns()
             call(x)
             times.append(perf_counter_ns() - start)
+            spent += times[-1]
+            if spent > budget_ns and i + 1 >= min_calls:
+                break
     finally:
         if gc_was_enabled:
             gc.enable()
