@@ -69,8 +69,8 @@ def test_the_c_policy_takes_the_reference_kernels_action_on_every_state(tiny_run
     assert len(checked) == 6
 
 
-def _cnn_student(folder: Path) -> Path:
-    """A MinAtar-shaped (10x10x4 uint8) int8 conv student: one 3x3 conv, 16 hidden, split heads, full int8."""
+def _cnn_student(folder: Path, int8: bool = True) -> Path:
+    """A MinAtar-shaped (10x10x4 uint8) conv student: one 3x3 conv, 16 hidden, split heads, full int8 (or float)."""
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import converter_setup
     from compress_dqn.compress.rewrites import split_value_advantage
@@ -82,10 +82,15 @@ def _cnn_student(folder: Path) -> Path:
     model = tf_keras.Sequential([tf_keras.Input((10, 10, 4)), tf_keras.layers.Conv2D(4, 3, activation="relu", name="conv_0"),
                                  tf_keras.layers.Flatten(name="flatten"), tf_keras.layers.Dense(16, activation="relu", name="hidden_0"),
                                  tf_keras.layers.Dense(3, name="q_values")])
+    if not int8:  # biases as training leaves them, not Keras' zeros, so the C must add them
+        for layer in model.layers[::2]:
+            kernel, bias = layer.get_weights()
+            layer.set_weights([kernel, np.random.default_rng(3).normal(0, 0.3, bias.shape).astype(np.float32)])
     saved = export_saved_model(split_value_advantage(model), (10, 10, 4), np.uint8, folder / "saved_model")
     calibration = np.random.default_rng(0).integers(0, 2, (64, 10, 10, 4)).astype(np.uint8)
-    data = with_float_q_values(convert_tflite(saved, converter_setup(QuantizeConfig(mode="int8"), calibration)))
-    path = folder / "cnn.tflite"
+    data = (with_float_q_values(convert_tflite(saved, converter_setup(QuantizeConfig(mode="int8"), calibration)))
+            if int8 else convert_tflite(saved))
+    path = folder / ("cnn.tflite" if int8 else "cnn_f32.tflite")
     path.write_bytes(data)
     return path
 
@@ -105,6 +110,21 @@ def test_a_cnn_student_in_c_plays_as_the_reference_kernels(tmp_path):
     differ, steps = _play_side_by_side(act, TFLitePolicy(path, reference_kernels=True).act, "MinAtar/Breakout-v1", range(2), states)
     assert differ == 0 and steps > len(states)
     assert len({act(s) for s in states[:200]}) > 1  # a policy that takes one action everywhere would prove nothing
+
+
+def test_a_float_cnn_in_c_plays_as_the_reference_kernels(tmp_path):
+    """conv_f32 (a float CNN, the MinAtar baselines' form) sums as the reference kernel does."""
+    from compress_dqn.deploy.c_export import generate_c
+    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+
+    path = _cnn_student(tmp_path, int8=False)
+    policy = generate_c(path, "cnn_f32")
+    assert not policy.integer and "conv_f32" in policy.source
+    act = c_actor(compile_shared(policy, tmp_path), policy)
+    states = np.random.default_rng(2).integers(0, 2, (1000, 10, 10, 4)).astype(np.uint8)
+    reference = TFLitePolicy(path, reference_kernels=True)
+    assert [act(s) for s in states] == [reference.act(s) for s in states]
+    assert len({act(s) for s in states[:200]}) > 1
 
 
 @pytest.mark.slow

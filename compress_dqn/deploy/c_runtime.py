@@ -133,26 +133,6 @@ static void fc_s8(const int8_t *x, int n_in, int32_t x_zero, const int8_t *w, co
   }
 }
 """,
-    "conv_acc_s8": """\
-/* One output of an int8 convolution before any scaling: filter o's taps at (oy, ox) times the input
-   less its zero point; taps in the padding add nothing (the reference kernels skip them). */
-static int32_t conv_acc_s8(const int8_t *x, int ih, int iw, int ic, int32_t x_zero, const int8_t *w, int o,
-                           int kh, int kw, int sh, int sw, int dh, int dw, int ph, int pw, int oy, int ox) {
-  int32_t acc = 0;
-  for (int fy = 0; fy < kh; ++fy) {
-    int iy = oy * sh - ph + dh * fy;
-    if (iy < 0 || iy >= ih) continue;
-    for (int fx = 0; fx < kw; ++fx) {
-      int ix = ox * sw - pw + dw * fx;
-      if (ix < 0 || ix >= iw) continue;
-      const int8_t *px = x + (iy * iw + ix) * ic;
-      const int8_t *pf = w + ((o * kh + fy) * kw + fx) * ic;
-      for (int c = 0; c < ic; ++c) acc += (int32_t)pf[c] * ((int32_t)px[c] - x_zero);
-    }
-  }
-  return acc;
-}
-""",
     "conv_s8": """\
 static void conv_s8(const int8_t *x, int ih, int iw, int ic, int32_t x_zero, const int8_t *w, const int32_t *bias,
                     int oc, int kh, int kw, int sh, int sw, int dh, int dw, int ph, int pw, int oh, int ow,
@@ -190,22 +170,7 @@ static void conv_f32(const float *x, int ih, int iw, int ic, const float *w, con
   for (int oy = 0; oy < oh; ++oy) {
     for (int ox = 0; ox < ow; ++ox) {
       for (int o = 0; o < oc; ++o) {
-        float total = 0.0f;
-        for (int fy = 0; fy < kh; ++fy) {
-          int iy = oy * sh - ph + dh * fy;
-          if (iy < 0 || iy >= ih) continue;
-          for (int fx = 0; fx < kw; ++fx) {
-            int ix = ox * sw - pw + dw * fx;
-            if (ix < 0 || ix >= iw) continue;
-            const float *px = x + (iy * iw + ix) * ic;
-            const float *pf = w + ((o * kh + fy) * kw + fx) * ic;
-            for (int c = 0; c < ic; ++c) {
-              float p = px[c] * pf[c];
-              total += p;
-            }
-          }
-        }
-        float v = total + (bias ? bias[o] : 0.0f);
+        float v = conv_acc_f32(x, ih, iw, ic, 0, w, o, kh, kw, sh, sw, dh, dw, ph, pw, oy, ox) + (bias ? bias[o] : 0.0f);
         y[(oy * ow + ox) * oc + o] = v < lo ? lo : (v > hi ? hi : v);
       }
     }
@@ -228,9 +193,38 @@ static int argmax_f32(const float *v, int n) {
 """,
 }
 
+_CONV_ACC = """\
+/* One output of a{kind} convolution before its bias: filter o's taps at (oy, ox) times the input{less};
+   taps in the padding add nothing (the reference kernels skip them). */
+static {acc} conv_acc_{suffix}(const {t} *x, int ih, int iw, int ic, int32_t x_zero, const {t} *w, int o,
+                           int kh, int kw, int sh, int sw, int dh, int dw, int ph, int pw, int oy, int ox) {{
+  {acc} total = 0;{unused}
+  for (int fy = 0; fy < kh; ++fy) {{
+    int iy = oy * sh - ph + dh * fy;
+    if (iy < 0 || iy >= ih) continue;
+    for (int fx = 0; fx < kw; ++fx) {{
+      int ix = ox * sw - pw + dw * fx;
+      if (ix < 0 || ix >= iw) continue;
+      const {t} *px = x + (iy * iw + ix) * ic;
+      const {t} *pf = w + ((o * kh + fy) * kw + fx) * ic;
+      for (int c = 0; c < ic; ++c) {{
+        {product}
+      }}
+    }}
+  }}
+  return total;
+}}
+"""
+"""The int8 and float convolutions' accumulation, one loop: the float one rounds each product to
+float before adding it (`p`), as the reference kernel's float code does (no fused multiply-add)."""
+ROUTINES["conv_acc_s8"] = _CONV_ACC.format(kind="n int8", less=" less its zero point", acc="int32_t", suffix="s8",
+                                           t="int8_t", unused="", product="total += (int32_t)pf[c] * ((int32_t)px[c] - x_zero);")
+ROUTINES["conv_acc_f32"] = _CONV_ACC.format(kind=" float", less=" (x_zero: 0, unused)", acc="float", suffix="f32", t="float", unused="\n  (void)x_zero;",
+                                            product="float p = px[c] * pf[c];\n        total += p;")
 ROUTINES.update(HYBRID_ROUTINES)
 
-_NEEDS = {"fc_s8": ["clamp8", "fc_scale"], "conv_s8": ["conv_acc_s8", "clamp8", "mbqm"], **HYBRID_NEEDS}
+_NEEDS = {"fc_s8": ["clamp8", "fc_scale"], "conv_s8": ["conv_acc_s8", "clamp8", "mbqm"], "conv_f32": ["conv_acc_f32"],
+          **HYBRID_NEEDS}
 
 
 def routines(used: set[str]) -> str:
