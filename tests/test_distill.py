@@ -185,3 +185,27 @@ def test_the_advantage_term_adds_the_advantages_squared_error_over_their_varianc
     expected = 3.0 / 0.5 * np.mean((centred(q) - centred(teacher[0])) ** 2)
     assert expected > 0.1
     assert weighted - plain == pytest.approx(expected, rel=1e-4)
+
+
+def test_the_margin_term_adds_the_shortfall_of_the_students_lead_over_the_teachers_gap():
+    """margin_weight w adds w / sqrt(advantage_scale) x mean(max(0, teacher gap - student's lead of the
+    teacher's best action)): zero where the student leads by as much, the shortfall where it ranks it lower."""
+    import tensorflow as tf
+
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.compress.distill import make_distill_update_fn
+
+    teacher = np.array([[[3.0, 1.0, 0.0], [0.0, 2.0, 1.5], [1.0, 1.0, 5.0]]], np.float32)  # gaps 2, 0.5, 4
+    bias = np.array([0.0, 1.0, 0.5], np.float32)  # the student's Q: the same on every state
+
+    def loss_with(weight):
+        student = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(3, kernel_initializer="zeros")])
+        student.layers[-1].set_weights([np.zeros((2, 3), np.float32), bias])
+        update = make_distill_update_fn(student, tf_keras.optimizers.SGD(0.0), None, False,
+                                        value_scale=2.0, advantage_scale=4.0, margin_weight=weight)
+        return float(update(tf.constant(np.zeros((1, 3, 2), np.float32)), tf.constant(teacher))[0])
+
+    # state 0: best 0, student lead 0 - 1 = -1, shortfall 2 + 1 = 3; state 1: best 1, lead 1 - 0.5 = 0.5,
+    # shortfall 0; state 2: best 2, lead 0.5 - 1 = -0.5, shortfall 4.5
+    expected = 2.0 / 4.0 ** 0.5 * np.mean([3.0, 0.0, 4.5])
+    assert loss_with(2.0) - loss_with(0.0) == pytest.approx(expected, rel=1e-5)

@@ -39,6 +39,7 @@ def make_distill_update_fn(
     value_scale: float = 1.0,
     advantage_weight: float = 0.0,
     advantage_scale: float = 1.0,
+    margin_weight: float = 0.0,
 ) -> UpdateFn:
     """`update(obs, teacher_q)` over K stacked batches: K steps; returns (mean loss, mean Q).
 
@@ -55,7 +56,7 @@ def make_distill_update_fn(
     gaps between actions, so without it a student may rank actions right with gaps several times
     smaller than the teacher's, which int8 rounding then flips.
     """
-    objective = _distill_objective(loss, temperature, value_scale, advantage_weight, advantage_scale)
+    objective = _distill_objective(loss, temperature, value_scale, advantage_weight, advantage_scale, margin_weight)
 
     @tf.function(jit_compile=jit_compile, reduce_retracing=True)
     def update(obs, teacher_q):
@@ -79,11 +80,12 @@ def make_distill_update_fn(
 
 
 def _distill_objective(loss: str, temperature: float, value_scale: float, advantage_weight: float,
-                       advantage_scale: float) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+                       advantage_scale: float, margin_weight: float = 0.0) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
     """The loss of a batch of student Q-values against the teacher's (make_distill_update_fn says why each term)."""
     tau = tf.constant(temperature, tf.float32)
     inv_var = tf.constant(1.0 / max(value_scale, 1e-8), tf.float32)
     adv_weight = tf.constant(advantage_weight / max(advantage_scale, 1e-8), tf.float32)
+    hinge_weight = tf.constant(margin_weight / max(advantage_scale, 1e-8) ** 0.5, tf.float32)
 
     def objective(q: tf.Tensor, teacher: tf.Tensor) -> tf.Tensor:
         if loss == "mse":
@@ -97,9 +99,22 @@ def _distill_objective(loss: str, temperature: float, value_scale: float, advant
             advantage_error = (q - tf.reduce_mean(q, axis=-1, keepdims=True)) - (
                 teacher - tf.reduce_mean(teacher, axis=-1, keepdims=True))
             total += adv_weight * tf.reduce_mean(tf.square(advantage_error))
+        if margin_weight:
+            total += hinge_weight * tf.reduce_mean(_margin_shortfall(q, teacher))
         return total
 
     return objective
+
+
+def _margin_shortfall(q: tf.Tensor, teacher: tf.Tensor) -> tf.Tensor:
+    """Per state: max(0, teacher's lead - the student's lead of the teacher's best action over the
+    student's best other action). Zero where the student ranks that action first by at least the
+    teacher's gap."""
+    top2 = tf.math.top_k(teacher, k=2).values
+    best = tf.argmax(teacher, axis=-1)
+    chosen = tf.gather(q, best, batch_dims=1)
+    others = tf.where(tf.one_hot(best, tf.shape(q)[-1]) > 0, tf.fill(tf.shape(q), -float("inf")), q)
+    return tf.nn.relu((top2[:, 0] - top2[:, 1]) - (chosen - tf.reduce_max(others, axis=-1)))
 
 
 def teacher_table(teacher: NumpyActor | KerasActor, replay: ReplayBuffer, lookups: int,
@@ -222,7 +237,7 @@ class Distiller:
                                         replay.n_actions, replay.obs_dtype)
         self.update = make_distill_update_fn(
             student, self.optimizer, max_grad_norm, jit_compile, ft.loss, ft.temperature, value_scale,
-            ft.advantage_weight, advantage_scale,
+            ft.advantage_weight, advantage_scale, ft.margin_weight,
         )
 
     def run(self) -> float:

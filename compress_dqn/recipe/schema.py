@@ -543,6 +543,11 @@ class FineTuneConfig(StrictModel):
     action gaps, so a student can match Q well with gaps a fraction of the teacher's; an int8 step
     then flips its actions. 0: off. On a MinAtar student it widened the int8 gaps but cost more
     agreement than it kept (the largest advantages dominate the error; docs/minatar.md)."""
+    margin_weight: _real(0.0, None) = 0.0
+    """policy loss: add, times this, how far the student's lead of the teacher's best action over its
+    own next best falls short of the teacher's lead (its best less second-best Q-value), over the
+    advantages' spread: a hinge on the ranking that weighs each state by its gap, where the KL at
+    temperature 0.01 is flat once an action is ranked first. 0: off."""
     select_interval: Count = 0
     """Every this many gradient steps (and at the end), play the model on select_episodes episodes
     from train.eval_seed and keep the best weights, as the baseline's training does; 0: keep the last."""
