@@ -183,3 +183,10 @@ def test_spaceinvaders_lanes_plays_the_same_episodes_in_numpy_lanes_and_in_minat
     assert sorted(r["player"] for r in runs) == ["gym_lanes", "numpy_lanes", "one_at_a_time"]
     assert summary["policy"] == "scripted" and summary["episodes"] == 12 and all(summary["identical"].values())
     assert summary["speedup_numpy_lanes_vs_one_at_a_time"] > 0
+
+
+def test_structured_ranks_starts_students_fresh_and_narrowed_and_distils_them():
+    rows = bench("structured_ranks")
+    assert [(r["student"]["net_arch"], r["start"]) for r in rows] == [([8, 8], "fresh"), ([8, 8], "gap")]
+    for row in rows:
+        assert row["steps"] == 50 and 0 <= row["agreement_after"]["decisive"] <= 1 and row["distill_seconds"] > 0
