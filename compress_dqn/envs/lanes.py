@@ -277,72 +277,18 @@ class SpaceInvadersLanes:
         new_pos = np.minimum(np.maximum(pos + _MOVE[act], 0), 9)  # firing moves nothing: its move is 0
         obs[lanes, 9, new_pos, 0] = 1
 
-        # the bullets: the cannon's a row up (MinAtar's np.roll(-1) and its bottom row cleared), one
-        # fired from the cannon's column before it moved; the aliens' a row down (roll(1), top cleared)
-        if isinstance(rows, slice):
-            obs[:, :9, :, 4] = obs[:, 1:, :, 4]  # numpy copies overlapping views as if through a buffer
-            obs[:, 9, :, 4] = 0
-            obs[:, 1:, :, 5] = obs[:, :9, :, 5]
-            obs[:, 0, :, 5] = 0
-            friendly[:, :9] = friendly[:, 1:]
-            friendly[:, 9] = False
-            ours = friendly
-        else:
-            mine, theirs = obs[lanes, :, :, 4], obs[lanes, :, :, 5]
-            obs[lanes, :9, :, 4], obs[lanes, 9, :, 4] = mine[:, 1:], 0
-            obs[lanes, 1:, :, 5], obs[lanes, 0, :, 5] = theirs[:, :9], 0
-            ours = friendly[lanes]
-            ours[:, :9], ours[:, 9] = ours[:, 1:].copy(), False
-        if np.count_nonzero(fire):
-            obs[lanes[fire], 8, pos[fire], 4] = 1
-            ours[np.flatnonzero(fire), 8, pos[fire]] = True
+        ours = self._shift_bullets(lanes, rows, fire, pos)
         pos = new_pos
         terminal = (obs[lanes, 9, pos, 5] == 1) | aliens[lanes, 9, pos]
-
         shown = np.zeros(n, dtype=bool)  # lanes whose alien channels are written from their map
         moving = move_timer == 0
         if np.count_nonzero(moving):
-            m, at = lanes[moving], np.flatnonzero(moving)
-            group = aliens[m]
-            move_timer[at] = np.minimum(count[at], interval[at])
-            columns = group.any(axis=1)
-            turn = (columns[:, 0] & (direction[at] < 0)) | (columns[:, 9] & (direction[at] > 0))
-            direction[at] = np.where(turn, -direction[at], direction[at])
-            terminal[at] |= turn & group[:, 9, :].any(axis=1)
-            # down a row (np.roll(1, axis=0), the bottom row to the top), else a column along: a
-            # roll of the flat map, which moves no alien across a row's end (none is at the edge
-            # it moves towards, or they would have turned)
-            shift = np.where(turn, 10, direction[at])
-            moved = group.reshape(len(m), 100)[np.arange(len(m))[:, None], (_CELLS[None, :] - shift[:, None]) % 100]
-            aliens[m] = moved = moved.reshape(len(m), 10, 10)
-            terminal[at] |= moved[np.arange(len(m)), 9, pos[at]]
-            shown[at] = True
-
+            self._march(lanes, np.flatnonzero(moving), pos, direction, move_timer, interval, count, terminal, shown)
         shooting = shot_timer == 0
         if np.count_nonzero(shooting):
-            s, at = lanes[shooting], np.flatnonzero(shooting)
-            shot_timer[at] = _ENEMY_SHOT_INTERVAL
-            group = aliens[s]
-            # the column nearest the cannon (the lower one on a tie) that holds an alien: MinAtar's
-            # stable sort of the columns by distance; the wave is never empty here (refilled below)
-            key = np.abs(_COLUMNS[None, :] - pos[at, None]) * 10 + _COLUMNS[None, :]
-            column = np.argmin(np.where(group.any(axis=1), key, 1000), axis=1)
-            row = 9 - np.argmax(group[np.arange(len(s)), ::-1, column], axis=1)  # its lowest alien
-            obs[s, row, column, 5] = 1
-
-        # an alien and a bullet of the cannon's in one cell: both gone, a point each
-        bullets = np.flatnonzero(ours)
-        at, cell = np.divmod(bullets, 100)
-        hit = aliens.reshape(len(aliens), 100)[lanes[at], cell]
-        rewards = np.zeros(n)
-        if np.count_nonzero(hit):
-            at, cell = at[hit], cell[hit]
-            row, column = np.divmod(cell, 10)
-            aliens[lanes[at], row, column] = False
-            ours[at, row, column] = False
-            obs[lanes[at], row, column, 1:5] = 0
-            kills = np.bincount(at, minlength=n)
-            rewards, count = kills.astype(np.float64), count - kills
+            shot_timer[shooting] = _ENEMY_SHOT_INTERVAL
+            self._shoot(lanes[shooting], pos[shooting])
+        rewards, count = self._hits(lanes, ours, count)
 
         cool = cool - (cool > 0)
         move_timer -= 1
@@ -366,6 +312,75 @@ class SpaceInvadersLanes:
         if self._max_steps is not None:  # gymnasium's TimeLimit
             terminal = terminal | (state[_ASTEPS] >= self._max_steps)
         return rewards, terminal
+
+    def _shift_bullets(self, lanes: np.ndarray, rows: slice | np.ndarray, fire: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """The bullets: the cannon's a row up (MinAtar's np.roll(-1) and its bottom row cleared), one
+        fired from the cannon's column before it moved; the aliens' a row down (roll(1), top cleared).
+        Returns the lanes' map of the cannon's bullets (a view of `_friendly` when every lane steps)."""
+        obs, friendly = self.obs, self._friendly
+        if isinstance(rows, slice):
+            obs[:, :9, :, 4] = obs[:, 1:, :, 4]  # numpy copies overlapping views as if through a buffer
+            obs[:, 9, :, 4] = 0
+            obs[:, 1:, :, 5] = obs[:, :9, :, 5]
+            obs[:, 0, :, 5] = 0
+            friendly[:, :9] = friendly[:, 1:]
+            friendly[:, 9] = False
+            ours = friendly
+        else:
+            mine, theirs = obs[lanes, :, :, 4], obs[lanes, :, :, 5]
+            obs[lanes, :9, :, 4], obs[lanes, 9, :, 4] = mine[:, 1:], 0
+            obs[lanes, 1:, :, 5], obs[lanes, 0, :, 5] = theirs[:, :9], 0
+            ours = friendly[lanes]
+            ours[:, :9], ours[:, 9] = ours[:, 1:].copy(), False
+        if np.count_nonzero(fire):
+            obs[lanes[fire], 8, pos[fire], 4] = 1
+            ours[np.flatnonzero(fire), 8, pos[fire]] = True
+        return ours
+
+    def _march(self, lanes: np.ndarray, at: np.ndarray, pos: np.ndarray, direction: np.ndarray, move_timer: np.ndarray,
+               interval: np.ndarray, count: np.ndarray, terminal: np.ndarray, shown: np.ndarray) -> None:
+        """The aliens of lanes[at] move (direction, move_timer, terminal and shown updated in place):
+        down a row where they turn at an edge (np.roll(1, axis=0), the bottom row to the top), else a
+        column along, as a roll of the flat map that moves no alien across a row's end (none is at
+        the edge it moves towards, or they would have turned)."""
+        m = lanes[at]
+        group = self._aliens[m]
+        move_timer[at] = np.minimum(count[at], interval[at])
+        columns = group.any(axis=1)
+        turn = (columns[:, 0] & (direction[at] < 0)) | (columns[:, 9] & (direction[at] > 0))
+        direction[at] = np.where(turn, -direction[at], direction[at])
+        terminal[at] |= turn & group[:, 9, :].any(axis=1)
+        shift = np.where(turn, 10, direction[at])
+        moved = group.reshape(len(m), 100)[np.arange(len(m))[:, None], (_CELLS[None, :] - shift[:, None]) % 100]
+        self._aliens[m] = moved = moved.reshape(len(m), 10, 10)
+        terminal[at] |= moved[np.arange(len(m)), 9, pos[at]]
+        shown[at] = True
+
+    def _shoot(self, lanes: np.ndarray, pos: np.ndarray) -> None:
+        """An alien of each lane shoots: the lowest in the column nearest the cannon (the lower one on
+        a tie) that holds an alien, MinAtar's stable sort of the columns by distance; the wave is
+        never empty here (refilled when cleared)."""
+        group = self._aliens[lanes]
+        key = np.abs(_COLUMNS[None, :] - pos[:, None]) * 10 + _COLUMNS[None, :]
+        column = np.argmin(np.where(group.any(axis=1), key, 1000), axis=1)
+        row = 9 - np.argmax(group[np.arange(len(lanes)), ::-1, column], axis=1)
+        self.obs[lanes, row, column, 5] = 1
+
+    def _hits(self, lanes: np.ndarray, ours: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """An alien and a bullet of the cannon's in one cell: both gone, a point each. Returns the
+        rewards and the aliens left."""
+        aliens, obs = self._aliens, self.obs
+        at, cell = np.divmod(np.flatnonzero(ours), 100)
+        hit = aliens.reshape(len(aliens), 100)[lanes[at], cell]
+        if not np.count_nonzero(hit):
+            return np.zeros(len(lanes)), count
+        at, cell = at[hit], cell[hit]
+        row, column = np.divmod(cell, 10)
+        aliens[lanes[at], row, column] = False
+        ours[at, row, column] = False
+        obs[lanes[at], row, column, 1:5] = 0
+        kills = np.bincount(at, minlength=len(lanes))
+        return kills.astype(np.float64), count - kills
 
     def _show_aliens(self, lanes: np.ndarray, direction: np.ndarray) -> None:
         """The lanes' alien channels from their maps: every alien, and each under its direction."""
