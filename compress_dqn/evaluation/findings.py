@@ -370,8 +370,14 @@ class FloatHeadPolicy:
         self._input = self._interp.get_input_details()[0]
         self._hidden, self._kernel, self._bias, self._batch = hidden, kernel, bias, None
 
+    CHUNK = 1024
+    """States per interpreter call: every tensor is kept, so a call's memory grows with its batch (an image CNN's)."""
+
     def actions(self, states: np.ndarray) -> np.ndarray:
-        batch = np.asarray(states, dtype=self._input["dtype"])
+        states = np.asarray(states, dtype=self._input["dtype"])
+        if len(states) > self.CHUNK:
+            return np.concatenate([self.actions(states[i:i + self.CHUNK]) for i in range(0, len(states), self.CHUNK)])
+        batch = states
         if batch.shape != self._batch:
             self._interp.resize_tensor_input(self._input["index"], list(batch.shape))
             self._interp.allocate_tensors()
