@@ -35,20 +35,24 @@ VARIANT_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 SEARCH_DEFAULTS: dict[str, Any] = {
-    "student": {"fine_tune": {"steps": 40000, "learning_rate": 1e-3, **_SELECT},
+    "student": {"fine_tune": {"steps": 40000, "learning_rate": 1e-3, "advantage_weight": 1.0, **_SELECT},
                 "quantize": {"mode": "qat", "qat_steps": 20000, "qat_learning_rate": 3e-4},
                 "candidates": {"count": 3, "episodes": 200, "seed": 200000}},
     "pruned": {"fine_tune": _RECOVER},
 }
-"""The search's student and pruning templates for `compress-dqn search` (recipes/lunarlander-search.yaml's)."""
+"""The search's student and pruning templates for `compress-dqn search` (recipes/lunarlander-search.yaml's),
+the students also fitting the teacher's advantages: on the RL Zoo's agents, whose action gaps are small
+next to their Q-values, that kept an int8 student's head step below their gaps (docs/rl-zoo.md)."""
 
 
 def _for_task(settings: dict[str, Any], flat_observations: bool) -> dict[str, Any]:
-    """Student states (DAgger) play only flat-observation tasks: image tasks fine-tune without them."""
+    """Student states (DAgger) and the advantage term play only flat-observation tasks: image tasks
+    fine-tune without them (a MinAtar student distilled with advantage_weight 1 lost, docs/minatar.md)."""
     settings = copy.deepcopy(settings)
     if not flat_observations:
         for variant in [settings, settings.get("student") or {}, settings.get("pruned") or {}]:
             (variant.get("fine_tune") or {}).pop("student_states", None)
+        ((settings.get("student") or {}).get("fine_tune") or {}).pop("advantage_weight", None)
     return settings
 
 
