@@ -329,5 +329,24 @@ def test_the_search_students_fit_the_advantages_on_flat_tasks_only():
     assert all(c.variant.fine_tune.advantage_weight == 1.0 for c in ladders(flat, *CARTPOLE)["student"])
 
 
+
+def test_a_brought_network_is_estimated_at_its_own_shape():
+    """recipe_for_model writes the brought network's widths and conv layers into train:, which the
+    search's size estimates read (at the default 64x64 a 256x256 MLP's pruned rung looked 30x smaller)."""
+    from compress_dqn.rl.networks import build_q_network, weight_layers
+    from compress_dqn.run.model_recipe import network_shape
+
+    class Conv:
+        filters, kernel, stride = 8, 4, 2
+
+    mlp = weight_layers(build_q_network((8,), 4, [256, 128]))
+    assert network_shape(mlp) == {"net_arch": [256, 128], "conv": []}
+    cnn = weight_layers(build_q_network((20, 20, 4), 3, [64], conv=[Conv()]))
+    assert network_shape(cnn) == {"net_arch": [64], "conv": [{"filters": 8, "kernel": 4, "stride": 2}]}
+    recipe = recipe_from_data({**cli_search_recipe(True), "train": network_shape(mlp)})
+    pruned = {c.variant.name: c.estimated_bytes for c in ladders(recipe, (8,), 4)["prune"]}
+    assert pruned["prune-90-int8"] > 0.1 * (256 * 128)  # hidden_1 pruned to 10%, hidden_0 and q_values dense
+
+
 if __name__ == "__main__":
     _capture()
