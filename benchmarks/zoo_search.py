@@ -72,7 +72,7 @@ def search(path: Path, env_id: str, out: Path, args: list[str], make_zip=None) -
 def agent_row(out: Path, line: float) -> dict:
     """One finished search: its winner against the baseline, gzip to gzip, and the seed-0 report's reasons."""
     from compress_dqn.evaluation.findings import diagnoses
-    from compress_dqn.evaluation.report import reason_lines
+    from compress_dqn.evaluation.reasons import reason_lines
     from compress_dqn.evaluation.results import load_results
 
     summary = load_results(out / "results.json")

@@ -19,7 +19,8 @@ import pytest
 from compress_dqn.evaluation.figures import Compression, Verdict
 from compress_dqn.evaluation.findings import (Diagnosis, action_gaps, diagnose, diagnoses, head_step, is_student,
                                               post_training_int8)
-from compress_dqn.evaluation.report import reason_lines, render_html, render_markdown, write_report
+from compress_dqn.evaluation.reasons import reason_lines
+from compress_dqn.evaluation.report import render_html, render_markdown, write_report
 from compress_dqn.evaluation.results import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
