@@ -67,14 +67,14 @@ def _activations(teacher: tf_keras.Model, states: np.ndarray) -> tuple[list[tf.T
     return acts, gap, tape
 
 
-def unit_scores(teacher: tf_keras.Model, states: np.ndarray, rank: str) -> list[np.ndarray]:
-    """One score per filter or unit of each hidden weight layer (the output layer keeps every action)."""
+def unit_scores(layers: list[tf_keras.layers.Layer], acts: list[tf.Tensor], gap: tf.Tensor, tape: tf.GradientTape,
+                rank: str) -> list[np.ndarray]:
+    """One score per filter or unit of each hidden weight layer (the output layer keeps every action), from
+    the teacher's weight layers and its activations on the states (_activations)."""
     if rank not in RANKS:
         raise ValueError(f"unknown rank {rank!r}; choose from {', '.join(RANKS)}")
-    layers = _weighted(teacher)
     if rank == "magnitude":
         return [np.abs(layer.kernel.numpy()).reshape(-1, layer.kernel.shape[-1]).sum(axis=0) for layer in layers[:-1]]
-    acts, gap, tape = _activations(teacher, states)
     centred = [a - tf.reduce_mean(a, axis=0, keepdims=True) for a in acts]
     if rank == "gap":
         grads = tape.gradient(gap, acts)
@@ -101,8 +101,9 @@ def shrink_from_teacher(teacher: tf_keras.Model, student: tf_keras.Model, states
     each hidden layer."""
     check_shrinkable(teacher, student)
     ours, theirs = _weighted(student), _weighted(teacher)
-    kept = kept_units(unit_scores(teacher, states, rank), [layer.kernel.shape[-1] for layer in ours[:-1]])
-    means = [a.numpy().mean(axis=0) for a in _activations(teacher, states)[0]]
+    acts, gap, tape = _activations(teacher, states)  # one forward pass: the ranks and the removed units' means
+    kept = kept_units(unit_scores(theirs, acts, gap, tape, rank), [layer.kernel.shape[-1] for layer in ours[:-1]])
+    means = [a.numpy().mean(axis=0) for a in acts]
     rows = None  # the teacher's inputs that the student's current layer reads
     for i, (mine, its) in enumerate(zip(ours, theirs)):
         kernel, bias = (w.numpy() for w in its.weights[:2])

@@ -34,10 +34,13 @@ class Policy(Protocol):
 class TFLitePolicy:
     """A .tflite policy run by the LiteRT interpreter (XNNPACK on CPU)."""
 
-    def __init__(self, path: str | Path | bytes, num_threads: int = 1, reference_kernels: bool = False) -> None:
+    def __init__(self, path: str | Path | bytes, num_threads: int = 1, reference_kernels: bool = False,
+                 keep_tensors: bool = False) -> None:
         """path: a .tflite file, or the flatbuffer bytes themselves (checked before writing one).
         reference_kernels: LiteRT's reference kernels instead of XNNPACK's (whose int8 rounding may
-        differ): what `export --target c` computes, action for action."""
+        differ): what `export --target c` computes, action for action.
+        keep_tensors: every intermediate tensor stays readable after a call (`tensor`), at the memory
+        of all of them at once."""
         content, label = read_tflite(path)
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
@@ -45,7 +48,8 @@ class TFLitePolicy:
         try:
             with quiet_stderr():
                 self._interp = Interpreter(model_content=content, num_threads=num_threads,
-                                           experimental_op_resolver_type=resolver)
+                                           experimental_op_resolver_type=resolver,
+                                           experimental_preserve_all_tensors=keep_tensors)
         except (ValueError, RuntimeError) as exc:
             raise unreadable(label, str(exc)) from None
         path = self._label = label
@@ -125,6 +129,10 @@ class TFLitePolicy:
         it alone (tests/test_play_batched.py compares them bit for bit), so row i is act(obs[i])."""
         self._run(np.asarray(obs))
         return self._get_tensor(self._action_index)  # a copy: the interpreter's buffer is not exposed
+
+    def tensor(self, index: int) -> np.ndarray:
+        """A tensor of the last call by its index in the file (an intermediate one needs keep_tensors)."""
+        return self._interp.get_tensor(index)
 
     def act(self, obs: np.ndarray) -> int:
         # The per-step hot path: LiteRT's own set+invoke+get is a few microseconds. This adds a view (obs[None])

@@ -107,9 +107,13 @@ class PolicyGraph:
     outputs: dict[str, Tensor] = field(default_factory=dict)
 
     @property
+    def action_head(self) -> Tensor:
+        """The tensor `action` is the argmax of (the Q-values, or the advantage head of a split output)."""
+        return next(op for op in self.ops if op.outputs[0] is self.action).inputs[0]
+
+    @property
     def n_actions(self) -> int:
-        argmax = next(op for op in self.ops if op.outputs[0] is self.action)
-        return int(argmax.inputs[0].shape[-1])
+        return int(self.action_head.shape[-1])
 
     @property
     def obs_shape(self) -> tuple[int, ...]:
@@ -118,8 +122,7 @@ class PolicyGraph:
     @property
     def integer(self) -> bool:
         """Whether the action is computed in integers (a full-integer policy)."""
-        argmax = next(op for op in self.ops if op.outputs[0] is self.action)
-        return argmax.inputs[0].dtype.kind == "i"
+        return self.action_head.dtype.kind == "i"
 
 
 def read_policy_graph(source: Any, outputs: tuple[str, ...] = ("action",)) -> PolicyGraph:

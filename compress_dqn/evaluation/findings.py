@@ -289,7 +289,7 @@ class Diagnosis:
 
 def action_gaps(q_values: np.ndarray) -> np.ndarray:
     """Best minus second-best Q-value of each state (0 where there is one action)."""
-    q = np.asarray(q_values, dtype=np.float64)
+    q = np.asarray(q_values)
     if q.shape[1] < 2:
         return np.zeros(len(q))
     top_two = np.sort(q, axis=1)[:, -2:]
@@ -330,18 +330,23 @@ def is_student(v: VariantResult) -> bool:
     return v.name.startswith("student-")
 
 
-def head_step(tflite: Path) -> float | None:
-    """The quantization step of the tensor a policy's `action` is the argmax of; None where it is float
-    (a float Q-head, or a float policy), or where the file is no policy graph this reader knows."""
+def _policy_graph(tflite: Path) -> Any:
+    """The file's policy graph; None where it is no policy graph this reader knows."""
     from compress_dqn.deploy.tflite_graph import read_policy_graph
     from compress_dqn.errors import UserError
 
     try:
-        graph = read_policy_graph(tflite)
+        return read_policy_graph(tflite)
     except (UserError, ValueError, KeyError, StopIteration):
         return None
-    argmax = next((op for op in graph.ops if op.outputs[0] is graph.action), None)
-    head = argmax.inputs[0] if argmax is not None else None
+
+
+def head_step(tflite: Path | Any) -> float | None:
+    """The quantization step of the tensor a policy's `action` is the argmax of (a file, or its policy
+    graph); None where it is float (a float Q-head, or a float policy), or where the file is no policy
+    graph this reader knows."""
+    graph = _policy_graph(tflite) if isinstance(tflite, (str, Path)) else tflite
+    head = graph.action_head if graph is not None else None
     if head is None or not head.quantized:
         return None
     return float(np.max(head.scales))
@@ -360,46 +365,32 @@ class FloatHeadPolicy:
     input is dequantized and multiplied by the baseline's float output layer (the file's split heads take the same
     argmax). Greedy actions of a batch, as TFLitePolicy.actions."""
 
-    def __init__(self, tflite: Path, hidden: Any, kernel: np.ndarray, bias: np.ndarray) -> None:
-        from ai_edge_litert.interpreter import Interpreter
-
-        from compress_dqn._quiet import quiet_stderr
-
-        with quiet_stderr():
-            self._interp = Interpreter(model_path=str(tflite), experimental_preserve_all_tensors=True)
-        self._input = self._interp.get_input_details()[0]
-        self._hidden, self._kernel, self._bias, self._batch = hidden, kernel, bias, None
-
     CHUNK = 1024
     """States per interpreter call: every tensor is kept, so a call's memory grows with its batch (an image CNN's)."""
 
+    def __init__(self, tflite: Path, hidden: Any, kernel: np.ndarray, bias: np.ndarray) -> None:
+        from compress_dqn.deploy.policy import TFLitePolicy
+
+        self._policy = TFLitePolicy(tflite, keep_tensors=True)
+        self._hidden, self._kernel, self._bias = hidden, kernel, bias
+
     def actions(self, states: np.ndarray) -> np.ndarray:
-        states = np.asarray(states, dtype=self._input["dtype"])
         if len(states) > self.CHUNK:
             return np.concatenate([self.actions(states[i:i + self.CHUNK]) for i in range(0, len(states), self.CHUNK)])
-        batch = states
-        if batch.shape != self._batch:
-            self._interp.resize_tensor_input(self._input["index"], list(batch.shape))
-            self._interp.allocate_tensors()
-            self._batch = batch.shape
-        self._interp.set_tensor(self._input["index"], batch)
-        self._interp.invoke()
+        self._policy.actions(states)
         hidden = self._hidden
-        h = (self._interp.get_tensor(hidden.index).astype(np.float64) - float(hidden.zero_points[0])) * float(hidden.scales[0])
-        return (h.reshape(len(batch), -1) @ self._kernel + self._bias).argmax(1)
+        h = (self._policy.tensor(hidden.index).astype(np.float64) - float(hidden.zero_points[0])) * float(hidden.scales[0])
+        return (h.reshape(len(states), -1) @ self._kernel + self._bias).argmax(1)
 
 
-def float_head_policy(tflite: Path, weights: Path) -> FloatHeadPolicy | None:
-    """FloatHeadPolicy of a post-training int8 file with the baseline's output layer (the last kernel and bias of
-    baseline/weights.npz); None where the file has no quantized fully connected head or the shapes do not match (a
-    baseline whose last arrays are not its output layer)."""
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
-
+def float_head_policy(tflite: Path, weights: Path, graph: Any = None) -> FloatHeadPolicy | None:
+    """FloatHeadPolicy of a post-training int8 file (or its policy graph, read already) with the baseline's output
+    layer (the last kernel and bias of baseline/weights.npz); None where the file has no quantized fully connected
+    head or the shapes do not match (a baseline whose last arrays are not its output layer)."""
     if not Path(weights).is_file():
         return None
-    graph = read_policy_graph(tflite)
-    argmax = next((op for op in graph.ops if op.outputs[0] is graph.action), None)
-    head = next((op for op in graph.ops if argmax is not None and op.outputs[0] is argmax.inputs[0]), None)
+    graph = graph if graph is not None else _policy_graph(tflite)
+    head = next((op for op in graph.ops if op.outputs[0] is graph.action_head), None) if graph is not None else None
     if head is None or head.kind != "FULLY_CONNECTED" or not head.inputs[0].quantized:
         return None
     hidden = head.inputs[0]
@@ -436,13 +427,13 @@ def diagnoses(results: RunResults, run_dir: Path) -> list[Diagnosis]:
         path = run_dir / v.artifacts.get("tflite", "")
         if not path.is_file():
             continue
-        emulated = None
-        if post_training_int8(v):
+        graph, emulated = _policy_graph(path), None
+        if post_training_int8(v) and graph is not None:
             try:
-                policy = float_head_policy(path, base_file.parent / "weights.npz")
+                policy = float_head_policy(path, base_file.parent / "weights.npz", graph)
                 emulated = policy.actions(states) if policy is not None else None
             except (UserError, ValueError, RuntimeError):
                 emulated = None
         found.append(diagnose(v.name, baseline_q, baseline_actions, TFLitePolicy(path).actions(states),
-                              head_step(path), student=is_student(v), float_head_actions=emulated))
+                              head_step(graph), student=is_student(v), float_head_actions=emulated))
     return found

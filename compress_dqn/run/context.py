@@ -14,6 +14,7 @@ from compress_dqn._tf import configure_device, configure_threads, tf_keras
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.errors import UserError
+from compress_dqn.evaluation.findings import action_gaps
 from compress_dqn.evaluation.ranges import EvalRanges
 from compress_dqn.fileio import load_dict
 from compress_dqn.port.run_dir import baseline_network
@@ -29,8 +30,7 @@ def decisive_states(q_values: np.ndarray) -> np.ndarray:
     second-best Q-value is at least the median gap. Where actions are near-tied (a balanced pole, a
     landed lander) any rounding flips the argmax at no cost in return, so agreement there says
     little; agreement on these states says whether the variant keeps the baseline's decisions."""
-    top_two = np.sort(q_values, axis=1)[:, -2:]
-    gap = top_two[:, 1] - top_two[:, 0]
+    gap = action_gaps(q_values)
     return gap >= np.median(gap)
 
 

@@ -122,13 +122,16 @@ def _named(variant: VariantConfig) -> VariantConfig:
     return VariantConfig.model_validate({**variant.model_dump(), "name": variant_name(variant)})
 
 
+def _student(entry: list[int] | StudentConfig, from_teacher: str | None = None) -> StudentConfig:
+    """A search.students or search.shrunk entry as a student; a shrunk one from the teacher (gap unless it says)."""
+    student = entry if isinstance(entry, StudentConfig) else StudentConfig(net_arch=list(entry))
+    return student.model_copy(update={"from_teacher": student.from_teacher or from_teacher})
+
+
 def _families(search: SearchConfig) -> dict[str, list[VariantConfig]]:
-    students = [s if isinstance(s, StudentConfig) else StudentConfig(net_arch=list(s)) for s in search.students]
     quantized = [search.quantized_baseline.variant()] if search.quantized_baseline else []
-    shrunk = [s.model_copy(update={"from_teacher": s.from_teacher or "gap"}) if isinstance(s, StudentConfig)
-              else StudentConfig(net_arch=list(s), from_teacher="gap") for s in search.shrunk]
-    return {"student": [_named(search.student.rung(s)) for s in students],
-            "shrunk": [_named(search.student.rung(s)) for s in shrunk],
+    return {"student": [_named(search.student.rung(_student(s))) for s in search.students],
+            "shrunk": [_named(search.student.rung(_student(s, "gap"))) for s in search.shrunk],
             "prune": [_named(search.pruned.rung(s)) for s in search.sparsities],
             "quantize": [_named(v) for v in quantized]}
 
