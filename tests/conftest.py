@@ -15,6 +15,9 @@ MINATAR = ROOT / "recipes" / "minatar-breakout.yaml"
 NO_TF_MEMORY = "measure.saved_model_memory=none"
 """For runs whose test reads no TensorFlow memory figure: each SavedModel memory probe is a fresh
 process importing TensorFlow (seconds of CPU). finished_tiny_run keeps the probe, and its test reads it."""
+NO_C_FIGURES = "measure.c_policy=none"
+"""For runs whose test reads no generated-C flash / RAM figure: each policy is still translated to C (its
+record says so), but not cross-compiled for two targets (seconds per policy for a CNN's C source)."""
 
 
 def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -102,6 +105,7 @@ def minatar_variants_run(tmp_path_factory) -> Path:
         "fine_tune: {method: td, steps: 200}}, "
         "{name: qat-int8, quantize: {mode: qat}, fine_tune: {steps: 64, batch_size: 16}}, "
         "{name: ptq-dynamic, quantize: {mode: dynamic}}, {name: ptq-float16, quantize: {mode: float16}}]", NO_TF_MEMORY,
+        NO_C_FIGURES,  # its tests read no C figure: translated, not cross-compiled (test_images checks the record)
     ])
     out = tmp_path_factory.mktemp("minatar") / "run"
     outcome = run(recipe, out, quiet=True, log=lambda m: None)

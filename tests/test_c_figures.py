@@ -28,6 +28,9 @@ def test_a_run_records_each_policys_c_flash_and_ram_and_its_report_shows_them(ti
     assert ptq.on(M0PLUS)[0] > ptq.on(M4F)[0]
     # What the stage recorded is what the C export measures of the policy's file.
     assert ptq == c_measure.c_summary(tiny_variants_run / results.variant("ptq-int8").artifacts["tflite"])
+    # measure.c_policy: none translates only: the same record less flash and RAM, and the reason why.
+    translated = c_measure.c_summary(tiny_variants_run / results.variant("ptq-int8").artifacts["tflite"], cross_compile=False)
+    assert translated == ptq.model_copy(update={"flash_bytes": None, "ram_bytes": None, "reason": c_measure.NOT_COMPILED})
 
     report = (tiny_variants_run / "report.md").read_text()
     header = next(line for line in report.splitlines() if line.startswith("| variant"))

@@ -105,6 +105,16 @@ def test_minatar_cnn_pipeline_end_to_end(minatar_variants_run):
         # QAT computes the 1024x128 layer as a conv over the whole feature map, a scale per unit (per_channel_dense)
         expected = [16, 128] if entry["name"] == "qat-int8" else [16]
         assert _conv_kernel_scales(run_dir / entry["artifacts"]["tflite"]) == expected, entry["name"]
+    # measure.c_policy: none (conftest's NO_C_FIGURES): every policy translated to C, none cross-compiled, and
+    # the report says why its C columns are missing.
+    from compress_dqn.deploy.c_measure import NOT_COMPILED
+
+    for entry in results["variants"]:
+        c = entry["c_policy"]
+        assert c["translated"] and c["reason"] == NOT_COMPILED and c["flash_bytes"] is None, entry["name"]
+        assert c["integer_only"] == (entry["name"] in ("ptq-int8", "prune-90-int8", "qat-int8")), entry["name"]
+    report = (run_dir / "report.md").read_text()
+    assert f"No C flash / RAM: {NOT_COMPILED}" in report and "C M4F" not in report
     player = Path(__file__).resolve().parent / "outsider_player.py"
     for entry in [base, *int8]:  # raw MinAtar frames into LiteRT alone play the reported returns
         played = subprocess.run([sys.executable, str(player), str(run_dir / entry["artifacts"]["tflite"]),

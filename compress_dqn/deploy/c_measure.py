@@ -265,16 +265,23 @@ def export_c(policy: Path, out: Path | None = None, name: str | None = None, tim
                    constants_bytes=p.constants_bytes, mcu=measure_mcu(p), time_per_action=timed)
 
 
-def c_summary(policy: Path | str) -> CFigures:
+NOT_COMPILED = "not cross-compiled (measure.c_policy: none)"
+
+
+def c_summary(policy: Path | str, cross_compile: bool = True) -> CFigures:
     """The C export's cost for results.json (as micro_summary is TFLM's): flash and RAM per target, or why
-    there are none (a policy it cannot translate, an image that did not build); never raises for those.
+    there are none (a policy it cannot translate, an image that did not build, cross_compile False); never
+    raises for those.
 
     No timing run (export_c has one): its many timed calls would cost more than the builds, and a run
-    times the policy under TFLite beside it."""
+    times the policy under TFLite beside it. cross_compile=False translates only (a fraction of a second where
+    the cross-compiles of a CNN's source take seconds)."""
     try:
         p = generate_c(policy, default_name(Path(policy)))
     except UserError as exc:
         return CFigures(translated=False, reason=str(exc), counts=COUNTS)
+    if not cross_compile:
+        return CFigures(translated=True, integer_only=p.integer, reason=NOT_COMPILED, counts=COUNTS)
     mcu = measure_mcu(p)
     if not mcu["measured"]:
         return CFigures(translated=True, integer_only=p.integer, reason=mcu["reason"], counts=COUNTS)

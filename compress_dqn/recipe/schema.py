@@ -894,6 +894,11 @@ class MeasureConfig(StrictModel):
     TensorFlow, and TensorFlow's runtime is most of the figure and much the same for every policy,
     so "baseline" spares a quick run those imports and still shows what serving through TensorFlow
     takes (docs/measurements.md). Every policy's TFLite memory is probed either way."""
+    c_policy: Literal["all", "none"] = "all"
+    """Whether each policy's flash and RAM as generated C are measured (where the `c` extra is installed):
+    "none" still translates the policy (results.json says whether it translates and is integer-only) but
+    cross-compiles nothing; for smoke runs and tests that read no C figure, as a large CNN's C source
+    takes seconds per target to compile."""
 
 
 class Recipe(StrictModel):

@@ -39,7 +39,8 @@ def measure_stage(name: str, ctx: RunContext) -> MeasureRecord:
     memory = ctx.stages.find(keys.memory(name), MemoryRecord) or probe_policy_memory(
         files, probes_saved_model(ctx.recipe, name))
     on_gpu = measure_gpu(files.saved_model, ctx.heldout, seconds=LATENCY_SECONDS)
-    in_c = c_figures(files.tflite)  # after the timings: its compiler processes would share the CPU with them
+    # After the timings: its compiler processes would share the CPU with them.
+    in_c = c_figures(files.tflite, cross_compile=ctx.recipe.measure.c_policy == "all")
     tf_rss = memory.saved_model and f"{memory.saved_model.peak_rss / 2**20:.0f} MiB"
     c_m4f = in_c and in_c.on(M4F)
     ctx.log(f"[{name}] TFLite p50 {latency.tflite.p50:.1f} us, peak RSS {memory.tflite.peak_rss / 2**20:.0f} MiB; "
@@ -97,13 +98,14 @@ def micro_figures(tflite: Path) -> MicroFigures:
     return micro.micro_summary(tflite)
 
 
-def c_figures(tflite: Path) -> CFigures | None:
+def c_figures(tflite: Path, cross_compile: bool = True) -> CFigures | None:
     """The policy's flash and RAM as generated C with no runtime (c_measure.c_summary: a policy the C export
-    cannot translate gets its reason); None where the `c` extra is not installed, which the report says once.
+    cannot translate gets its reason, and so does every policy where `cross_compile` is False, measure.c_policy:
+    none); None where the `c` extra is not installed, which the report says once.
 
     No timing run (`export --target c` has one): a few cross-compiles, the targets at once, are all it costs; the
     first on a machine also builds zig's compiler-rt for each target, which zig caches for later runs."""
-    return c_measure.c_summary(tflite) if c_measure.available() else None
+    return c_measure.c_summary(tflite, cross_compile) if c_measure.available() else None
 
 
 C_NOT_MEASURED = f"No C flash / RAM: measuring a policy as generated C {c_measure.INSTALL_HINT}"
