@@ -55,10 +55,21 @@ def variant(recipe, **fields):
 @pytest.fixture(scope="session")
 def finished_tiny_run(tmp_path_factory) -> Path:
     """`compress-dqn run recipes/tiny.yaml --out RUN --quiet` (baseline only), run once per session
-    and shared by every test that reads a finished run: a test that alters files works on a copy."""
+    and shared by every test that reads a finished run: a test that alters files works on a copy.
+
+    The command runs in-process (click's runner: the CLI's own code and options) rather than in a fresh
+    interpreter, which imported TensorFlow again for seconds of CPU: test_cli's kill test runs `run` to its
+    end in a user's process, and its tests rerun this run's directory in one."""
+    import traceback
+
+    from click.testing import CliRunner
+
+    from compress_dqn.cli import main
+
     out = tmp_path_factory.mktemp("finished") / "run"
-    done = cli("run", str(TINY), "--out", str(out), "--quiet", *[a for o in FINISHED_OVERRIDES for a in ("--set", o)])
-    assert done.returncode == 0, done.stderr
+    done = CliRunner().invoke(main, ["run", str(TINY), "--out", str(out), "--quiet",
+                                     *[a for o in FINISHED_OVERRIDES for a in ("--set", o)]])
+    assert done.exit_code == 0, done.output + "".join(traceback.format_exception(done.exception) if done.exception else [])
     return out
 
 
