@@ -132,6 +132,11 @@ SHARED_RUNS = SLOW_FIXTURES - {"trained_tiny"}
 trains in-process in seconds, so its 34 tests spread over the workers, each training it once."""
 
 
+MODULE_SHARED = {"test_micro.py": "policies", "test_tflite_metadata.py": "policies", "test_measure.py": "artifacts"}
+"""Module fixtures that convert several TensorFlow models (seconds each): the tests of a module that use one
+run in one worker (an xdist group), which builds it once instead of every worker that ran one of them."""
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     # Marked as each test is collected, before any pytest_collection_modifyitems: a worker's xdist plugin
     # reads xdist_group marks in its own, whatever the order of the hooks.
@@ -143,3 +148,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         shared = sorted(used & SHARED_RUNS)
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
+            return
+    fixture = MODULE_SHARED.get(item.path.name)
+    if fixture in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}.{fixture}"))
