@@ -7,7 +7,7 @@ Trains a Stable-Baselines3 CnnPolicy DQN briefly on SpaceInvadersNoFrameskip-v4 
 make_atari_env + VecFrameStack(4) (nothing is downloaded) and saves it as dqn.zip. Plays it with
 SB3's model.predict(obs, deterministic=True) on SB3's wrappers, episode i in a fresh environment
 reset with seed i, and reads each whole game's return from SB3's Monitor, as the RL Zoo reports
-it. Then runs, as a user would,
+it. Then runs, as a user would (the command line's own entry point, called in this process),
 
     compress-dqn compress dqn.zip --env SpaceInvadersNoFrameskip-v4 --variants ptq-int8 \\
         --episodes E --max-episodes E --set eval.tolerance=0.05
@@ -21,9 +21,8 @@ between two actions could flip). Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 # SB3 logs nowhere here, but its logger imports torch.utils.tensorboard when it can, and TensorBoard then
-# imports TensorFlow (~3 s): this process needs neither (compress runs in its own interpreter). A None
+# imports TensorFlow (~3 s) before training: nothing needs it then (compress imports its own later). A None
 # entry makes that import fail, as where TensorBoard is not installed; SB3 then leaves its writer out.
 sys.modules.setdefault("torch.utils.tensorboard", None)
 
@@ -96,15 +95,21 @@ def sb3_policy_on_our_env(path: Path, env_id: str, seeds: list[int]) -> list[flo
 
 
 def compress(path: Path, env_id: str, episodes: int, rollout_steps: int, overrides: list[str], out: Path) -> dict:
-    """`compress-dqn compress` in a fresh interpreter, as a user runs it; its results.json."""
-    command = [sys.executable, "-m", "compress_dqn", "compress", str(path), "--env", env_id, "--variants", "ptq-int8",
+    """`compress-dqn compress` as a user runs it, through the command line's entry point in this process
+    (one interpreter, one TensorFlow start); its results.json."""
+    from compress_dqn.cli import main as cli
+
+    command = ["compress", str(path), "--env", env_id, "--variants", "ptq-int8",
                "--episodes", str(episodes), "--max-episodes", str(episodes), "--rollout-steps", str(rollout_steps),
                "--out", str(out), "--quiet"]
     for override in overrides:
         command += ["--set", override]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "COMPRESS_DQN_TF_LOGS": "0"})
-    if done.returncode != 0:
-        sys.exit(f"compress-dqn compress failed ({done.returncode}): {done.stderr[-2000:]}")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # its JSON line: stdout is this script's line alone
+            cli.main(command, prog_name="compress-dqn", standalone_mode=False)
+    except SystemExit as exc:
+        if exc.code:
+            sys.exit(f"compress-dqn compress failed ({exc.code}), see above")
     return json.loads((out / "results.json").read_text())
 
 
@@ -124,13 +129,14 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=0.05, help="eval.tolerance of the verdict")
     parser.add_argument("--smoke", action="store_true",
                         help=f"300 training steps, NatureCNN's feature layer {SMOKE_FEATURES} units wide (not 512), "
-                             "1 episode, 1 held-out episode, no SavedModel memory probe: checks the script runs")
+                             "1 episode, 1 held-out episode, no SavedModel memory probe, no C flash figures: checks the script runs")
     args = parser.parse_args()
     overrides = [f"eval.tolerance={args.tolerance}"]
     features_dim = SMOKE_FEATURES if args.smoke else None
     if args.smoke:
         args.train_steps, args.episodes, args.rollout_steps = 300, 1, 200
-        overrides += ["eval.heldout_episodes=1", "measure.saved_model_memory=none"]  # the script reads no memory figure
+        # the script reads no memory figure and no C one: no TensorFlow memory probe, no C cross-compiles
+        overrides += ["eval.heldout_episodes=1", "measure.saved_model_memory=none", "measure.c_policy=none"]
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     from compress_dqn.envs.environment import check_env_id

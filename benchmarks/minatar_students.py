@@ -18,8 +18,8 @@ selection episodes against gradient steps).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -110,7 +110,8 @@ SMOKE_ARMS = {"smoke-c4-8": {"student": {"conv": [{"filters": 4, "kernel": 3}], 
 SMOKE_SETS = ["train.total_timesteps=2000", "train.learning_starts=500", "train.eval_interval=1000",
               "train.eval_episodes=2", "train.checkpoint_interval=1000", "train.buffer_size=2000",
               "eval.episodes=5", "eval.max_episodes=5",
-              "measure.saved_model_memory=none"]  # the rows read no memory figure: no TensorFlow memory probe
+              # the rows read no memory or C figure: no TensorFlow memory probe, no C cross-compiles
+              "measure.saved_model_memory=none", "measure.c_policy=none"]
 
 
 def study_recipe(recipe: Path, seed: int, arms: dict[str, dict]) -> dict:
@@ -147,6 +148,19 @@ def arm_figures(results: dict, names: list[str]) -> list[dict]:
     return rows
 
 
+def run_command(args: list[str]) -> None:
+    """`compress-dqn ARGS` through the command line's entry point in this process (no second interpreter
+    to start TensorFlow in); its JSON line goes to stderr, stdout is the arms' JSON lines alone."""
+    from compress_dqn.cli import main as cli
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            cli.main(args, prog_name="compress-dqn", standalone_mode=False)
+    except SystemExit as exc:
+        if exc.code:
+            sys.exit(f"compress-dqn {' '.join(args)} failed ({exc.code}), see above")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, required=True, help="run directory (its seed-N/ is reused or trained)")
@@ -161,10 +175,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         recipe = Path(tmp) / "students-study.yaml"
         recipe.write_text(yaml.safe_dump(study_recipe(args.recipe, args.seed, arms), sort_keys=False))
-        command = [sys.executable, "-m", "compress_dqn.cli", "run", str(recipe), "--out", str(args.run), "--quiet"]
+        command = ["run", str(recipe), "--out", str(args.run), "--quiet"]
         for item in sets:
             command += ["--set", item]
-        subprocess.run(command, check=True, stdout=sys.stderr)  # stdout: the arms' JSON lines alone
+        run_command(command)
     results = json.loads((args.run / f"seed-{args.seed}" / "results.json").read_text())
     for row in arm_figures(results, list(arms)):
         print(json.dumps(row))

@@ -5,7 +5,7 @@
 
 --zoo is a copy of github.com/DLR-RM/rl-trained-agents (at least dqn/ENV_1/ and qrdqn/ENV_1/ of the
 four classic-control games, each zip with its ENV/config.yml and args.yml beside it). Each agent
-runs as a user runs it, one after another:
+runs as a user runs it, one after another (the command line's own entry point, called in this process):
 
     compress-dqn compress ALGO/ENV_1/ENV.zip --env ENV --variants ptq-int8 --episodes E --max-episodes E
 
@@ -13,22 +13,21 @@ runs as a user runs it, one after another:
 agent: the SB3 release that saved the zip, the port check against SB3 / sb3-contrib, the baseline's
 mean return beside the Zoo's benchmark.md figure, and ptq-int8's verdict; then a summary line.
 --smoke writes one tiny untrained QR-DQN zip (nothing is downloaded) and runs it for 2 episodes,
-without the SavedModel memory probes.
+without the SavedModel memory probes and the C flash figures (no row reads either).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
-import subprocess
 import sys
 import time
 import zipfile
 from pathlib import Path
 
 # SB3 logs nowhere here, but its logger imports torch.utils.tensorboard when it can, and TensorBoard then
-# imports TensorFlow (~3 s): this process needs neither (compress runs in its own interpreter). A None
+# imports TensorFlow (~3 s) before the smoke's zip is written: nothing needs it then. A None
 # entry makes that import fail, as where TensorBoard is not installed; SB3 then leaves its writer out.
 sys.modules.setdefault("torch.utils.tensorboard", None)
 
@@ -59,16 +58,21 @@ def smoke_zoo(root: Path) -> list[tuple[str, str]]:
 
 def compress(path: Path, env_id: str, episodes: int, rollout_steps: int, overrides: list[str],
              out: Path) -> tuple[list[str], dict]:
-    """`compress-dqn compress` in a fresh interpreter, as a user runs it: the command and its results.json."""
+    """`compress-dqn compress` as a user runs it, through the command line's entry point in this process
+    (TensorFlow starts once for every agent): the command and its results.json."""
+    from compress_dqn.cli import main as cli
+
     command = ["compress-dqn", "compress", str(path), "--env", env_id, "--variants", "ptq-int8",
                "--episodes", str(episodes), "--max-episodes", str(episodes), "--rollout-steps", str(rollout_steps),
                "--out", str(out), "--quiet"]
     for override in overrides:
         command += ["--set", override]
-    done = subprocess.run([sys.executable, "-m", "compress_dqn", *command[1:]], capture_output=True, text=True,
-                          env={**os.environ, "COMPRESS_DQN_TF_LOGS": "0"})
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # its JSON line: stdout is this script's lines alone
+            cli.main(command[1:], prog_name="compress-dqn", standalone_mode=False)
+    except SystemExit as exc:
+        if exc.code:
+            sys.exit(f"{' '.join(command)} failed ({exc.code}), see above")
     return command, json.loads((out / "results.json").read_text())
 
 
@@ -111,7 +115,7 @@ def main() -> None:
     if args.smoke:
         zoo, agents = out / "zoo", smoke_zoo(out / "zoo")
         args.episodes, args.rollout_steps = 2, 200
-        overrides = ["eval.heldout_episodes=1", "measure.saved_model_memory=none"]
+        overrides = ["eval.heldout_episodes=1", "measure.saved_model_memory=none", "measure.c_policy=none"]
     elif args.zoo:
         zoo, agents = Path(args.zoo), [(algo, env) for algo in ("dqn", "qrdqn") for env in ENVS]
     else:

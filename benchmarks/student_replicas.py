@@ -18,10 +18,10 @@ every K-subset. Prints one JSON line per policy, then one per (setting, K).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import string
-import subprocess
 import sys
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -91,6 +91,19 @@ def analyze(out: Path, episodes: int, first_seed: int) -> None:
                               "mean_difference": round(float(np.mean([final[p] for p in picks])), 2)}))
 
 
+def run_command(args: list[str]) -> None:
+    """`compress-dqn ARGS` through the command line's entry point in this process (no second interpreter
+    to start TensorFlow in); its JSON line goes to stderr, stdout is this script's lines alone."""
+    from compress_dqn.cli import main as cli
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            cli.main(args, prog_name="compress-dqn", standalone_mode=False)
+    except SystemExit as exc:
+        if exc.code:
+            sys.exit(f"compress-dqn {' '.join(args)} failed ({exc.code}), see above")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "lunarlander.yaml")
@@ -112,11 +125,10 @@ def main() -> None:
     if not args.analyze_only:
         args.out.mkdir(parents=True, exist_ok=True)
         data = replica_recipe(args.recipe, args.seed, args.student, args.select_episodes, args.replicas, template)
-        if args.smoke:  # the script reads no memory figure: skip TensorFlow's memory probes
-            data["measure"] = {"saved_model_memory": "none"}
+        if args.smoke:  # the script reads no memory or C figure: skip TensorFlow's memory probes and C builds
+            data["measure"] = {"saved_model_memory": "none", "c_policy": "none"}
         (args.out / "recipe.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-        subprocess.run([sys.executable, "-m", "compress_dqn", "run", str(args.out / "recipe.yaml"),
-                        "--out", str(args.out / "run"), "--quiet"], check=True, cwd=ROOT)
+        run_command(["run", str(args.out / "recipe.yaml"), "--out", str(args.out / "run"), "--quiet"])
     analyze(args.out, args.fresh_episodes, args.fresh_seed)
 
 

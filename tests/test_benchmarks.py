@@ -1,15 +1,24 @@
 """Every benchmarks/ script runs at its --smoke size and prints the JSON its docs promise.
 
 A refactor that breaks a benchmark fails here, not months later when someone reruns a study.
-Each runs as a user runs it: `python benchmarks/NAME.py --smoke`, in a fresh interpreter.
+Each runs as `python benchmarks/NAME.py --smoke` runs it: its __main__ block with that argv. Most run
+in the test's own interpreter (runpy), so the TensorFlow this worker already imported is not imported
+again (~6 s of CPU a script); a script whose figures need a process of its own (a memory reading, a pool
+or a Ray of its own) runs in a fresh interpreter, `fresh=True`. The processes a script starts
+itself (a seed's training, a C player, a killed run) stay processes either way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
+import os
+import runpy
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,20 +28,50 @@ from conftest import ROOT
 pytestmark = pytest.mark.slow
 
 
-def bench(name: str, *args: str, cwd: Path = ROOT, timeout: float = 600) -> list[dict]:
+def bench(name: str, *args: str, cwd: Path = ROOT, timeout: float = 600, fresh: bool = False) -> list[dict]:
     """Run benchmarks/NAME.py --smoke ARGS; its stdout's JSON lines (every line must be one)."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--smoke", *args],
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    script = ROOT / "benchmarks" / f"{name}.py"
+    if fresh:
+        done = subprocess.run([sys.executable, str(script), "--smoke", *args],
+                              cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, done.stderr[-2000:]
+        stdout = done.stdout
+    else:
+        stdout = run_script(script, ["--smoke", *args], cwd, timeout)
+    lines = [line for line in stdout.splitlines() if line.strip()]
     assert lines, "printed nothing"
     return [json.loads(line) for line in lines]
+
+
+def run_script(script: Path, args: list[str], cwd: Path, timeout: float) -> str:
+    """`python SCRIPT ARGS` in this interpreter: its stdout; exit code 0 (or none) and within `timeout`
+    seconds asserted. What a script changes of the interpreter's state is put back: argv, the working
+    directory, sys.path (scripts put the repository on it) and the imports it blocked (a None entry in
+    sys.modules: SB3's TensorBoard writer), so the next test in this worker sees what it saw before."""
+    saved_argv, saved_path, saved_cwd = sys.argv, list(sys.path), Path.cwd()
+    blocked = {k for k, v in sys.modules.items() if v is None}
+    out = io.StringIO()
+    start = time.monotonic()
+    try:
+        sys.argv = [str(script), *args]
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        assert exc.code in (None, 0), f"{script.name} exited with {exc.code!r}"
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        os.chdir(saved_cwd)
+        for key in [k for k, v in sys.modules.items() if v is None and k not in blocked]:
+            del sys.modules[key]
+    assert time.monotonic() - start <= timeout, f"{script.name} took over {timeout} s"
+    return out.getvalue()
 
 
 def test_replay_memory_compresses_real_atari_frames_and_samples_them_identically():
     """Smoke size: 3,000 rows of Pong, compressed, timed against the uncompressed buffer on the
     same indices. It crashed at zip(*batch) once, when Batch grew an n-step field."""
-    (row,) = bench("replay_memory")
+    (row,) = bench("replay_memory", fresh=True)  # its RSS figures are its own process's
     assert row["game"] == "Pong" and row["capacity"] == 3000 and row["codec"] == "zstd"
     assert row["identical"] is True and row["evicted_rows"] == 0
     assert 0 < row["num_transitions"] < row["capacity"] <= row["env_steps"]
@@ -78,7 +117,7 @@ def test_compare_executors_finds_the_same_per_seed_results_on_a_pool_and_on_ray(
     """recipes/sweep.yaml's contract, shrunk: 2 seeds on a 2-worker pool and on a local Ray give the
     same per-seed results, and the seeds really differ."""
     pytest.importorskip("ray")
-    *engines, summary = bench("compare_executors", "--out", str(tmp_path / "compare"), cwd=tmp_path)
+    *engines, summary = bench("compare_executors", "--out", str(tmp_path / "compare"), cwd=tmp_path, fresh=True)
     assert [e["engine"] for e in engines] == ["local:2", "ray"] and all(e["seeds"] == [0, 1] for e in engines)
     assert summary["identical_per_seed_results"] is True and summary["seeds_differ"] is True
     assert set(summary["mean_returns"]["0"]) == {"baseline", "ptq-float16"}
