@@ -10,7 +10,8 @@ interpreter and Python.
 
 Each timed run is a fresh process, as a pool worker is: it imports, plays a warm-up unit of two
 episodes (a worker's first unit pays the imports, later ones do not), then times one
-play_unit(env, policy, ..., first_seed, episodes). The players take turns, run after run, so that
+play_unit(env, policy, ..., first_seed, episodes) (at --smoke size one process plays every player of
+this tree in turn: the smoke checks what they play, not how fast). The players take turns, run after run, so that
 the machine's other work weighs on each alike; the medians are reported, with the load average.
 `--old-tree` is a checkout of older code (e.g. `git worktree add /tmp/old a0e684b`): its play_unit
 (compress_dqn.evaluation.play or, before, compress_dqn.run.looks) runs with that checkout first on
@@ -36,6 +37,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAYERS = ("side_by_side", "one_at_a_time", "old")
+BREAKDOWNS = ("breakdown_side_by_side", "breakdown_one_at_a_time")
 
 
 def main() -> None:
@@ -52,7 +54,8 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args)))
+        for player in args.worker.split(","):
+            print(json.dumps(worker(args, player)), flush=True)
         return
     if args.policy is None:
         parser.error("--policy is required")
@@ -67,9 +70,12 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     """Time the players in turns, check their returns, and split the side-by-side player's time."""
     players = [p for p in PLAYERS if p != "old" or args.old_tree is not None]
     runs: dict[str, list[dict]] = {p: [] for p in players}
+    # At --smoke size (one run each) one process plays today's players in turn: the smoke checks what they
+    # play and report, not their timing, and a process start (imports, MinAtar's seaborn) costs more than a unit.
+    smoked = spawn_many(args, [p for p in (*players, *BREAKDOWNS) if not p.startswith("old")]) if args.smoke else {}
     for repeat in range(args.repeats):
         for player in players[repeat % len(players):] + players[:repeat % len(players)]:
-            run = spawn(args, player)
+            run = smoked.get(player) or spawn(args, player)
             runs[player].append(run)
             print(json.dumps({"player": player, "repeat": repeat, "seconds": run["seconds"],
                               "episodes_per_s": round(args.episodes / run["seconds"], 1), "load": run["load"]}), flush=True)
@@ -85,8 +91,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         "players": figures, "identical": identical,
         "speedup_vs_one_at_a_time": round(figures["one_at_a_time"]["median_s"] / figures["side_by_side"]["median_s"], 2),
         "load_average": [r["load"] for p in players for r in runs[p]],
-        "breakdown_side_by_side": spawn(args, "breakdown_side_by_side")["breakdown"],
-        "breakdown_one_at_a_time": spawn(args, "breakdown_one_at_a_time")["breakdown"],
+        **{name: (smoked.get(player) or spawn(args, player))["breakdown"]
+           for name, player in zip(("breakdown_side_by_side", "breakdown_one_at_a_time"), BREAKDOWNS)},
     }
     summary["steps"] = summary["breakdown_side_by_side"]["steps"]
     if args.old_tree is not None:
@@ -100,25 +106,33 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
 
 def spawn(args: argparse.Namespace, player: str) -> dict[str, Any]:
     """One worker process playing `player`'s unit; its JSON line."""
+    return spawn_many(args, [player])[player]
+
+
+def spawn_many(args: argparse.Namespace, players: list[str]) -> dict[str, dict[str, Any]]:
+    """One worker process playing each of `players`' units in turn (all of today's tree or all of the old
+    one's); their JSON lines by player."""
+    player = players[0]
     tree = args.old_tree if player.startswith("old") else ROOT
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", player, "--tree", str(tree),
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", ",".join(players), "--tree", str(tree),
                "--policy", str(args.policy), "--env", args.env, "--max-episode-steps", str(args.max_episode_steps),
                "--episodes", str(args.episodes), "--first-seed", str(args.first_seed)]
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tree, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"{player} worker failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"{','.join(players)} worker failed:\n{done.stderr[-3000:]}")
+    return dict(zip(players, [json.loads(line) for line in done.stdout.strip().splitlines()[-len(players):]]))
 
 
-def worker(args: argparse.Namespace) -> dict[str, Any]:
-    """In a fresh process with args.tree first on sys.path: play the unit, timed."""
-    sys.path.insert(0, str(args.tree))
-    unit, env = unit_player(args.worker)
+def worker(args: argparse.Namespace, player: str) -> dict[str, Any]:
+    """In a fresh process with args.tree first on sys.path: play `player`'s unit, timed."""
+    if str(args.tree) not in sys.path:
+        sys.path.insert(0, str(args.tree))
+    unit, env = unit_player(player)
     seeds = (args.first_seed, args.episodes)
-    if args.worker.startswith("breakdown"):
-        return {"breakdown": breakdown(args.worker, args.policy, env(args), *seeds)}
-    if args.worker == "old_alone":
+    if player.startswith("breakdown"):
+        return {"breakdown": breakdown(player, args.policy, env(args), *seeds)}
+    if player == "old_alone":
         return {"returns": [unit(env(args), str(args.policy), first, 1)[0] for first in range(seeds[0], sum(seeds))]}
     unit(env(args), str(args.policy), 10**6, 2)  # the worker's first unit: imports, the environment's package
     started = time.perf_counter()
@@ -160,13 +174,23 @@ def breakdown(player: str, tflite: Path, env, first: int, count: int) -> dict[st
     episodes), in LiteRT (set_tensor, invoke, get_tensor), and the rest (the player's Python)."""
     from compress_dqn.deploy.policy import TFLitePolicy
     from compress_dqn.envs import episodes
-    from compress_dqn.evaluation.play import play_policy
 
     spent = {"environment": 0.0, "set_tensor": 0.0, "invoke": 0.0, "get_tensor": 0.0}
     policy = TFLitePolicy(tflite)
     for name in ("set_tensor", "invoke", "get_tensor"):
         setattr(policy, f"_{name}", timed(getattr(policy, f"_{name}"), spent, name))
     steps = [0]
+    make_lanes, make_env = episodes.make_lanes, episodes.make_env_from
+    try:
+        return _timed_play(player, policy, env, first, count, spent, steps)
+    finally:  # a smoke worker plays the other players after this one, with the module as it was
+        episodes.make_lanes, episodes.make_env_from = make_lanes, make_env
+
+
+def _timed_play(player: str, policy, env, first: int, count: int, spent: dict[str, float], steps: list[int]) -> dict[str, Any]:
+    from compress_dqn.envs import episodes
+    from compress_dqn.evaluation.play import play_policy
+
     if player == "breakdown_side_by_side":
         make_lanes = episodes.make_lanes
         episodes.make_lanes = lambda *a: TimedLanes(make_lanes(*a), spent, steps)
