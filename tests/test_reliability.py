@@ -18,20 +18,23 @@ from compress_dqn.errors import UserError
 from compress_dqn.store.manifest import run_fingerprint
 from compress_dqn.recipe.schema import load_recipe
 
-from conftest import FINISHED_OVERRIDES, NO_TF_MEMORY, ROOT, TINY
+from conftest import FINISHED_OVERRIDES, NO_C_FIGURES, NO_TF_MEMORY, ROOT, TINY
 
-# Long enough to kill inside training (checkpoints every 200 of 1000 steps), one variant.
+# Long enough to kill inside training (a checkpoint every 100 of 1000 steps), one variant; the test
+# reads no TensorFlow memory or C figure (each costs its runs seconds: a fresh process, cross-compiles).
 KILL_OVERRIDES = [
-    "train.total_timesteps=1000", "train.checkpoint_interval=200", "eval.episodes=3",
-    "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}]", NO_TF_MEMORY,
+    "train.total_timesteps=1000", "train.checkpoint_interval=100", "eval.episodes=3",
+    "variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 50}}]", NO_TF_MEMORY, NO_C_FIGURES,
 ]
 
 
+def _args(out: Path) -> list[str]:
+    """`compress-dqn ARGS`: the kill test's run of the tiny recipe into out."""
+    return ["run", str(TINY), "--out", str(out), "--quiet", *_sets(KILL_OVERRIDES)]
+
+
 def _command(out: Path) -> list[str]:
-    args = [sys.executable, "-m", "compress_dqn", "run", str(TINY), "--out", str(out), "--quiet"]
-    for override in KILL_OVERRIDES:
-        args += ["--set", override]
-    return args
+    return [sys.executable, "-m", "compress_dqn", *_args(out)]
 
 
 def _stages(out: Path) -> dict:
@@ -57,8 +60,12 @@ def _kill_when(out: Path, ready, timeout: float = 240) -> bool:
 
 @pytest.mark.slow
 def test_kill_9_at_each_stage_then_resume_equals_an_uninterrupted_run(tmp_path):
+    # Only the killed runs need a user's process: the reference and the resume run in this one (click's
+    # runner, the CLI's own code), sparing two TensorFlow imports. A run computes the same bytes in any
+    # process (deterministic on CPU with a fixed seed), and the fingerprints below check it.
     reference = tmp_path / "reference"
-    assert subprocess.run(_command(reference), capture_output=True).returncode == 0
+    done = CliRunner().invoke(main, _args(reference))
+    assert done.exit_code == 0, (done.output, done.exception)
 
     out = tmp_path / "killed"
     kill_points = [
@@ -67,12 +74,18 @@ def test_kill_9_at_each_stage_then_resume_equals_an_uninterrupted_run(tmp_path):
         ("variant", lambda d: "evaluate" in _stages(d)),
         ("measure", lambda d: "variant:ptq-int8" in _stages(d)),
     ]
-    killed = [name for name, ready in kill_points if _kill_when(out, ready)]
+    killed, stages_at_kill = [], []
+    for name, ready in kill_points:
+        if _kill_when(out, ready):
+            killed.append(name)
+            stages_at_kill.append(list(_stages(out)))
+    assert killed[0] == "training" and "train" not in stages_at_kill[0], \
+        f"the first kill did not land inside training: stages done {stages_at_kill[0]}"
     assert len(killed) >= 3, f"the run finished before most kill points: killed at {killed}"
     assert not (out / "manifest.json").exists()  # never finished
 
-    done = subprocess.run(_command(out), capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    resumed = CliRunner().invoke(main, _args(out))
+    assert resumed.exit_code == 0, (resumed.output, resumed.exception)
     assert not list(out.rglob(".tmp-*")) and not list(out.rglob(".old-*"))
     assert run_fingerprint(out) == run_fingerprint(reference)
     verified = CliRunner().invoke(main, ["verify", str(out)])
