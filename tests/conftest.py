@@ -15,6 +15,10 @@ MINATAR = ROOT / "recipes" / "minatar-breakout.yaml"
 NO_TF_MEMORY = "measure.saved_model_memory=none"
 """For runs whose test reads no TensorFlow memory figure: each SavedModel memory probe is a fresh
 process importing TensorFlow (seconds of CPU). finished_tiny_run keeps the probe, and its test reads it."""
+IN_PROCESS = "workers=1"
+"""For runs with variants: builds them one after another in the test's process, where the default (a worker
+per CPU) starts a process pool whose every worker imports TensorFlow (~6 s of CPU each) to build a few tiny
+variants; a 2-core test machine gains nothing from it. The pool itself is test_executors' to prove."""
 NO_C_FIGURES = "measure.c_policy=none"
 """For runs whose test reads no generated-C flash / RAM figure: each policy is still translated to C (its
 record says so), but not cross-compiled for two targets (seconds per policy for a CNN's C source)."""
@@ -93,7 +97,7 @@ def tiny_variants_run(tmp_path_factory) -> Path:
     from compress_dqn.run.pipeline import run
 
     out = tmp_path_factory.mktemp("variants") / "run"
-    recipe = load_recipe(TINY, ["eval.episodes=3", "train.total_timesteps=600", NO_TF_MEMORY, VARIANTS_RUN])
+    recipe = load_recipe(TINY, ["eval.episodes=3", "train.total_timesteps=600", NO_TF_MEMORY, VARIANTS_RUN, IN_PROCESS])
     run(recipe, out, quiet=True, log=lambda m: None)
     return out
 
@@ -116,7 +120,7 @@ def minatar_variants_run(tmp_path_factory) -> Path:
         "fine_tune: {method: td, steps: 200}}, "
         "{name: qat-int8, quantize: {mode: qat}, fine_tune: {steps: 64, batch_size: 16}}, "
         "{name: ptq-dynamic, quantize: {mode: dynamic}}, {name: ptq-float16, quantize: {mode: float16}}]", NO_TF_MEMORY,
-        NO_C_FIGURES,  # its tests read no C figure: translated, not cross-compiled (test_images checks the record)
+        IN_PROCESS, NO_C_FIGURES,  # its tests read no C figure: translated, not cross-compiled (test_images checks the record)
     ])
     out = tmp_path_factory.mktemp("minatar") / "run"
     outcome = run(recipe, out, quiet=True, log=lambda m: None)
