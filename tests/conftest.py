@@ -19,6 +19,8 @@ IN_PROCESS = "workers=1"
 """For runs with variants: builds them one after another in the test's process, where the default (a worker
 per CPU) starts a process pool whose every worker imports TensorFlow (~6 s of CPU each) to build a few tiny
 variants; a 2-core test machine gains nothing from it. The pool itself is test_executors' to prove."""
+NO_MICRO_FIGURES = "measure.micro=none"
+"""For runs whose test reads no TensorFlow Lite Micro arena: each policy's record keeps its flash and says why."""
 NO_C_FIGURES = "measure.c_policy=none"
 """For runs whose test reads no generated-C flash / RAM figure: each policy is still translated to C (its
 record says so), but not cross-compiled for two targets (seconds per policy for a CNN's C source)."""
@@ -120,7 +122,8 @@ def minatar_variants_run(tmp_path_factory) -> Path:
         "fine_tune: {method: td, steps: 200}}, "
         "{name: qat-int8, quantize: {mode: qat}, fine_tune: {steps: 64, batch_size: 16}}, "
         "{name: ptq-dynamic, quantize: {mode: dynamic}}, {name: ptq-float16, quantize: {mode: float16}}]", NO_TF_MEMORY,
-        IN_PROCESS, NO_C_FIGURES,  # its tests read no C figure: translated, not cross-compiled (test_images checks the record)
+        # Its tests read no C or TFLM figure: translated, not cross-compiled; no arena (test_images checks the records).
+        IN_PROCESS, NO_C_FIGURES, NO_MICRO_FIGURES,
     ])
     out = tmp_path_factory.mktemp("minatar") / "run"
     outcome = run(recipe, out, quiet=True, log=lambda m: None)

@@ -115,6 +115,12 @@ def test_minatar_cnn_pipeline_end_to_end(minatar_variants_run):
         assert c["integer_only"] == (entry["name"] in ("ptq-int8", "prune-90-int8", "qat-int8")), entry["name"]
     report = (run_dir / "report.md").read_text()
     assert f"No C flash / RAM: {NOT_COMPILED}" in report and "C M4F" not in report
+    from compress_dqn.run.measuring import MICRO_NOT_MEASURED
+
+    for entry in results["variants"]:  # measure.micro: none (NO_MICRO_FIGURES): the model's flash, no arena
+        micro = entry["micro"]
+        assert micro["runs"] is None and micro["reason"] == MICRO_NOT_MEASURED and "arena_bytes" not in micro
+        assert micro["flash_bytes"] == entry["size"]["tflite_bytes"], entry["name"]
     player = Path(__file__).resolve().parent / "outsider_player.py"
     for entry in [base, *int8]:  # raw MinAtar frames into LiteRT alone play the reported returns
         played = subprocess.run([sys.executable, str(player), str(run_dir / entry["artifacts"]["tflite"]),

@@ -899,6 +899,10 @@ class MeasureConfig(StrictModel):
     "none" still translates the policy (results.json says whether it translates and is integer-only) but
     cross-compiles nothing; for smoke runs and tests that read no C figure, as a large CNN's C source
     takes seconds per target to compile."""
+    micro: Literal["all", "none"] = "all"
+    """Whether each policy's TensorFlow Lite Micro arena is measured (where the `micro` extra is installed):
+    "none" records the model's flash only, with the reason; for smoke runs and tests that read no MCU figure
+    (measuring runs the policy in TFLM at shrinking arena sizes, a fraction of a second per policy)."""
 
 
 class Recipe(StrictModel):

@@ -50,7 +50,7 @@ def measure_stage(name: str, ctx: RunContext) -> MeasureRecord:
     return MeasureRecord(
         latency_us=LatencyBlock(cpu=latency, gpu=on_gpu and GpuLatency(saved_model=on_gpu.latency)),
         memory_bytes=MemoryBlock(cpu_rss=memory, gpu_peak=on_gpu and on_gpu.peak_bytes),
-        micro=micro_figures(files.tflite), c_policy=in_c, gpu_note=gpu_note())
+        micro=micro_figures(files.tflite, ctx.recipe.measure.micro == "all"), c_policy=in_c, gpu_note=gpu_note())
 
 
 def probe_policy_memory(files: PolicyFiles, saved_model: bool) -> MemoryRecord:
@@ -90,9 +90,14 @@ def measure_stages(recipe: Recipe) -> list[Stage]:
     return [Stage(keys.measure(name), partial(measure_stage, name)) for name in policy_names(recipe)]
 
 
-def micro_figures(tflite: Path) -> MicroFigures:
+MICRO_NOT_MEASURED = "not measured (measure.micro: none)"
+
+
+def micro_figures(tflite: Path, measure: bool = True) -> MicroFigures:
     """What the policy costs on a microcontroller (TFLite Micro: flash, measured arena, whether it
-    runs), or why that was not measured."""
+    runs), or why that was not measured (`measure` False: measure.micro: none)."""
+    if not measure:
+        return MicroFigures(runs=None, reason=MICRO_NOT_MEASURED, flash_bytes=tflite.stat().st_size)
     if not micro.available():
         return MicroFigures(runs=None, reason=micro.INSTALL_HINT, flash_bytes=tflite.stat().st_size)
     return micro.micro_summary(tflite)
