@@ -14,8 +14,6 @@ from compress_dqn.rl.networks import build_q_network
 from compress_dqn.export.loading import load_policy
 from compress_dqn.recipe.schema import QuantizeConfig
 
-from conftest import cli
-
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
@@ -86,17 +84,23 @@ def test_tflite_memory_probe_does_not_import_tensorflow(artifacts):
 
 
 def test_bench_cli_prints_json(artifacts):
+    """In-process through click's runner (the command's exit status and stderr as a shell sees them; a fresh
+    interpreter per call added its imports): test_cli runs the CLI as a user's process."""
+    from click.testing import CliRunner
+
+    from compress_dqn.cli import main
+
     out, _ = artifacts
-    result = cli("bench", str(out / "int8.tflite"), "--calls", "200")
-    assert result.returncode == 0, result.stderr
+    result = CliRunner().invoke(main, ["bench", str(out / "int8.tflite"), "--calls", "200"])
+    assert result.exit_code == 0, (result.stderr, result.exception)
     report = json.loads(result.stdout)
     assert report["runtime"] == "tflite" and report["size"]["bytes"] > 0
     assert report["latency_us"]["p50"] > 0 and report["memory_bytes"]["imports_tensorflow"] is False
     litert = report["litert_us"]  # LiteRT's own cost beside act(): the loader's overhead in plain sight
     assert 0 < litert["invoke_p50"] < litert["set_invoke_get_p50"]
     assert litert["act_overhead_us"] == pytest.approx(litert["act_p50"] - litert["set_invoke_get_p50"])
-    bad = cli("bench", str(out / "missing.tflite"))
-    assert bad.returncode == 2 and bad.stderr.startswith("error: ")
+    bad = CliRunner().invoke(main, ["bench", str(out / "missing.tflite")])
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: ")
 
 
 def test_gpu_measurement_is_none_without_a_gpu(artifacts):
