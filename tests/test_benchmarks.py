@@ -3,9 +3,9 @@
 A refactor that breaks a benchmark fails here, not months later when someone reruns a study.
 Each runs as `python benchmarks/NAME.py --smoke` runs it: its __main__ block with that argv. Most run
 in the test's own interpreter (runpy), so the TensorFlow this worker already imported is not imported
-again (~6 s of CPU a script); a script whose figures need a process of its own (a memory reading, a pool
-or a Ray of its own) runs in a fresh interpreter, `fresh=True`. The processes a script starts
-itself (a seed's training, a C player, a killed run) stay processes either way.
+again (~6 s of CPU a script); a script whose figures need a process of its own (a memory reading) runs
+in a fresh interpreter, `fresh=True`. The processes a script starts itself (a seed's training, a C
+player, a killed run, a spawned pool's workers, Ray's) stay processes either way.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def test_compare_executors_finds_the_same_per_seed_results_on_a_pool_and_on_ray(
     """recipes/sweep.yaml's contract, shrunk: 2 seeds on a 2-worker pool and on a local Ray give the
     same per-seed results, and the seeds really differ."""
     pytest.importorskip("ray")
-    *engines, summary = bench("compare_executors", "--out", str(tmp_path / "compare"), cwd=tmp_path, fresh=True)
+    *engines, summary = bench("compare_executors", "--out", str(tmp_path / "compare"), cwd=tmp_path)
     assert [e["engine"] for e in engines] == ["local:2", "ray"] and all(e["seeds"] == [0, 1] for e in engines)
     assert summary["identical_per_seed_results"] is True and summary["seeds_differ"] is True
     assert set(summary["mean_returns"]["0"]) == {"baseline", "ptq-float16"}
