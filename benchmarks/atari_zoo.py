@@ -129,14 +129,15 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=0.05, help="eval.tolerance of the verdict")
     parser.add_argument("--smoke", action="store_true",
                         help=f"300 training steps, NatureCNN's feature layer {SMOKE_FEATURES} units wide (not 512), "
-                             "1 episode, 1 held-out episode, no SavedModel memory probe, no C flash figures: checks the script runs")
+                             "1 episode, 1 held-out episode, no SavedModel memory probe, no C or TFLM arena figures: checks the script runs")
     args = parser.parse_args()
     overrides = [f"eval.tolerance={args.tolerance}"]
     features_dim = SMOKE_FEATURES if args.smoke else None
     if args.smoke:
         args.train_steps, args.episodes, args.rollout_steps = 300, 1, 200
-        # the script reads no memory figure and no C one: no TensorFlow memory probe, no C cross-compiles
-        overrides += ["eval.heldout_episodes=1", "measure.saved_model_memory=none", "measure.c_policy=none"]
+        # the script reads no memory, C or MCU figure: no TensorFlow memory probe, C cross-compile or TFLM arena search
+        overrides += ["eval.heldout_episodes=1", "measure.saved_model_memory=none", "measure.c_policy=none",
+                      "measure.micro=none"]
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     from compress_dqn.envs.environment import check_env_id

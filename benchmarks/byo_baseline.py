@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--epsilon", type=float, default=0.3)
     parser.add_argument("--only", nargs="*", help="compare only these variants")
     parser.add_argument("--smoke", action="store_true",
-                        help="a 500-step rollout, no TensorFlow memory probe, no C flash figures: checks the script runs")
+                        help="a 500-step rollout; no TensorFlow memory, C or TFLM arena figures: checks the script runs")
     args = parser.parse_args()
     if args.smoke:
         args.rollout_steps = 500
@@ -54,7 +54,7 @@ def main() -> None:
     data["name"] = f"{recipe.name}-from-keras"
     data["baseline"] = {"from": str(keras_file), "rollout": {"steps": args.rollout_steps, "epsilon": args.epsilon}}
     if args.smoke:
-        data["measure"] = {**data.get("measure", {}), "saved_model_memory": "none", "c_policy": "none"}
+        data["measure"] = {**data.get("measure", {}), "saved_model_memory": "none", "c_policy": "none", "micro": "none"}
     byo = recipe_from_data(data, "byo")
     results = run_pipeline(byo, out / "run", quiet=True, log=lambda m: None).results.to_dict()
     full = json.loads((run / "results.json").read_text())

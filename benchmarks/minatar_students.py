@@ -110,8 +110,8 @@ SMOKE_ARMS = {"smoke-c4-8": {"student": {"conv": [{"filters": 4, "kernel": 3}], 
 SMOKE_SETS = ["train.total_timesteps=2000", "train.learning_starts=500", "train.eval_interval=1000",
               "train.eval_episodes=2", "train.checkpoint_interval=1000", "train.buffer_size=2000",
               "eval.episodes=5", "eval.max_episodes=5",
-              # the rows read no memory or C figure: no TensorFlow memory probe, no C cross-compiles
-              "measure.saved_model_memory=none", "measure.c_policy=none"]
+              # the rows read no memory, C or MCU figure: no memory probe, C cross-compile or TFLM arena search
+              "measure.saved_model_memory=none", "measure.c_policy=none", "measure.micro=none"]
 
 
 def study_recipe(recipe: Path, seed: int, arms: dict[str, dict]) -> dict:

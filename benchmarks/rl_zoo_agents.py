@@ -13,7 +13,7 @@ runs as a user runs it, one after another (the command line's own entry point, c
 agent: the SB3 release that saved the zip, the port check against SB3 / sb3-contrib, the baseline's
 mean return beside the Zoo's benchmark.md figure, and ptq-int8's verdict; then a summary line.
 --smoke writes one tiny untrained QR-DQN zip (nothing is downloaded) and runs it for 2 episodes,
-without the SavedModel memory probes and the C flash figures (no row reads either).
+without the SavedModel memory probes, the C flash figures and the TFLM arena search (no row reads them).
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ def main() -> None:
     if args.smoke:
         zoo, agents = out / "zoo", smoke_zoo(out / "zoo")
         args.episodes, args.rollout_steps = 2, 200
-        overrides = ["eval.heldout_episodes=1", "measure.saved_model_memory=none", "measure.c_policy=none"]
+        overrides = ["eval.heldout_episodes=1", "measure.saved_model_memory=none", "measure.c_policy=none",
+                     "measure.micro=none"]
     elif args.zoo:
         zoo, agents = Path(args.zoo), [(algo, env) for algo in ("dqn", "qrdqn") for env in ENVS]
     else:

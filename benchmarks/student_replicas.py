@@ -125,8 +125,8 @@ def main() -> None:
     if not args.analyze_only:
         args.out.mkdir(parents=True, exist_ok=True)
         data = replica_recipe(args.recipe, args.seed, args.student, args.select_episodes, args.replicas, template)
-        if args.smoke:  # the script reads no memory or C figure: skip TensorFlow's memory probes and C builds
-            data["measure"] = {"saved_model_memory": "none", "c_policy": "none"}
+        if args.smoke:  # it reads no memory, C or MCU figure: no memory probes, C builds or TFLM arena search
+            data["measure"] = {"saved_model_memory": "none", "c_policy": "none", "micro": "none"}
         (args.out / "recipe.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
         run_command(["run", str(args.out / "recipe.yaml"), "--out", str(args.out / "run"), "--quiet"])
     analyze(args.out, args.fresh_episodes, args.fresh_seed)
