@@ -64,15 +64,19 @@ def fresh_returns(args: tuple[str, str, int, int]) -> list[float]:
     return [float(r) for r in evaluate(TFLitePolicy(policy), load_recipe(recipe).env, episodes, first_seed).episodes]
 
 
-def analyze(out: Path, episodes: int, first_seed: int) -> None:
+def analyze(out: Path, episodes: int, first_seed: int, in_process: bool = False) -> None:
     from scipy.stats import spearmanr
 
     results = json.loads((out / "run" / "results.json").read_text())
     variants = {v["name"]: v for v in results["variants"] if v.get("return_vs_baseline")}
     names = sorted(variants)
     policies = [out / "run" / "baseline" / "policy.tflite"] + [out / "run" / "variants" / n / "policy.tflite" for n in names]
-    with ProcessPoolExecutor(2) as pool:
-        played = list(pool.map(fresh_returns, [(str(out / "recipe.yaml"), str(p), episodes, first_seed) for p in policies]))
+    jobs = [(str(out / "recipe.yaml"), str(p), episodes, first_seed) for p in policies]
+    if in_process:  # --smoke: a few episodes; and a pool forked from a process that runs TensorFlow could hang
+        played = [fresh_returns(job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(2) as pool:
+            played = list(pool.map(fresh_returns, jobs))
     baseline = np.array(played[0])
     fresh = {n: float(np.mean(np.array(e) - baseline)) for n, e in zip(names, played[1:])}
     final = {n: variants[n]["return_vs_baseline"]["mean"] for n in names}
@@ -129,7 +133,7 @@ def main() -> None:
             data["measure"] = {"saved_model_memory": "none", "c_policy": "none", "micro": "none"}
         (args.out / "recipe.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
         run_command(["run", str(args.out / "recipe.yaml"), "--out", str(args.out / "run"), "--quiet"])
-    analyze(args.out, args.fresh_episodes, args.fresh_seed)
+    analyze(args.out, args.fresh_episodes, args.fresh_seed, in_process=args.smoke)
 
 
 if __name__ == "__main__":
