@@ -25,10 +25,10 @@ from pathlib import Path
 TINY_SEARCH = ["seeds=[0, 1]", "search.students=[[8], [2]]", "search.student_quantize=float16",
                "search.student_fine_tune.steps=300", "eval.tolerance=1.0"]
 SMOKE = ["seeds=[0, 1]", "train.total_timesteps=300", "eval.episodes=2", "measure.saved_model_memory=none",
-         "variants=[{name: ptq-float16, quantize: {mode: float16}}]"]
+         "measure.c_policy=none", "variants=[{name: ptq-float16, quantize: {mode: float16}}]"]
 """--smoke: recipes/sweep.yaml's contract, shrunk: recipes/tiny.yaml on two seeds with one quick variant,
 on a 2-worker local pool and on a local Ray (where ray is installed; else in one process); no
-TensorFlow memory probe (the comparison leaves memory out)."""
+TensorFlow memory probe and no C cross-compile (the comparison leaves memory and C figures out)."""
 
 
 def main() -> None:
