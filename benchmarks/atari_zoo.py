@@ -21,7 +21,6 @@ between two actions could flip). Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -97,19 +96,14 @@ def sb3_policy_on_our_env(path: Path, env_id: str, seeds: list[int]) -> list[flo
 def compress(path: Path, env_id: str, episodes: int, rollout_steps: int, overrides: list[str], out: Path) -> dict:
     """`compress-dqn compress` as a user runs it, through the command line's entry point in this process
     (one interpreter, one TensorFlow start); its results.json."""
-    from compress_dqn.cli import main as cli
+    from compress_dqn.cli import run_in_process
 
     command = ["compress", str(path), "--env", env_id, "--variants", "ptq-int8",
                "--episodes", str(episodes), "--max-episodes", str(episodes), "--rollout-steps", str(rollout_steps),
                "--out", str(out), "--quiet"]
     for override in overrides:
         command += ["--set", override]
-    try:
-        with contextlib.redirect_stdout(sys.stderr):  # its JSON line: stdout is this script's line alone
-            cli.main(command, prog_name="compress-dqn", standalone_mode=False)
-    except SystemExit as exc:
-        if exc.code:
-            sys.exit(f"compress-dqn compress failed ({exc.code}), see above")
+    run_in_process(command)  # its JSON line goes to stderr: stdout is this script's line alone
     return json.loads((out / "results.json").read_text())
 
 

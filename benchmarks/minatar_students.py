@@ -18,7 +18,6 @@ selection episodes against gradient steps).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import tempfile
@@ -148,18 +147,6 @@ def arm_figures(results: dict, names: list[str]) -> list[dict]:
     return rows
 
 
-def run_command(args: list[str]) -> None:
-    """`compress-dqn ARGS` through the command line's entry point in this process (no second interpreter
-    to start TensorFlow in); its JSON line goes to stderr, stdout is the arms' JSON lines alone."""
-    from compress_dqn.cli import main as cli
-
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            cli.main(args, prog_name="compress-dqn", standalone_mode=False)
-    except SystemExit as exc:
-        if exc.code:
-            sys.exit(f"compress-dqn {' '.join(args)} failed ({exc.code}), see above")
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -178,7 +165,9 @@ def main() -> None:
         command = ["run", str(recipe), "--out", str(args.run), "--quiet"]
         for item in sets:
             command += ["--set", item]
-        run_command(command)
+        from compress_dqn.cli import run_in_process
+
+        run_in_process(command)
     results = json.loads((args.run / f"seed-{args.seed}" / "results.json").read_text())
     for row in arm_figures(results, list(arms)):
         print(json.dumps(row))

@@ -19,7 +19,6 @@ without the SavedModel memory probes, the C flash figures and the TFLM arena sea
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -60,19 +59,14 @@ def compress(path: Path, env_id: str, episodes: int, rollout_steps: int, overrid
              out: Path) -> tuple[list[str], dict]:
     """`compress-dqn compress` as a user runs it, through the command line's entry point in this process
     (TensorFlow starts once for every agent): the command and its results.json."""
-    from compress_dqn.cli import main as cli
+    from compress_dqn.cli import run_in_process
 
     command = ["compress-dqn", "compress", str(path), "--env", env_id, "--variants", "ptq-int8",
                "--episodes", str(episodes), "--max-episodes", str(episodes), "--rollout-steps", str(rollout_steps),
                "--out", str(out), "--quiet"]
     for override in overrides:
         command += ["--set", override]
-    try:
-        with contextlib.redirect_stdout(sys.stderr):  # its JSON line: stdout is this script's lines alone
-            cli.main(command[1:], prog_name="compress-dqn", standalone_mode=False)
-    except SystemExit as exc:
-        if exc.code:
-            sys.exit(f"{' '.join(command)} failed ({exc.code}), see above")
+    run_in_process(command[1:])  # its JSON line goes to stderr: stdout is this script's lines alone
     return command, json.loads((out / "results.json").read_text())
 
 

@@ -18,7 +18,6 @@ every K-subset. Prints one JSON line per policy, then one per (setting, K).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import string
@@ -95,18 +94,6 @@ def analyze(out: Path, episodes: int, first_seed: int, in_process: bool = False)
                               "mean_difference": round(float(np.mean([final[p] for p in picks])), 2)}))
 
 
-def run_command(args: list[str]) -> None:
-    """`compress-dqn ARGS` through the command line's entry point in this process (no second interpreter
-    to start TensorFlow in); its JSON line goes to stderr, stdout is this script's lines alone."""
-    from compress_dqn.cli import main as cli
-
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            cli.main(args, prog_name="compress-dqn", standalone_mode=False)
-    except SystemExit as exc:
-        if exc.code:
-            sys.exit(f"compress-dqn {' '.join(args)} failed ({exc.code}), see above")
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -132,7 +119,9 @@ def main() -> None:
         if args.smoke:  # it reads no memory, C or MCU figure: no memory probes, C builds or TFLM arena search
             data["measure"] = {"saved_model_memory": "none", "c_policy": "none", "micro": "none"}
         (args.out / "recipe.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-        run_command(["run", str(args.out / "recipe.yaml"), "--out", str(args.out / "run"), "--quiet"])
+        from compress_dqn.cli import run_in_process
+
+        run_in_process(["run", str(args.out / "recipe.yaml"), "--out", str(args.out / "run"), "--quiet"])
     analyze(args.out, args.fresh_episodes, args.fresh_seed, in_process=args.smoke)
 
 

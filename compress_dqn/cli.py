@@ -367,5 +367,19 @@ def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str
     click.echo(json.dumps(export_policy(target, policy, out, options).to_dict()))
 
 
+def run_in_process(args: list[str]) -> None:
+    """`compress-dqn ARGS` through this entry point in the caller's process, as the benchmarks call it: their
+    TensorFlow start serves their commands too. The command's own stdout goes to stderr, so the caller's stdout
+    stays its JSON lines; a failed command exits the caller with one line naming it."""
+    import contextlib
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            main.main(list(args), prog_name="compress-dqn", standalone_mode=False)
+    except SystemExit as exc:
+        if exc.code:
+            sys.exit(f"compress-dqn {' '.join(args)} failed ({exc.code}), see above")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
