@@ -45,6 +45,14 @@ def lock_run_dir(run_dir: Path) -> None:
     _held[key] = handle
 
 
+def release_run_dir(run_dir: Path) -> None:
+    """Drop this process's lock on run_dir (lock_run_dir), where a process outlives the run it held: a test or a
+    benchmark that ran `run` in its own interpreter and must now unmount or hand the directory on."""
+    handle = _held.pop(Path(run_dir).resolve(), None)
+    if handle is not None:
+        handle.close()
+
+
 @contextlib.contextmanager
 def refused_writes(path: Path, also: tuple[type[BaseException], ...] = (), note: str = "") -> Iterator[None]:
     """Turn a write the disk refuses in the block (full, read-only, no permission) into one

@@ -275,7 +275,5 @@ def test_a_disk_that_fills_while_a_run_trains_ends_in_one_line_and_the_rerun_fin
         verified = CliRunner().invoke(main, ["verify", str(out)])
         assert verified.exit_code == 0, verified.output
     finally:
-        held = fileio._held.pop((disk / "run").resolve(), None)  # the rerun's lock on the run: let the mount go
-        if held is not None:
-            held.close()
+        fileio.release_run_dir(disk / "run")  # the rerun's lock on the run: let the mount go
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
