@@ -193,6 +193,37 @@ def test_the_up_front_disk_check_itemizes_what_it_counts(tmp_path, monkeypatch):
         assert format_bytes(size, decimals=1) in message
 
 
+def test_a_brought_baseline_plans_for_its_data_not_for_a_buffer_it_never_trains(tmp_path, monkeypatch):
+    """compress of an RL Zoo Atari agent (buffer_size 100k-1M of 84x84x4 frames) once asked for ~20 GiB of disk for
+    a 200-step rollout and was refused on a machine with 17 GiB free: nothing trains, so no checkpoints either."""
+    import numpy as np
+
+    from compress_dqn.envs.environment import probe_env
+    from compress_dqn.recipe.schema import recipe_from_data
+    from compress_dqn.replay.buffer import ReplayBuffer
+    from compress_dqn.run import resources
+
+    data = {"name": "brought", "env": {"id": "CartPole-v1"}, "train": {"buffer_size": 1_000_000},
+            "baseline": {"from": str(tmp_path / "q.keras"), "rollout": {"steps": 200}}}
+    recipe = recipe_from_data(data)
+    info = probe_env(recipe.env)
+    row = ReplayBuffer.bytes_per_row(info.obs_shape, info.obs_dtype, info.n_actions)
+    needed = resources.plan(recipe, info)
+    assert needed.replay_capacity == 302 and needed.replay_bytes == 302 * row  # 200 steps + episode starts
+    assert needed.disk_bytes == needed.replay_bytes + sum(size for what, size in needed.disk_parts()
+                                                         if "exports" in what)
+    trained = resources.plan(recipe.model_copy(update={"baseline": None}), info)
+    assert trained.replay_capacity == 1_000_000 and trained.disk_bytes > 3 * 1_000_000 * row
+
+    np.savez(tmp_path / "t.npz", actions=np.zeros(40, np.int64))
+    data["baseline"] = {"from": str(tmp_path / "q.keras"), "transitions": str(tmp_path / "t.npz")}
+    assert resources.plan(recipe_from_data(data), info).replay_capacity == 80  # 2 rows each, unrelated transitions
+    usage = resources.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(resources.shutil, "disk_usage", lambda p: usage._replace(free=1 << 10))
+    with pytest.raises(UserError, match=r"brought baseline's data .* lower baseline.rollout.steps"):
+        resources.check(needed, tmp_path / "run")
+
+
 # -- a real full disk, mid-run -----------------------------------------------------------------
 
 

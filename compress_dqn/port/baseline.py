@@ -19,6 +19,7 @@ from compress_dqn._tf import tf_keras
 from compress_dqn.envs.environment import EnvInfo, make_env_from, seed_env
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation.results import SourceData
+from compress_dqn.port.brought_data import rollout_rows, transition_rows
 from compress_dqn.port.keras_file import load_keras
 from compress_dqn.port.load import file_kind, port_model
 from compress_dqn.port.run_dir import load_run_network
@@ -59,7 +60,7 @@ def file_digest(path: str | Path) -> str:
 def rollout(model: tf_keras.Model, env_cfg: EnvConfig, info: EnvInfo, steps: int, epsilon: float, capacity: int,
             seed: int) -> tuple[ReplayBuffer, SourceData]:
     """Play the model epsilon-greedily for `steps` env steps into a fresh replay buffer."""
-    replay = ReplayBuffer(max(2, min(capacity, steps + steps // 2 + 2)), info.obs_shape, info.obs_dtype,
+    replay = ReplayBuffer(rollout_rows(capacity, steps), info.obs_shape, info.obs_dtype,
                           info.n_actions, seed, frame_stack=info.frame_stack)
     actor = make_actor(model)
     rng = np.random.default_rng(seed)
@@ -125,9 +126,7 @@ def load_transitions(path: str | Path, info: EnvInfo, capacity: int, seed: int) 
             raise UserError(f"baseline.transitions: {path}: {key} must be booleans (or 0/1)")
     if n < 2:
         raise UserError(f"baseline.transitions: {path}: holds {n} transitions; at least 2 are needed")
-    # Unrelated transitions take up to frame_stack + 1 rows each (a stack's history, then the next frame).
-    rows = max(2, min(capacity, (info.frame_stack + 1) * n))
-    replay = ReplayBuffer(rows, info.obs_shape, info.obs_dtype, info.n_actions, seed, frame_stack=info.frame_stack)
+    replay = ReplayBuffer(transition_rows(capacity, n, info.frame_stack), info.obs_shape, info.obs_dtype, info.n_actions, seed, frame_stack=info.frame_stack)
     for i in range(n):
         try:
             replay.add(arrays["observations"][i], int(actions[i]), float(arrays["rewards"][i]),

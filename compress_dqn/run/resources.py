@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict
 
 from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.errors import UserError
-from compress_dqn.replay.buffer import format_bytes, replay_capacity, replay_expectation
+from compress_dqn.port.brought_data import brought_replay
+from compress_dqn.replay.buffer import ReplayBuffer, format_bytes, replay_capacity, replay_expectation
 from compress_dqn.replay.buffer import replay_bytes as replay_bytes_of
 
 # TensorFlow, the environment and the interpreter, on top of the replay buffer and the networks.
@@ -44,14 +45,23 @@ class ResourcePlan:
     network_bytes: int
     """Weights of the online and target networks, Adam's two moments and the gradients."""
     memory_bytes: int
+    trains: bool = True
+    """False for a brought baseline: no checkpoints, its data written once to baseline/."""
 
     def disk_parts(self) -> list[tuple[str, int]]:
         """What the run writes, as (what, bytes), so a message can say where disk_bytes comes from."""
+        if not self.trains:
+            return [(f"the brought baseline's data in baseline/ ({_fmt(self.replay_bytes)})", self.replay_bytes),
+                    ("exports, reports and TensorBoard", _DISK_MARGIN)]
         return [
             (f"the replay buffer in two checkpoints and baseline/ (3 x {_fmt(self.replay_bytes)})", 3 * self.replay_bytes),
             (f"networks and optimizer state (4 x {_fmt(self.network_bytes)})", 4 * self.network_bytes),
             ("exports, reports and TensorBoard", _DISK_MARGIN),
         ]
+
+    def lower_what(self) -> str:
+        """The recipe keys that shrink what this run holds, for a refusal's fix."""
+        return "lower train.buffer_size or set replay.memory" if self.trains else "lower baseline.rollout.steps (or bring fewer transitions)"
 
     @property
     def disk_bytes(self) -> int:
@@ -84,13 +94,18 @@ def _network_params(recipe: Any, info: Any) -> int:
 def plan(recipe: Any, info: Any) -> ResourcePlan:
     """Memory and disk a run of this recipe needs (see the module docstring for the model)."""
     capacity = replay_capacity(recipe.train, recipe.replay, info)
-    replay_bytes = replay_bytes_of(recipe.train, recipe.replay, info)  # compressed: its byte bound
     network_bytes = 5 * 4 * _network_params(recipe, info)  # online, target, 2 Adam moments, gradients
+    if recipe.baseline is not None:  # nothing trains: the buffer holds the brought data, uncompressed
+        row = ReplayBuffer.bytes_per_row(info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack)
+        capacity, replay_bytes = brought_replay(recipe.baseline, capacity, info.frame_stack, row)
+    else:
+        replay_bytes = replay_bytes_of(recipe.train, recipe.replay, info)  # compressed: its byte bound
     return ResourcePlan(
         replay_capacity=capacity,
         replay_bytes=replay_bytes,
         network_bytes=network_bytes,
         memory_bytes=replay_bytes + network_bytes + _PROCESS_OVERHEAD,
+        trains=recipe.baseline is None,
     )
 
 
@@ -127,7 +142,7 @@ def check(needed: ResourcePlan, run_dir: Path, at_once: int = 1, in_total: int =
                  f"{_fmt(needed.network_bytes)} + process ~{_fmt(_PROCESS_OVERHEAD)}")
         raise UserError(
             f"this run needs about {_fmt(memory)} of memory ({_times(at_once, 'runs at once', parts)}) but {_fmt(available)} "
-            "is available; lower train.buffer_size, set replay.memory" + (", or lower workers" if at_once > 1 else "")
+            f"is available; {needed.lower_what()}" + (", or lower workers" if at_once > 1 else "")
         )
     disk = needed.disk_bytes * in_total
     free = shutil.disk_usage(_existing_parent(run_dir)).free + bytes_under(run_dir)
@@ -136,7 +151,7 @@ def check(needed: ResourcePlan, run_dir: Path, at_once: int = 1, in_total: int =
                            sorted(needed.disk_parts(), key=lambda part: -part[1]))
         raise UserError(
             f"this run needs about {_fmt(disk)} of disk under {run_dir} ({_times(in_total, 'seeds', parts)}) but "
-            f"{_fmt(free)} is free; free space, lower train.buffer_size or replay.memory, or pass --out on a larger disk"
+            f"{_fmt(free)} is free; free space, {needed.lower_what()}, or pass --out on a larger disk"
         )
 
 
