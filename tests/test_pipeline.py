@@ -12,7 +12,7 @@ from compress_dqn.run import baseline_stages, looks as looks_module, pipeline, v
 from compress_dqn.envs.environment import make_env_from
 from compress_dqn.envs.episodes import random_returns
 from compress_dqn.deploy.policy import TFLitePolicy
-from compress_dqn.run.pipeline import run
+from compress_dqn.run.pipeline import finish_run, run
 from compress_dqn.recipe.schema import load_recipe
 
 from conftest import NO_TF_MEMORY, TINY, variant
@@ -206,31 +206,54 @@ def _rerun_on_a_copy(recipe, finished: Path, out: Path) -> None:
         json.loads((finished / "stages.json").read_text())["train"]
 
 
+@pytest.fixture(scope="module")
+def tiny_baseline(tmp_path_factory) -> Path:
+    """recipes/tiny.yaml's baseline stages, done once for the module's candidate tests (no variants): each copies
+    it and builds its own variants from the same baseline (a rerun may change the variants only)."""
+    from compress_dqn.run.baseline_stages import train_baseline
+    from compress_dqn.run.context import open_run
+
+    out = tmp_path_factory.mktemp("tiny-baseline") / "run"
+    ctx, _ = open_run(load_recipe(TINY, [NO_TF_MEMORY]), out, quiet=True, log=lambda m: None)
+    train_baseline(ctx)
+    return out
+
+
+def _copy(baseline: Path, out: Path) -> Path:
+    import shutil
+
+    shutil.copytree(baseline, out)
+    return out
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [2, 1])
-def test_a_variant_with_candidates_keeps_the_best_on_fresh_episodes_the_same_bytes_as_built_alone(tmp_path, workers):
+def test_a_variant_with_candidates_keeps_the_best_on_fresh_episodes_the_same_bytes_as_built_alone(tmp_path, tiny_baseline):
     """candidates: {count: 3}: three builds (NAME.c0..c2, seeded by those names), each played with
     the baseline on the same fresh episodes; the best one's files are the variant's, byte for byte
-    what a variant of its name builds alone, and the losers' are gone. With 2 workers the lone
+    what a variant of its name builds alone, and the losers' are gone. On 2 workers the lone
     variant's candidates are built side by side in pool processes: the same bytes."""
+    from compress_dqn.run.context import reopen_run
+
     student = "student: {net_arch: [2]}, quantize: {mode: float16}, fine_tune: {steps: 2, learning_rate: 1e-4}"  # barely taught: seeds show
-    recipe = load_recipe(TINY, [f"variants=[{{name: s, {student}, candidates: {{count: 3, episodes: 8}}}}]", NO_TF_MEMORY,
-                                f"workers={workers}"])
-    run(recipe, tmp_path / "picked", quiet=True, log=lambda m: None)
+    recipe = load_recipe(TINY, [f"variants=[{{name: s, {student}, candidates: {{count: 3, episodes: 8}}}}]", NO_TF_MEMORY])
+    run(recipe, _copy(tiny_baseline, tmp_path / "picked"), quiet=True, log=lambda m: None)
     picked = json.loads((tmp_path / "picked" / "stages.json").read_text())["variant:s"]["compression"]["candidates"]
     differences = picked["fresh_differences"]
     assert len(differences) == 3 and len(set(differences)) > 1  # the candidates are different builds
     assert picked["picked"] == differences.index(max(differences)) and picked["seed"] == 200000
     assert not (tmp_path / "picked" / "variants" / "s" / "candidates").exists()
+    tflite = "variants/{}/policy.tflite"
+    finish_run(reopen_run(recipe, _copy(tiny_baseline, tmp_path / "pool"), quiet=True, log=lambda m: None), workers=2)
+    assert json.loads((tmp_path / "pool" / "stages.json").read_text())["variant:s"]["compression"]["candidates"] == picked
+    assert (tmp_path / "pool" / tflite.format("s")).read_bytes() == (tmp_path / "picked" / tflite.format("s")).read_bytes()
     alone = load_recipe(TINY, [f"variants=[{{name: s.c{picked['picked']}, {student}}}]", NO_TF_MEMORY])
     _rerun_on_a_copy(alone, tmp_path / "picked", tmp_path / "alone")  # the same baseline, not trained again
-    tflite = "variants/{}/policy.tflite"
     assert (tmp_path / "picked" / tflite.format("s")).read_bytes() == \
         (tmp_path / "alone" / tflite.format(f"s.c{picked['picked']}")).read_bytes()
 
 
 @pytest.mark.slow
-def test_candidates_qat_teachers_quantize_each_float_build_once_per_teacher_and_pick_among_all(tmp_path):
+def test_candidates_qat_teachers_quantize_each_float_build_once_per_teacher_and_pick_among_all(tmp_path, tiny_baseline):
     """candidates: {count: 2, qat_teachers: [baseline, float]}: two float builds (seeded by
     NAME.c0, NAME.c1), each QAT'd to the baseline and to itself: four candidates, recorded by name,
     the best one kept. A teacher's build is the same bytes whether or not the other teacher's QAT
@@ -239,7 +262,7 @@ def test_candidates_qat_teachers_quantize_each_float_build_once_per_teacher_and_
                "quantize: {mode: qat, qat_steps: 20}")
     teachers = "candidates: {count: 2, episodes: 8, qat_teachers: [baseline, float]}"
     recipe = load_recipe(TINY, [f"variants=[{{name: s, {student}, {teachers}}}]", NO_TF_MEMORY])
-    run(recipe, tmp_path / "both", quiet=True, log=lambda m: None)
+    run(recipe, _copy(tiny_baseline, tmp_path / "both"), quiet=True, log=lambda m: None)
     picked = json.loads((tmp_path / "both" / "stages.json").read_text())["variant:s"]["compression"]["candidates"]
     assert picked["builds"] == ["s.c0.baseline", "s.c0.float", "s.c1.baseline", "s.c1.float"]
     assert picked["qat_teachers"] == ["baseline", "float"] and len(picked["fresh_differences"]) == 4
