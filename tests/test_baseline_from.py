@@ -12,7 +12,7 @@ from compress_dqn.cli import main
 from compress_dqn.errors import UserError
 from compress_dqn.recipe.schema import load_recipe
 
-from conftest import NO_TF_MEMORY, TINY
+from conftest import IN_PROCESS, NO_TF_MEMORY, TINY
 
 SMALL_VARIANTS = ("variants=[{name: ptq-int8, quantize: {mode: int8, calibration_samples: 100}}, "
                   "{name: prune-50, prune: {sparsity: 0.5, exclude: [q_values]}, fine_tune: {steps: 200}}, "
@@ -68,7 +68,7 @@ def test_compress_shortcut_and_transitions_file(saved_model_file, tmp_path):
 
     result = CliRunner().invoke(main, ["compress", str(path), "--env", "CartPole-v1", "--variants", "ptq-int8,prune-80",
                                        "--transitions", str(data), "--episodes", "3", "--max-episodes", "3",
-                                       "--set", "variants.prune-80.fine_tune.steps=300", "--set", NO_TF_MEMORY,
+                                       "--set", "variants.prune-80.fine_tune.steps=300", "--set", NO_TF_MEMORY, "--set", IN_PROCESS,
                                        "--out", str(tmp_path / "run"),
                                        "--quiet"])
     assert result.exit_code == 0, result.output
