@@ -198,10 +198,7 @@ def test_decisive_states_are_the_half_with_the_larger_action_gaps():
 def _rerun_on_a_copy(recipe, finished: Path, out: Path) -> None:
     """Run a recipe that changes only the variants on a copy of a finished run: its baseline stages are
     reused (a rerun builds only what changed), so the variants are built from the same baseline."""
-    import shutil
-
-    shutil.copytree(finished, out)
-    outcome = run(recipe, out, quiet=True, log=lambda m: None)
+    outcome = run(recipe, _copy(finished, out), quiet=True, log=lambda m: None)
     assert outcome.resumed and json.loads((out / "stages.json").read_text())["train"] == \
         json.loads((finished / "stages.json").read_text())["train"]
 
