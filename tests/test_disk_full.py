@@ -218,6 +218,13 @@ def test_a_brought_baseline_plans_for_its_data_not_for_a_buffer_it_never_trains(
     np.savez(tmp_path / "t.npz", actions=np.zeros(40, np.int64))
     data["baseline"] = {"from": str(tmp_path / "q.keras"), "transitions": str(tmp_path / "t.npz")}
     assert resources.plan(recipe_from_data(data), info).replay_capacity == 80  # 2 rows each, unrelated transitions
+    other = tmp_path / "other" / "baseline"  # another run's baseline: the replay it trained on, at its file's size
+    other.mkdir(parents=True)
+    for name in ("recipe.yaml", "stages.json", "baseline/weights.npz"):
+        (other.parent / name).write_bytes(b"{}")
+    (other / "replay.npz").write_bytes(bytes(100 * row))
+    data["baseline"] = {"from": str(other.parent)}
+    assert resources.plan(recipe_from_data(data), info).replay_bytes == 100 * row
     usage = resources.shutil.disk_usage(tmp_path)
     monkeypatch.setattr(resources.shutil, "disk_usage", lambda p: usage._replace(free=1 << 10))
     with pytest.raises(UserError, match=r"brought baseline's data .* lower baseline.rollout.steps"):

@@ -11,6 +11,7 @@ plans too.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,18 +19,19 @@ from compress_dqn.store.layout import RunLayout
 
 
 def rollout_rows(capacity: int, steps: int) -> int:
-    """Rows for a rollout of `steps` steps: every step's row and the first frames of the episodes
-    it starts (at most one every other step), bounded by the recipe's capacity."""
+    """Rows for a rollout of `steps` steps: one per step, and room for the extra row each episode's
+    first observation takes (an episode every other step), bounded by the recipe's capacity (a ring
+    that fills evicts its oldest rows)."""
     return max(2, min(capacity, steps + steps // 2 + 2))
 
 
 def transition_rows(capacity: int, transitions: int, frame_stack: int) -> int:
     """Rows for unrelated transitions: up to frame_stack + 1 rows each (a stack's history, then the
-    next frame), bounded by the recipe's capacity."""
+    next frame: see replay/writer.py), bounded by the recipe's capacity."""
     return max(2, min(capacity, (frame_stack + 1) * transitions))
 
 
-def brought_replay(source: object, capacity: int, frame_stack: int, row_bytes: int) -> tuple[int, int]:
+def brought_replay(source: Any, capacity: int, frame_stack: int, row_bytes: int) -> tuple[int, int]:
     """(rows, bytes) of the replay buffer a brought baseline's data will fill: source is the
     recipe's baseline block. An unreadable transitions file plans with the capacity; its loader
     says what is wrong with it. Another run's replay is planned at its file's size."""

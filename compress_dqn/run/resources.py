@@ -61,7 +61,9 @@ class ResourcePlan:
 
     def lower_what(self) -> str:
         """The recipe keys that shrink what this run holds, for a refusal's fix."""
-        return "lower train.buffer_size or set replay.memory" if self.trains else "lower baseline.rollout.steps (or bring fewer transitions)"
+        if self.trains:
+            return "lower train.buffer_size or set replay.memory"
+        return "lower baseline.rollout.steps (or bring fewer transitions)"
 
     @property
     def disk_bytes(self) -> int:
