@@ -91,8 +91,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         "players": figures, "identical": identical,
         "speedup_vs_one_at_a_time": round(figures["one_at_a_time"]["median_s"] / figures["side_by_side"]["median_s"], 2),
         "load_average": [r["load"] for p in players for r in runs[p]],
-        **{name: (smoked.get(player) or spawn(args, player))["breakdown"]
-           for name, player in zip(("breakdown_side_by_side", "breakdown_one_at_a_time"), BREAKDOWNS)},
+        **{player: (smoked.get(player) or spawn(args, player))["breakdown"] for player in BREAKDOWNS},
     }
     summary["steps"] = summary["breakdown_side_by_side"]["steps"]
     if args.old_tree is not None:

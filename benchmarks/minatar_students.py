@@ -147,7 +147,6 @@ def arm_figures(results: dict, names: list[str]) -> list[dict]:
     return rows
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, required=True, help="run directory (its seed-N/ is reused or trained)")

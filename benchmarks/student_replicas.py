@@ -94,7 +94,6 @@ def analyze(out: Path, episodes: int, first_seed: int, in_process: bool = False)
                               "mean_difference": round(float(np.mean([final[p] for p in picks])), 2)}))
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "lunarlander.yaml")

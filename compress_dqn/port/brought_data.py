@@ -11,10 +11,10 @@ plans too.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from compress_dqn.recipe.schema import BaselineConfig
 from compress_dqn.store.layout import RunLayout
 
 
@@ -31,10 +31,10 @@ def transition_rows(capacity: int, transitions: int, frame_stack: int) -> int:
     return max(2, min(capacity, (frame_stack + 1) * transitions))
 
 
-def brought_replay(source: Any, capacity: int, frame_stack: int, row_bytes: int) -> tuple[int, int]:
-    """(rows, bytes) of the replay buffer a brought baseline's data will fill: source is the
-    recipe's baseline block. An unreadable transitions file plans with the capacity; its loader
-    says what is wrong with it. Another run's replay is planned at its file's size."""
+def brought_replay(source: BaselineConfig, capacity: int, frame_stack: int, row_bytes: int) -> tuple[int, int]:
+    """(rows, bytes) of the replay buffer a brought baseline's data (the recipe's baseline block) will fill.
+    An unreadable transitions file plans with the capacity; its loader says what is wrong with it. Another
+    run's replay is planned at its file's size."""
     other = RunLayout.find(source.from_)
     if source.transitions is None and other is not None:
         size = other.replay.stat().st_size
