@@ -283,3 +283,38 @@ def test_a_dense_layer_on_a_flattened_conv_output_becomes_an_equal_per_channel_c
                if np.dtype(t["dtype"]) == np.int8 and len(t["shape"]) == 4 and t["shape"][0] == 16}
     assert kernels == {(16, 8, 8, 4): 16}
 
+
+
+def test_equalizing_the_units_that_feed_float_heads_keeps_the_q_values_and_gives_each_unit_one_range():
+    """quantize.equalize: every live unit feeding the heads spans the widest unit's range on the
+    states (the int8 tensor they share then has all its steps for each), the Q-values unchanged."""
+    from compress_dqn._tf import tf_keras
+    from compress_dqn.compress.rewrites import equalize_head_input, split_value_advantage
+    from compress_dqn.recipe.schema import QuantizeConfig
+    from compress_dqn.rl.networks import q_from_outputs
+
+    tf_keras.utils.set_random_seed(0)
+    model = split_value_advantage(tf_keras.Sequential([
+        tf_keras.Input((10, 10, 4)), tf_keras.layers.Conv2D(4, 3, activation="relu", name="conv_0"),
+        tf_keras.layers.Flatten(name="flatten"), tf_keras.layers.Dense(16, activation="relu", name="hidden_0"),
+        tf_keras.layers.Dense(3, name="q_values")]))
+    kernel, bias = model.get_layer("hidden_0").get_weights()
+    kernel[:, :4] *= 0.01  # four units with a hundredth of the others' range
+    model.get_layer("hidden_0").set_weights([kernel, bias])
+    states = np.random.default_rng(0).integers(0, 2, (300, 10, 10, 4)).astype(np.float32)
+
+    def reach(m):
+        hidden = tf_keras.Model(m.inputs, m.get_layer("hidden_0").output)(states).numpy().max(axis=0)
+        return hidden[hidden > 0]
+
+    before = reach(model)
+    assert before.min() < before.max() / 20
+    equalized = equalize_head_input(model, states)
+    np.testing.assert_allclose(reach(equalized), before.max(), rtol=1e-5)
+    np.testing.assert_allclose(q_from_outputs(equalized(states)).numpy(), q_from_outputs(model(states)).numpy(),
+                               rtol=1e-4, atol=1e-4)
+    tanh = split_value_advantage(tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(8, activation="tanh"),
+                                                      tf_keras.layers.Dense(2, name="q_values")]))
+    assert equalize_head_input(tanh, states[:, 0, 0, :]) is tanh  # tanh(s z) != s tanh(z): nothing to do
+    with pytest.raises(ValueError, match="equalize needs float_head"):
+        QuantizeConfig(mode="qat", equalize=True)

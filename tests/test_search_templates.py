@@ -123,7 +123,7 @@ def _before(name: str) -> dict[str, Any]:
     return _all_before()[name]
 
 
-ADDED_SINCE = {"student": {"from_teacher": None}, "fine_tune": {"margin_weight": 0.0}}
+ADDED_SINCE = {"student": {"from_teacher": None}, "fine_tune": {"margin_weight": 0.0}, "quantize": {"equalize": False}}
 """Variant keys added after the capture, at the default that leaves a rung as it was built then."""
 
 

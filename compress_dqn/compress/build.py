@@ -28,6 +28,7 @@ from compress_dqn.compress.details import BuildDetails, FineTune, InputNormaliza
 from compress_dqn.compress.distill import Distiller, build_student
 from compress_dqn.compress.structured import check_shrinkable, shrink_from_teacher
 from compress_dqn.compress.rewrites import (
+    equalize_head_input,
     flattened_dense_as_conv,
     input_range,
     input_statistics,
@@ -314,6 +315,8 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
         preserve = "clusters"
     observations = replay.sample_observations(q.calibration_samples)
     normalization = _input_normalization(q, info, observations, details)
+    if q.equalize:
+        model = equalize_head_input(model, observations)
     plain, seen = model, observations
     if normalization is not None:
         plain = normalize_model_input(model, normalization)

@@ -448,6 +448,11 @@ class QuantizeConfig(StrictModel):
     gaps can be below one int8 step of its advantage output (whose range spans the rare states
     where one action is far better), and int8 then ties or flips them; the heads are a few
     hundred weights (4 bytes each). TFLite Micro and the C export run the float heads as well."""
+    equalize: bool = False
+    """qat with float_head: before QAT, scale each unit feeding the float heads so that all span the
+    same range on the calibration states, the heads' weights divided to match (exact in float;
+    compress.rewrites.equalize_head_input). Why: the int8 tensor those units share has one range,
+    and most units used a few of its steps (MinAtar Space Invaders, docs/minatar.md)."""
     kernel_bits: KernelBits = Field(default_factory=dict)
     """qat: layers whose kernel trains and exports at 2-7 bits instead of 8, e.g. {hidden_0: 4}. The
     kernel keeps one scale per output unit (per_channel_dense on a CNN) and takes the 2^b-1 integers
@@ -472,6 +477,9 @@ class QuantizeConfig(StrictModel):
     def _post_training_options(self) -> QuantizeConfig:
         if self.float_head and self.mode != "qat":
             raise ValueError(f"float_head applies to mode qat only, not {self.mode}; remove it or use mode: qat")
+        if self.equalize and not self.float_head:
+            raise ValueError("equalize needs float_head: true (int8 heads would take the inverse scales into their "
+                             "weights' ranges); add float_head: true or remove equalize")
         if self.kernel_bits and self.mode != "qat":
             raise ValueError(f"kernel_bits applies to mode qat only, not {self.mode}; remove it or use mode: qat")
         if self.qat_teacher != "baseline" and self.mode != "qat":
