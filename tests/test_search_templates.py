@@ -33,6 +33,10 @@ from compress_dqn.run.ladders import ladders, variant_name  # noqa: E402
 DATA = HERE / "data"
 BEFORE = DATA / "search_ladders_before.json"
 OLD_RECIPES = DATA / "search_recipes_before"
+REWRITTEN = DATA / "search_recipes_rewritten"
+"""Shipped search recipes as they were rewritten in templates, where their search has changed since
+(minatar-breakout-search: issue 62 made its ladder the 4-bit shrunk student): the rewrite is what
+must build the old text's ladder, not the recipe that later replaced it."""
 LEGACY = DATA / "legacy-a0e684b"
 CARTPOLE, LUNAR, BREAKOUT, INVADERS = ((4,), 2), ((8,), 4), ((10, 10, 4), 3), ((10, 10, 6), 4)
 
@@ -68,6 +72,12 @@ OLD_KEY_CASES: dict[str, tuple[Path, list[str], tuple[tuple[int, ...], int]]] = 
 
 SHIPPED = {"cartpole-search": CARTPOLE, "lunarlander-search": LUNAR, "minatar-breakout-search": BREAKOUT,
            "minatar-spaceinvaders-search": INVADERS}
+
+
+def rewritten(name: str) -> Path:
+    """The shipped recipe `name` as issue 60 rewrote it in templates (REWRITTEN's copy where one is kept)."""
+    frozen = REWRITTEN / f"{name}.yaml"
+    return frozen if frozen.exists() else HERE.parent / "recipes" / f"{name}.yaml"
 
 
 def cli_search_recipe(flat: bool) -> dict[str, Any]:
@@ -159,7 +169,8 @@ def test_the_shipped_search_recipes_are_written_in_templates_and_build_their_old
     shipped = {path.stem for path in (HERE.parent / "recipes").glob("*.yaml") if (read_yaml(path) or {}).get("search")}
     assert shipped == set(SHIPPED)
     for name, shape in SHIPPED.items():
-        path = HERE.parent / "recipes" / f"{name}.yaml"
+        assert not set(read_yaml(HERE.parent / "recipes" / f"{name}.yaml")["search"]) & OLD_KEYS, f"{name}: old keys"
+        path = rewritten(name)
         assert not set(read_yaml(path)["search"]) & OLD_KEYS, f"{name}: written in the old keys"
         recipe = load_recipe(path)
         assert recipe.to_dict() == load_recipe(OLD_RECIPES / f"{name}.yaml").to_dict(), name
@@ -243,7 +254,7 @@ def test_an_old_key_set_on_a_rewritten_recipe_means_what_it_meant_on_the_old_tex
     shape = SHIPPED[name]
     for overrides in sets:
         old = load_recipe(OLD_RECIPES / f"{name}.yaml", overrides)
-        new = load_recipe(HERE.parent / "recipes" / f"{name}.yaml", overrides)
+        new = load_recipe(rewritten(name), overrides)
         assert _built(new, shape) == _built(old, shape), overrides
         assert new.to_dict() == old.to_dict(), overrides
 
