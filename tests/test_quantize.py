@@ -290,8 +290,9 @@ def test_equalizing_the_units_that_feed_float_heads_keeps_the_q_values_and_gives
     states (the int8 tensor they share then has all its steps for each), the Q-values unchanged."""
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.rewrites import equalize_head_input, split_value_advantage
-    from compress_dqn.recipe.schema import QuantizeConfig
+    from compress_dqn.recipe.schema import QuantizeConfig, VariantConfig
     from compress_dqn.rl.networks import q_from_outputs
+    from compress_dqn.run.ladders import variant_name
 
     tf_keras.utils.set_random_seed(0)
     model = split_value_advantage(tf_keras.Sequential([
@@ -318,3 +319,6 @@ def test_equalizing_the_units_that_feed_float_heads_keeps_the_q_values_and_gives
     assert equalize_head_input(tanh, states[:, 0, 0, :]) is tanh  # tanh(s z) != s tanh(z): nothing to do
     with pytest.raises(ValueError, match="equalize needs float_head"):
         QuantizeConfig(mode="qat", equalize=True)
+    rung = VariantConfig(name="x", prune={"sparsity": 0.95},
+                         quantize={"mode": "qat", "float_head": True, "equalize": True})
+    assert variant_name(rung) == "prune-95-qat-int8-float-heads-eq"  # a search keys its builds by this name

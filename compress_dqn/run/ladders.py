@@ -101,8 +101,8 @@ def parse_student(text: str) -> list[int] | StudentConfig:
 def variant_name(variant: VariantConfig) -> str:
     """A rung's name from its settings: what it is built from (student-32x32, prune-90, or the
     baseline), cl8 for clusters, then its quantization: qat-int8 (cqat-int8 clustered) with any
-    low-bit kernels (hidden_0-4bit), float-heads, eq (equalized) and self (QAT to its own float weights), or the
-    post-training mode (int8, dynamic, float16; ptq-int8 on the baseline). Runs key builds by name,
+    low-bit kernels (hidden_0-4bit), float-heads, eq (its units equalized) and self (QAT to its own
+    float weights), or the post-training mode (int8, dynamic, float16; ptq-int8 on the baseline). Runs key builds by name,
     so these stay as the search has always named them."""
     parts = ([student_name(variant.student)] if variant.student else []) + (
         [f"prune-{100 * variant.prune.sparsity:g}"] if variant.prune else [])
@@ -112,7 +112,8 @@ def variant_name(variant: VariantConfig) -> str:
     if quantize and quantize.mode == "qat":
         parts.append("cqat-int8" if variant.cluster else "qat-int8")
         parts += [f"{layer}-{bits}bit" for layer, bits in quantize.kernel_bits.items()]
-        parts += ["float-heads"] * quantize.float_head + ["eq"] * quantize.equalize + ["self"] * (quantize.qat_teacher == "float")
+        parts += ["float-heads"] * quantize.float_head + ["eq"] * quantize.equalize
+        parts += ["self"] * (quantize.qat_teacher == "float")
     elif quantize:
         parts.append(quantize.mode if parts else f"ptq-{quantize.mode}")
     return "-".join(parts)
