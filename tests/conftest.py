@@ -141,8 +141,9 @@ trains in-process in seconds, so its 34 tests spread over the workers, each trai
 
 MODULE_SHARED = {"test_micro.py": "policies", "test_tflite_metadata.py": "policies", "test_measure.py": "artifacts",
                  "test_pipeline.py": "tiny_baseline"}
-"""Module fixtures that convert several TensorFlow models or train a baseline (seconds each): the tests of a module that use one
-run in one worker (an xdist group), which builds it once instead of every worker that ran one of them."""
+"""Module fixtures that convert several TensorFlow models or train a baseline (seconds each): the tests of a
+module that use one run in one worker (an xdist group), which builds it once instead of every worker that
+ran one of them."""
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

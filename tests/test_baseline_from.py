@@ -68,7 +68,8 @@ def test_compress_shortcut_and_transitions_file(saved_model_file, tmp_path):
 
     result = CliRunner().invoke(main, ["compress", str(path), "--env", "CartPole-v1", "--variants", "ptq-int8,prune-80",
                                        "--transitions", str(data), "--episodes", "3", "--max-episodes", "3",
-                                       "--set", "variants.prune-80.fine_tune.steps=300", "--set", NO_TF_MEMORY, "--set", IN_PROCESS,
+                                       "--set", "variants.prune-80.fine_tune.steps=300", "--set", NO_TF_MEMORY,
+                                       "--set", IN_PROCESS,
                                        "--out", str(tmp_path / "run"),
                                        "--quiet"])
     assert result.exit_code == 0, result.output

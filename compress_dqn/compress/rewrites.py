@@ -103,11 +103,13 @@ def equalize_head_input(model: tf_keras.Model, observations: np.ndarray) -> tf_k
     if (not isinstance(feeding, (tf_keras.layers.Dense, tf_keras.layers.Conv2D))
             or feeding.get_config().get("activation") != "relu"):
         return model
-    features = tf_keras.Model(model.inputs, feeding.output)
+    # The heads' input, as with_action_head reads it.
+    features = tf_keras.Model(model.inputs, heads[0].input)
     reach = features(np.asarray(observations, dtype=np.float32)).numpy()
     reach = reach.reshape(-1, reach.shape[-1]).max(axis=0)
-    # Units that never fire on these states keep their weights: no range to match.
-    scale = np.where(reach > 0, reach.max() / np.where(reach > 0, reach, 1.0), 1.0).astype(np.float32)
+    scale = np.ones_like(reach, dtype=np.float32)
+    live = reach > 0  # units that never fire on these states keep their weights: no range to match
+    scale[live] = reach.max() / reach[live]
     copy = independent_copy(model)
     kernel, bias = feeding.get_weights()
     copy.get_layer(feeding.name).set_weights([kernel * scale, bias * scale])

@@ -126,8 +126,8 @@ def load_transitions(path: str | Path, info: EnvInfo, capacity: int, seed: int) 
             raise UserError(f"baseline.transitions: {path}: {key} must be booleans (or 0/1)")
     if n < 2:
         raise UserError(f"baseline.transitions: {path}: holds {n} transitions; at least 2 are needed")
-    replay = ReplayBuffer(transition_rows(capacity, n, info.frame_stack), info.obs_shape, info.obs_dtype, info.n_actions,
-                          seed, frame_stack=info.frame_stack)
+    replay = ReplayBuffer(transition_rows(capacity, n, info.frame_stack), info.obs_shape, info.obs_dtype,
+                          info.n_actions, seed, frame_stack=info.frame_stack)
     for i in range(n):
         try:
             replay.add(arrays["observations"][i], int(actions[i]), float(arrays["rewards"][i]),

@@ -102,8 +102,8 @@ def variant_name(variant: VariantConfig) -> str:
     """A rung's name from its settings: what it is built from (student-32x32, prune-90, or the
     baseline), cl8 for clusters, then its quantization: qat-int8 (cqat-int8 clustered) with any
     low-bit kernels (hidden_0-4bit), float-heads, eq (its units equalized) and self (QAT to its own
-    float weights), or the post-training mode (int8, dynamic, float16; ptq-int8 on the baseline). Runs key builds by name,
-    so these stay as the search has always named them."""
+    float weights), or the post-training mode (int8, dynamic, float16; ptq-int8 on the baseline).
+    Runs key builds by name, so these stay as the search has always named them."""
     parts = ([student_name(variant.student)] if variant.student else []) + (
         [f"prune-{100 * variant.prune.sparsity:g}"] if variant.prune else [])
     if variant.cluster:
