@@ -29,3 +29,16 @@ def test_a_model_that_leaves_no_flash_for_the_runtime_does_not_fit_32_kb():
     though TFLM's ~22 KB of code leaves a 32 KB part no room for an 11 KB model."""
     (line,) = [x for x in headline(_with_micro(11_000, 2_000)) if x.startswith("Fits a microcontroller")]
     assert line.startswith("Fits a microcontroller with 256 KB of RAM and 256 KB of flash")
+
+
+def test_a_fits_line_says_when_the_policy_keeps_float_q_value_heads():
+    """A QAT policy with float heads runs float kernels after its int8 body: the line says so, and
+    says nothing of the kind for an int8 policy whose head is int8 too."""
+    results = _with_micro(9_000, 8_000)
+    (plain,) = [x for x in headline(results) if x.startswith("Fits a microcontroller")]
+    assert "float" not in plain and plain.endswith("memory_footprint README).")
+    for variant in results.variants:
+        variant.compression = {"quantize": {"mode": "qat", "float_head": True}}
+    (line,) = [x for x in headline(results) if x.startswith("Fits a microcontroller")]
+    assert line.endswith("int8 activations up to its Q-value heads, which stay float (a DEQUANTIZE, then TFLite "
+                         "Micro's float kernels).")

@@ -360,6 +360,13 @@ def post_training_int8(v: VariantResult) -> bool:
             and not fields.get("cluster") and not fields.get("fine_tune"))
 
 
+def has_float_heads(v: VariantResult) -> bool:
+    """A QAT policy whose Q-value heads stay float on its int8 body (quantize.float_head): the reader
+    of a microcontroller figure needs to know the file carries float kernels."""
+    fields = (v.compression.model_extra or {}) if v.compression is not None else {}
+    return bool((fields.get("quantize") or {}).get("float_head"))
+
+
 class FloatHeadPolicy:
     """A post-training int8 policy were its Q-head float: LiteRT runs the file keeping every tensor, the head's int8
     input is dequantized and multiplied by the baseline's float output layer (the file's split heads take the same
