@@ -360,11 +360,14 @@ def post_training_int8(v: VariantResult) -> bool:
             and not fields.get("cluster") and not fields.get("fine_tune"))
 
 
-def has_float_heads(v: VariantResult) -> bool:
-    """A QAT policy whose Q-value heads stay float on its int8 body (quantize.float_head): the reader
-    of a microcontroller figure needs to know the file carries float kernels."""
+def float_heads_note(v: VariantResult) -> str:
+    """The end of a microcontroller figure's sentence: where a QAT policy's Q-value heads stay float on
+    its int8 body (quantize.float_head), the reader needs to know the file carries float kernels."""
     fields = (v.compression.model_extra or {}) if v.compression is not None else {}
-    return bool((fields.get("quantize") or {}).get("float_head"))
+    if not (fields.get("quantize") or {}).get("float_head"):
+        return "."
+    return ("; int8 activations up to its Q-value heads, which stay float (a DEQUANTIZE, then TFLite Micro's "
+            "float kernels).")
 
 
 class FloatHeadPolicy:

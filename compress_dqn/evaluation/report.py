@@ -297,9 +297,7 @@ def headline(results: RunResults) -> list[str]:
             f"(RAM: {find.micro_arena(fit.best):,} B tensor arena with margin; flash: {find.micro_flash(fit.best):,} B "
             f"model + ~{fit.runtime_bytes // 1024} KB of TFLite Micro's own code with a keyword model's kernels, its "
             "original README's figure; 9,732 B without kernels, its memory_footprint README)"
-            + ("; int8 activations up to its Q-value heads, which stay float (a DEQUANTIZE, then TFLite Micro's float "
-               "kernels)." if find.has_float_heads(fit.best) else ".")
-        )
+            + find.float_heads_note(fit.best))
     if found.c_smallest is not None:
         lines.append(_c_line(found.c_smallest))
     if found.search_winner:
