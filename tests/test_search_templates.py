@@ -35,8 +35,9 @@ BEFORE = DATA / "search_ladders_before.json"
 OLD_RECIPES = DATA / "search_recipes_before"
 REWRITTEN = DATA / "search_recipes_rewritten"
 """Shipped search recipes as they were rewritten in templates, where their search has changed since
-(minatar-breakout-search: issue 62 made its ladder the 4-bit shrunk student): the rewrite is what
-must build the old text's ladder, not the recipe that later replaced it."""
+(issue 62 made minatar-breakout-search's ladder the 4-bit shrunk student, and
+minatar-spaceinvaders-search's the 95% pruning with int8 activations): the rewrite is what must
+build the old text's ladder, not the recipe that later replaced it."""
 LEGACY = DATA / "legacy-a0e684b"
 CARTPOLE, LUNAR, BREAKOUT, INVADERS = ((4,), 2), ((8,), 4), ((10, 10, 4), 3), ((10, 10, 6), 4)
 
