@@ -323,9 +323,14 @@ def loses_return(v: VariantResult) -> bool:
     return v.return_vs_baseline is not None and not v.verdict.keeps_return
 
 
+def _recipe_fields(v: VariantResult) -> dict:
+    """The variant's recipe blocks as results.json keeps them (quantize, student, prune...); none for the baseline."""
+    return (v.compression.model_extra or {}) if v.compression is not None else {}
+
+
 def is_student(v: VariantResult) -> bool:
     """A distilled student: its recipe has a `student` block (a file before blocks were kept: its preset's name)."""
-    if v.compression is not None and (v.compression.model_extra or {}).get("student"):
+    if _recipe_fields(v).get("student"):
         return True
     return v.name.startswith("student-")
 
@@ -354,7 +359,7 @@ def head_step(tflite: Path | Any) -> float | None:
 
 def post_training_int8(v: VariantResult) -> bool:
     """The baseline's own weights quantized after training (ptq-int8): no student, pruning, clustering or fine-tune."""
-    fields = (v.compression.model_extra or {}) if v.compression is not None else {}
+    fields = _recipe_fields(v)
     quantize = fields.get("quantize") or {}
     return (quantize.get("mode") == "int8" and not fields.get("student") and not fields.get("prune")
             and not fields.get("cluster") and not fields.get("fine_tune"))
@@ -363,8 +368,7 @@ def post_training_int8(v: VariantResult) -> bool:
 def float_heads_note(v: VariantResult) -> str:
     """The end of a microcontroller figure's sentence: where a QAT policy's Q-value heads stay float on
     its int8 body (quantize.float_head), the reader needs to know the file carries float kernels."""
-    fields = (v.compression.model_extra or {}) if v.compression is not None else {}
-    if not (fields.get("quantize") or {}).get("float_head"):
+    if not (_recipe_fields(v).get("quantize") or {}).get("float_head"):
         return "."
     return ("; int8 activations up to its Q-value heads, which stay float (a DEQUANTIZE, then TFLite Micro's "
             "float kernels).")
