@@ -3,7 +3,8 @@
 Every policy plays episode i on seed `seed + i`, so verdicts are paired; the sequential looks
 extend that range (episodes, doubling, up to max_episodes); the held-out episodes, whose states
 measure action agreement, play seeds that no evaluation touches. Stages ask this object for their
-seeds instead of adding recipe fields themselves.
+seeds instead of adding recipe fields themselves; the ranges themselves are the recipe's
+(EvalConfig.seed_range and heldout_range, recipe.seed_range.SeedRange), which its overlap checks use.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compress_dqn.evaluation.verdicts import sequential_plan
-from compress_dqn.recipe.schema import EvalConfig
+from compress_dqn.recipe.schema import EvalConfig, SeedRange
 
 
 @dataclass(frozen=True)
@@ -19,14 +20,28 @@ class EvalRanges:
     """The seeds of a run's evaluation episodes, its looks and its held-out episodes."""
 
     episodes: int
-    seed: int
     max_episodes: int | None
-    heldout_seed: int
-    heldout_episodes: int
+    evaluation: SeedRange
+    """Every look's episodes (EvalConfig.seed_range)."""
+    heldout_range: SeedRange
+    """The held-out episodes (EvalConfig.heldout_range)."""
 
     @classmethod
     def of(cls, cfg: EvalConfig) -> EvalRanges:
-        return cls(cfg.episodes, cfg.seed, cfg.max_episodes, cfg.heldout_seed, cfg.heldout_episodes)
+        return cls(cfg.episodes, cfg.max_episodes, cfg.seed_range, cfg.heldout_range)
+
+    @property
+    def seed(self) -> int:
+        """The first evaluation seed."""
+        return self.evaluation.start
+
+    @property
+    def heldout_seed(self) -> int:
+        return self.heldout_range.start
+
+    @property
+    def heldout_episodes(self) -> int:
+        return len(self.heldout_range)
 
     @property
     def first(self) -> range:
@@ -50,4 +65,4 @@ class EvalRanges:
     @property
     def heldout(self) -> range:
         """The held-out episodes' seeds (action agreement; no calibration, fine-tune or verdict plays them)."""
-        return range(self.heldout_seed, self.heldout_seed + self.heldout_episodes)
+        return self.heldout_range.seeds
