@@ -14,7 +14,7 @@ import click
 
 from compress_dqn import __version__
 from compress_dqn.errors import UserError, WriteRefused, refusal_errno
-from compress_dqn.recipe.presets import VARIANT_PRESETS, preset_for, search_defaults
+from compress_dqn.recipe.presets import VARIANT_PRESETS, preset_for, search_block
 
 EXIT_USAGE = 2
 _MAX_MESSAGE = 1000
@@ -213,8 +213,7 @@ def search(model: Path, env_id: str, out: Path | None, transitions: Path | None,
     made = recipe_for_model(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, max_episodes, seed)
     data = made.data
     data["eval"] = {**data["eval"], "tolerance": tolerance}
-    data["search"] = {"objective": objective, "students": widths, "sparsities": targets, "prune_exclude": made.keep_dense,
-                      **search_defaults(made.flat)}
+    data["search"] = search_block(objective, widths, targets, made.keep_dense, made.flat)
     recipe = recipe_from_data(data, "search", overrides)
     _echo_outcome(run_recipe(recipe, out or Path("runs") / f"{data['name']}-search", quiet=quiet,
                              log=lambda m: click.echo(m, err=True)))

@@ -25,7 +25,7 @@ from conftest import MINATAR, TINY  # noqa: E402
 import pytest  # noqa: E402
 
 from compress_dqn.errors import UserError  # noqa: E402
-from compress_dqn.recipe.presets import search_defaults  # noqa: E402
+from compress_dqn.recipe.presets import search_block, search_defaults  # noqa: E402
 from compress_dqn.recipe.safe_yaml import read_yaml  # noqa: E402
 from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig, load_recipe, recipe_from_data  # noqa: E402
 from compress_dqn.run.ladders import ladders, variant_name  # noqa: E402
@@ -301,6 +301,19 @@ def test_a_search_that_cannot_be_built_is_refused_in_one_line_naming_the_fix(sea
 OLD_KEYS = {"student_quantize", "student_fine_tune", "student_candidates", "student_cluster", "student_kernel_bits",
             "prune_exclude", "prune_fine_tune", "prune_quantize", "prune_sparse_format", "qat_steps",
             "qat_learning_rate", "qat_float_head", "qat_teacher"}
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_compress_dqn_search_writes_the_current_keys_and_builds_what_the_old_ones_did(flat):
+    """cli.py's search writes pruned.prune.exclude, not prune_exclude: the same recipe and ladder, no old key."""
+    shape, old = (CARTPOLE if flat else BREAKOUT), cli_search_recipe(flat)
+    keep = old["search"]["prune_exclude"]
+    block = search_block("gzip_bytes", old["search"]["students"], old["search"]["sparsities"], keep, flat)
+    assert not set(block) & OLD_KEYS and block["pruned"]["prune"] == {"exclude": keep}
+    before = recipe_from_data({**old, "search": {**old["search"], **search_defaults(flat)}})  # old keys, today's defaults
+    after = recipe_from_data({**old, "search": block})
+    assert after.to_dict() == before.to_dict()
+    assert _built(after, shape) == _built(before, shape)
 
 
 def test_the_search_block_holds_what_varies_and_one_template_a_family():

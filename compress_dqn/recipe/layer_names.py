@@ -1,5 +1,5 @@
 """The Q-network's layer names: a recipe names layers (prune and cluster `exclude`, the search's
-`prune_exclude`) that rl/networks.py builds, so both read them from here."""
+`pruned.prune.exclude`) that rl/networks.py builds, so both read them from here."""
 
 from __future__ import annotations
 

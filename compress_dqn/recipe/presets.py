@@ -1,4 +1,4 @@
-"""Named compression variants for `compress-dqn compress --variants`: the shipped recipes' choices.
+"""Named variants for `compress-dqn compress --variants`, and the search block of `compress-dqn search`.
 
 Plain data, so the CLI lists them without importing TensorFlow. They carry what recovered the
 return on LunarLander, where CartPole's settings did not (recipes/lunarlander.yaml, docs/lunarlander.md):
@@ -68,3 +68,12 @@ def preset_for(name: str, keep_dense: list[str], flat_observations: bool = True)
 def search_defaults(flat_observations: bool = True) -> dict[str, Any]:
     """SEARCH_DEFAULTS for a task (see _for_task)."""
     return _for_task(SEARCH_DEFAULTS, flat_observations)
+
+
+def search_block(objective: str, students: list[Any], sparsities: list[float], keep_dense: list[str],
+                 flat_observations: bool = True) -> dict[str, Any]:
+    """The search block `compress-dqn search` writes, in the current keys: search_defaults, with
+    keep_dense left dense in the pruned family (pruned.prune.exclude)."""
+    block = search_defaults(flat_observations)
+    block["pruned"] = {**block.get("pruned", {}), "prune": {"exclude": list(keep_dense)}}
+    return {"objective": objective, "students": students, "sparsities": sparsities, **block}
