@@ -133,6 +133,22 @@ class Touch(L.Layer):
         return {**super().get_config(), "marker": self.marker}
 
 
+@keras.saving.register_keras_serializable(package="evil")
+class TouchModel(keras.Model):
+    """A subclassed Q-network whose forward pass writes the sentinel."""
+
+    def __init__(self, marker: str = "", **kwargs):
+        super().__init__(**kwargs)
+        self.marker, self.dense = marker, L.Dense(2)
+
+    def call(self, x):
+        Path(self.marker).write_text("ran")
+        return self.dense(x)
+
+    def get_config(self):
+        return {"marker": self.marker}
+
+
 def _edited(source: Path, target: Path, edit) -> Path:
     """A copy of a .keras zip whose config.json went through edit(config)."""
     with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
@@ -153,6 +169,9 @@ def test_code_in_a_file_is_refused_by_name_and_never_runs(files, tmp_path, monke
                      name="transpose")
     with_lambda = keras.Sequential([keras.Input((4,)), touch, L.Dense(2)])
     with_custom = keras.Sequential([keras.Input((4,)), Touch(str(marker), name="touch"), L.Dense(2)])
+    subclassed = TouchModel(str(marker))
+    subclassed(FLAT_STATES[:1])
+    subclassed.save(tmp_path / "subclassed.keras")
     for model, stem in [(with_lambda, "lambda"), (with_custom, "custom")]:
         model.save(tmp_path / f"{stem}.keras")
         model.save(tmp_path / f"{stem}.h5")
@@ -166,6 +185,7 @@ def test_code_in_a_file_is_refused_by_name_and_never_runs(files, tmp_path, monke
              ("lambda.h5", "layer transpose is a Lambda"),
              ("custom.keras", "layer touch is a custom object \\(evil>Touch\\)"),
              ("custom.h5", "layer touch is a custom object"),
+             ("subclassed.keras", "the model is a TouchModel \\(a subclassed model's forward pass is Python code"),
              (outside.name, "layer dense\\w* is a LSTM, which is not ported"),
              (foreign.name, "layer dense\\w* names os.system, which is not a Keras built-in")]
     for name, fragment in cases:

@@ -88,7 +88,9 @@ def check_layer(layer: Any, label: str, takes_input: bool) -> dict:
                         f"of {', '.join(LAYERS[:-1])} (Mean in a dueling head)")
     if cls == "Mean" and layer.get("module") not in (None, "keras.src.ops.numpy"):
         raise UserError(f"{label}: layer {name} is a Mean from {layer.get('module')}; only keras.ops.mean is ported")
-    _check_nested(layer["config"], f"layer {name}", label)
+    for key, value in layer.items():  # its config, inbound nodes and build config: Keras would deserialize them all
+        if key not in ("class_name", "module", "registered_name"):
+            _check_nested(value, f"layer {name}", label)
     return layer
 
 
@@ -149,7 +151,8 @@ def read_graph(config: dict, label: str) -> Graph:
     """The checked graph of a Keras 3 model config (the top-level object of config.json or model_config)."""
     cls = config.get("class_name")
     body = config.get("config")
-    if cls not in MODELS or not isinstance(body, dict) or not isinstance(body.get("layers"), list):
+    if (cls not in MODELS or not isinstance(body, dict) or not isinstance(body.get("layers"), list)
+            or config.get("registered_name") not in (None, cls) or not _keras_module(config.get("module"))):
         raise UserError(f"{label}: the model is a {cls} (a subclassed model's forward pass is Python code, not in the "
                         "file); build the Q-network as keras.Sequential or a functional keras.Model")
     _check_nested({k: v for k, v in body.items() if k != "layers"}, "the model's config", label)
