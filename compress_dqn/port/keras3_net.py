@@ -179,13 +179,15 @@ class Folder:
 
     def _absorb(self, kernel: np.ndarray, bias: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
         scale, offset = self.pending
-        self.pending = None
-        self.notes.append(f"{', '.join(self.folding)} folded into {name}")
-        self.folding = []
+        self.pending, folding, self.folding = None, self.folding, []
         if not self.layers and len(self.shape) == 3 and np.all(scale == scale.reshape(-1)[0]) and scale.reshape(-1)[0] > 0:
             self.input_scale = float(scale.reshape(-1)[0])  # kept as the input Rescaling: uint8 frames in
             scale = np.ones_like(scale)
-            self.notes.append(f"observations scaled by {self.input_scale:.6g} in the network, as the model's input layers do")
+            self.notes.append(f"observations scaled by {self.input_scale:.6g} in the network's input Rescaling "
+                              f"({', '.join(folding)})")
+            if not np.any(offset):
+                return kernel, bias
+        self.notes.append(f"{', '.join(folding)} folded into {name}")
         if kernel.ndim == 2:
             scale, offset = scale.reshape(-1), offset.reshape(-1)
             return kernel * scale[:, None], bias + offset @ kernel
