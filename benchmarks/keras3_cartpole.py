@@ -12,6 +12,10 @@ that played best on evaluation episodes. Saves them with `model.save("q.keras")`
 with a distilled int8 student (student-32x32-qat-int8) decided at a 1% tolerance, the .h5 with
 dynamic-range quantization (ptq-dynamic). Prints one JSON line of training figures, one per file,
 then a summary.
+
+One run (seed 0, keras 3.15.1, 2 shared CPU cores): best evaluation return 330 after 50,000 steps
+(286 s); both files ported with max |dQ| 0.0 and agreement 1.000 on 512 states; baseline 329.15 over
+100 episodes; the student 500.0, decided "better" at 1%; ptq-dynamic on the .h5 322.01, "worse".
 """
 
 from __future__ import annotations
