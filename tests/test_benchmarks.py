@@ -229,3 +229,18 @@ def test_structured_ranks_starts_students_fresh_and_narrowed_and_distils_them():
     assert [(r["student"]["net_arch"], r["start"]) for r in rows] == [([8, 8], "fresh"), ([8, 8], "gap")]
     for row in rows:
         assert row["steps"] == 50 and 0 <= row["agreement_after"]["decisive"] <= 1 and row["distill_seconds"] > 0
+
+
+def test_keras3_cartpole_trains_in_keras3_and_compresses_its_keras_and_h5_files(tmp_path):
+    """Smoke size: a 16-unit Keras 3 DQN, 1,500 steps; its .keras and .h5 through compress, each port-checked
+    against Keras 3, the .keras with a 300-step student decided at 1%."""
+    pytest.importorskip("keras", minversion="3")
+    trained, keras_file, h5, summary = bench("keras3_cartpole", "--out", str(tmp_path / "k3"))
+    assert trained["steps"] == 1500 and trained["keras_version"].startswith("3.") and not trained["summary"]
+    assert [keras_file["file"], h5["file"]] == ["q.keras", "q.h5"]
+    for row, kind in ((h5, "h5"), (keras_file, "keras")):
+        assert row["ported"] and row["port_check"]["format"] == f"a Keras 3 .{kind} file", row
+        assert row["port_check"]["runtime"].startswith("keras 3.") and row["port_check"]["max_abs_q_diff"] <= 1e-4
+    assert keras_file["variants"][0]["name"] == "student-32x32-qat-int8" and keras_file["variants"][0]["tolerance"] == 0.01
+    assert summary["summary"] and summary["ported"] == 2 and summary["student_verdict"] in (
+        "within 1%", "worse", "better", "inconclusive")

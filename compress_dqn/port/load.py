@@ -4,7 +4,7 @@ The kind is decided once, here, from what the file is (zip members, magic bytes)
 only as a tie-breaker: an RL Zoo download renamed .pt, or a .keras that is really HDF5, still goes
 to the right reader. Each foreign format becomes a PortedNet and one builder makes the Keras model.
 `reference_of` gives the source's own runtime (torch, SB3, onnxruntime) for the port check, or the
-reason it cannot run here.
+reason it cannot run here. A file saved by Keras 3, which tf_keras cannot load, is ported too.
 """
 
 from __future__ import annotations
@@ -19,18 +19,20 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.errors import UserError
-from compress_dqn.port import cleanrl, onnx_net, sb3
+from compress_dqn.port import cleanrl, keras3, onnx_net, sb3
+from compress_dqn.port.keras3_file import is_keras3
 from compress_dqn.port.spec import build_keras
 from compress_dqn.port.tensor_pickle import read_file, read_state_dict
 
-KINDS = {"sb3": "a Stable-Baselines3 DQN zip", "torch": "a PyTorch state dict", "onnx": "an ONNX model"}
+KINDS = {"sb3": "a Stable-Baselines3 DQN zip", "torch": "a PyTorch state dict", "onnx": "an ONNX model",
+         "keras3": "a Keras 3 model file"}
 
 
 def file_kind(path: Path) -> str:
-    """'keras' (a .keras/.h5 file or SavedModel directory; a run directory is told apart before),
-    'sb3', 'torch' or 'onnx'."""
+    """'keras' (a tf_keras .keras/.h5 file or SavedModel directory; a run directory is told apart before),
+    'keras3' (saved by Keras 3, or its model.export() directory), 'sb3', 'torch' or 'onnx'."""
     if path.is_dir():
-        return "keras"
+        return "keras3" if is_keras3(path) else "keras"
     if not path.is_file():  # a FIFO or device would block or never end
         raise UserError(f"baseline.from: {path}: not a regular file; give a model file or a SavedModel directory")
     try:
@@ -39,7 +41,7 @@ def file_kind(path: Path) -> str:
     except OSError as exc:
         raise UserError(f"baseline.from: {path}: cannot be read ({exc.strerror}); check its permissions") from None
     if head.startswith(b"\x89HDF"):
-        return "keras"
+        return "keras3" if is_keras3(path) else "keras"
     if zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as archive:
@@ -53,7 +55,7 @@ def file_kind(path: Path) -> str:
                             "one); expected a Stable-Baselines3 model.save() zip")
         if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
             return "torch"
-        return "keras"
+        return "keras3" if is_keras3(path) else "keras"
     if path.suffix == ".onnx":
         return "onnx"
     if path.suffix in (".pt", ".pth", ".cleanrl_model"):
@@ -93,8 +95,11 @@ def _version(module: str) -> str:
 
 
 def read_port(path: Path, info: Any, kind: str) -> Port:
-    """Read a foreign policy file into a PortedNet (no torch, SB3 or onnxruntime needed)."""
+    """Read a foreign policy file into a PortedNet (no torch, SB3, onnxruntime or Keras 3 needed)."""
 
+    if kind == "keras3":
+        net, transposed, fmt = keras3.read_keras3(path, tuple(info.obs_shape))
+        return Port(kind, net, lambda: keras3.reference(path, transposed), keras3.keras3_version, fmt)
     data = read_file(path)
     label = f"baseline.from: {path}"
     if kind == "sb3":
