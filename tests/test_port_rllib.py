@@ -77,6 +77,7 @@ def test_what_the_port_cannot_fold_is_refused_in_one_line(tmp_path, source, file
     with pytest.raises(UserError) as caught:
         load_model(path, CARTPOLE)
     assert said in str(caught.value) and "\n" not in str(caught.value)
+    assert "ray" not in sys.modules  # the classes the pickles name stayed records
 
 
 class Payload:
