@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -86,9 +87,10 @@ def train(out: Path, iterations: int, seed: int) -> dict:
     algo = build([64, 64], "tanh", True, seed)
     start = time.perf_counter()
     history = []
-    for _ in range(iterations):
+    for i in range(iterations):
         result = algo.train()
         history.append(result.get("env_runners", {}).get("episode_return_mean"))
+        print(f"iteration {i + 1}: episode_return_mean {history[-1]}", file=sys.stderr, flush=True)
     seconds = time.perf_counter() - start
     checkpoint = algo.save_to_path(str((out / "checkpoint").absolute()))
     module = algo.get_module()
