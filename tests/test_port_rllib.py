@@ -103,3 +103,25 @@ def test_a_pickle_naming_any_other_class_is_refused_and_nothing_runs(tmp_path, f
         load_model(path, CARTPOLE)
     assert "system" in str(caught.value) and "refused" in str(caught.value) and "\n" not in str(caught.value)
     assert not marker.exists() and "ray" not in sys.modules
+
+
+def test_dueling_heads_with_hidden_layers_fold_exactly():
+    """head_fcnet_hiddens: each stream's hidden layers run side by side in one wider layer (block-diagonal)."""
+    from compress_dqn.port.rllib import _fold_heads
+
+    rng = np.random.default_rng(0)
+
+    def stack(widths):
+        return [(rng.normal(size=(o, i)), rng.normal(size=o)) for i, o in zip(widths[:-1], widths[1:])]
+
+    af, vf = stack([6, 5, 4, 3]), stack([6, 7, 2, 1])
+    h = rng.normal(size=(20, 6))
+
+    def run(layers, x):
+        for n, (w, b) in enumerate(layers):
+            x = x @ w.T + b
+            x = np.maximum(x, 0) if n < len(layers) - 1 else x
+        return x
+
+    a = run(af, h)
+    assert np.abs(run(_fold_heads(af, vf, 3), h) - (a - a.mean(axis=1, keepdims=True) + run(vf, h))).max() < 1e-12
