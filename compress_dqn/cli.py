@@ -149,8 +149,8 @@ def compress(model: Path, env_id: str, variants: str, out: Path | None, transiti
              epsilon: float, frame_stack: int, episodes: int, max_episodes: int, seed: int, quiet: bool,
              overrides: tuple[str, ...]) -> None:
     """Compress a Q-network trained elsewhere (.keras, .h5, Keras SavedModel, Stable-Baselines3 DQN or
-    sb3-contrib QR-DQN .zip of any SB3 release, PyTorch state dict .pt/.pth/.cleanrl_model, .onnx, or a
-    compress-dqn run directory): a one-off recipe.
+    sb3-contrib QR-DQN .zip of any SB3 release, PyTorch state dict .pt/.pth/.cleanrl_model, .onnx, a
+    TF-Agents PolicySaver directory, an RLlib DQN checkpoint, or a compress-dqn run directory): a one-off recipe.
 
     The run directory's recipe.yaml is the recipe this made; `compress-dqn run` takes it as is.
     """

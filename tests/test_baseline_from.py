@@ -95,7 +95,7 @@ def test_mismatched_models_and_data_are_refused(saved_model_file, tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     cartpole = env_info(make_env("CartPole-v1"), "CartPole-v1")
     for bad, fragment in [(tmp_path / "missing.keras", "no such file"), (tmp_path / "notes.txt", "expected a .keras or .h5"),
-                          (tmp_path, "cannot load")]:
+                          (tmp_path, r"a directory that is no compress-dqn run, no SavedModel \(no saved_model.pb\)")]:
         with pytest.raises(UserError, match=fragment):
             load_model(bad, cartpole)
     broken = tmp_path / "broken.keras"

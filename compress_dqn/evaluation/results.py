@@ -88,8 +88,9 @@ class PortCheck(OpenRecord):
         if not self.checked:
             line = f"Port from {self.format}: {self.reason}."
         else:
+            dq = "not measurable (it gives actions)" if self.max_abs_q_diff is None else f"{self.max_abs_q_diff:.2g}"
             line = (f"Port from {self.format} checked against {self.runtime} on {self.states} states: largest "
-                    f"|dQ| {self.max_abs_q_diff:.2g}, greedy-action agreement {self.action_agreement:.3f}.")
+                    f"|dQ| {dq}, greedy-action agreement {self.action_agreement:.3f}.")
         return " ".join([line, *(note for note in self.notes if note.startswith(ATARI_NOTE))])
 
 

@@ -2,8 +2,9 @@
 
 An importer can be wrong in ways no shape check sees (a transposed kernel, a flatten order, a
 missed /255), so every port runs the original file in its own runtime (SB3's QNetwork on torch,
-torch, onnxruntime) on the same observations and records the largest absolute Q difference and
-how often the greedy actions agree. Without that runtime the record says the port was not
+torch, onnxruntime, a SavedModel's `action` signature) on the same observations and records the
+largest absolute Q difference and how often the greedy actions agree (agreement alone where the
+source gives actions, not Q-values). Without that runtime the record says the port was not
 cross-checked and why, instead of passing silently.
 """
 
@@ -34,7 +35,7 @@ def cross_check(path: str | Path, model: tf_keras.Model, observations: np.ndarra
     """The port check on `observations` (None for a Keras file or a run's baseline: nothing was ported)."""
     path = Path(path)
     kind = file_kind(path)
-    if kind == "keras":
+    if kind in ("keras", "run"):
         return None
     port = read_port(path, info, kind)
     record = PortCheck(format=port.format, checked=False, states=len(observations), notes=list(port.net.notes))
@@ -42,9 +43,14 @@ def cross_check(path: str | Path, model: tf_keras.Model, observations: np.ndarra
         reference = port.reference()
     except ImportError as exc:
         return record.model_copy(update={"reason": f"not cross-checked: {exc}"})
-    source_q = reference(observations)
+    source = reference(observations)
     ported_q = model.predict(np.asarray(observations), batch_size=256, verbose=0)
-    return record.model_copy(update={"checked": True, "runtime": port.runtime(), **compare(ported_q, source_q)})
+    if port.gives_actions:
+        agreement = float(np.mean(ported_q.argmax(axis=1) == np.asarray(source).reshape(-1)))
+        notes = [*record.notes, "|dQ| not measurable: the source gives greedy actions, not Q-values"]
+        return record.model_copy(update={"checked": True, "runtime": port.runtime(), "action_agreement": agreement,
+                                         "notes": notes})
+    return record.model_copy(update={"checked": True, "runtime": port.runtime(), **compare(ported_q, source)})
 
 
 def check_port(path: str | Path, model: tf_keras.Model, replay: ReplayBuffer, info: EnvInfo) -> PortCheck | None:

@@ -1,10 +1,12 @@
-"""Which kind of policy file a user gave (Keras, SB3 zip, PyTorch state dict, ONNX), and its port to tf_keras.
+"""Which kind of policy a user gave (Keras, SB3 zip, PyTorch state dict, ONNX, TF-Agents, RLlib), and its port to tf_keras.
 
 The kind is decided once, here, from what the file is (zip members, magic bytes), with the suffix
 only as a tie-breaker: an RL Zoo download renamed .pt, or a .keras that is really HDF5, still goes
-to the right reader. Each foreign format becomes a PortedNet and one builder makes the Keras model.
-`reference_of` gives the source's own runtime (torch, SB3, onnxruntime) for the port check, or the
-reason it cannot run here. A file saved by Keras 3, which tf_keras cannot load, is ported too.
+to the right reader; a directory is told apart by the files each library writes into it. Each foreign
+format becomes a PortedNet and one builder makes the Keras model; a file saved by Keras 3, which
+tf_keras cannot load, is ported too.
+A Port's `reference` gives the source's own runtime (torch, SB3, onnxruntime, the SavedModel's
+`action` signature) for the port check, or the reason it cannot run here.
 """
 
 from __future__ import annotations
@@ -19,20 +21,38 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.errors import UserError
-from compress_dqn.port import cleanrl, keras3, onnx_net, sb3
+from compress_dqn.port import cleanrl, keras3, onnx_net, rllib, sb3, tfagents
 from compress_dqn.port.keras3_file import is_keras3
 from compress_dqn.port.spec import build_keras
 from compress_dqn.port.tensor_pickle import read_file, read_state_dict
+from compress_dqn.store.layout import RunLayout
 
 KINDS = {"sb3": "a Stable-Baselines3 DQN zip", "torch": "a PyTorch state dict", "onnx": "an ONNX model",
+         "tfagents": "a TF-Agents PolicySaver SavedModel", "rllib": "an RLlib DQN checkpoint",
          "keras3": "a Keras 3 model file"}
 
 
-def file_kind(path: Path) -> str:
-    """'keras' (a tf_keras .keras/.h5 file or SavedModel directory; a run directory is told apart before),
-    'keras3' (saved by Keras 3, or its model.export() directory), 'sb3', 'torch' or 'onnx'."""
-    if path.is_dir():
+def _dir_kind(path: Path) -> str:
+    """'run', 'tfagents', 'rllib', 'keras3' (its model.export() directory) or 'keras' (a SavedModel)
+    for a directory; any other refused."""
+    if RunLayout.find(path) is not None:
+        return "run"
+    if tfagents.is_policy_saver(path):
+        return "tfagents"
+    if rllib.is_rllib(path):
+        return "rllib"
+    if (path / "saved_model.pb").is_file():
         return "keras3" if is_keras3(path) else "keras"
+    raise UserError(f"baseline.from: {path}: a directory that is no compress-dqn run, no SavedModel (no "
+                    "saved_model.pb), no TF-Agents PolicySaver directory and no RLlib checkpoint or RLModule "
+                    "directory; pass one of those or a model file")
+
+
+def file_kind(path: Path) -> str:
+    """'keras' (a tf_keras .keras/.h5 file or SavedModel directory), 'keras3' (saved by Keras 3, or its
+    model.export() directory), 'run', 'tfagents', 'rllib', 'sb3', 'torch' or 'onnx'."""
+    if path.is_dir():
+        return _dir_kind(path)
     if not path.is_file():  # a FIFO or device would block or never end
         raise UserError(f"baseline.from: {path}: not a regular file; give a model file or a SavedModel directory")
     try:
@@ -73,6 +93,8 @@ class Port:
     runtime: Callable[[], str]
     format: str = ""
     """What the file is, for the record (KINDS[kind] unless the reader knows more)."""
+    gives_actions: bool = False
+    """The reference gives greedy actions, not Q-values (a SavedModel's `action` signature)."""
 
     def __post_init__(self) -> None:
         self.format = self.format or KINDS[self.kind]
@@ -95,13 +117,25 @@ def _version(module: str) -> str:
 
 
 def read_port(path: Path, info: Any, kind: str) -> Port:
-    """Read a foreign policy file into a PortedNet (no torch, SB3, onnxruntime or Keras 3 needed)."""
+    """Read a foreign policy file into a PortedNet (no torch, SB3, onnxruntime, Keras 3, tf-agents or ray
+    needed)."""
 
     if kind == "keras3":
         net, transposed, fmt = keras3.read_keras3(path, tuple(info.obs_shape))
         return Port(kind, net, lambda: keras3.reference(path, transposed), keras3.keras3_version, fmt)
-    data = read_file(path)
     label = f"baseline.from: {path}"
+    if kind == "tfagents":
+        return Port(kind, tfagents.read_tfagents(path, label), lambda: tfagents.reference(path),
+                    lambda: f"{_version('tensorflow')} (the SavedModel's action signature)", gives_actions=True)
+    if kind == "rllib":
+        net = rllib.read_rllib(path, label, tuple(info.obs_shape))
+
+        def rllib_reference() -> Callable[[np.ndarray], np.ndarray]:
+            _need("torch", "torch", "cross-check against RLlib's forward pass in torch")
+            return rllib.reference(path, label)
+
+        return Port(kind, net, rllib_reference, lambda: f"{_version('torch')} (RLlib's DQN forward pass, unfolded)")
+    data = read_file(path)
     if kind == "sb3":
         policy = sb3.SB3Policy(path, data)
         net = policy.ported(tuple(info.obs_shape), getattr(info, "atari", None), getattr(info, "atari_settings", None))
