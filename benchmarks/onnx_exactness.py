@@ -66,7 +66,7 @@ def prepare(out: Path, paths: list[Path], states_file: Path | None, n: int) -> N
     """Export every policy both ways into OUT, with its states and the reference kernels' actions."""
     from compress_dqn.deploy.onnx_export import export_onnx_file
     from compress_dqn.deploy.policy import TFLitePolicy
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     out.mkdir(parents=True, exist_ok=True)
     for name, policy in _policies(paths).items():

@@ -75,7 +75,7 @@ def policies(tmp_path_factory):
     paths["prod"].write_bytes(converter.convert())
     # As the pipeline exports a normalized int8 policy: calibrated on (obs - mean) / std, which the
     # file computes itself in front of its input (graph_input.py).
-    from compress_dqn.deploy.graph_input import carry_input_normalization
+    from compress_dqn.deploy.tflite.graph_input import carry_input_normalization
     from compress_dqn.compress.rewrites import normalize_model_input
     from compress_dqn.envs.normalization import Normalization
 
@@ -300,7 +300,7 @@ def test_unsupported_op_and_bad_files_get_one_line(policies, tmp_path):
 @needs_tflm
 def test_a_normalization_that_does_not_fit_the_input_is_refused(policies):
     """MicroPolicy normalized an 8-feature observation with a 4-feature mean, reshaped, and played on."""
-    from compress_dqn.deploy.tflite_metadata import with_input_normalization
+    from compress_dqn.deploy.tflite.metadata import with_input_normalization
     from compress_dqn.envs.normalization import Normalization
 
     bad = with_input_normalization(policies["fp32"].read_bytes(), Normalization(np.zeros(2), np.ones(2)))
@@ -421,7 +421,7 @@ def _uint8_cnn(path: Path, quantize: str | None) -> Path:
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import converter_setup
     from compress_dqn.compress.rewrites import split_value_advantage
-    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.deploy.tflite.outputs import with_float_q_values
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 

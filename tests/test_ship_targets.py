@@ -74,7 +74,7 @@ def _cnn_student(folder: Path, int8: bool = True) -> Path:
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import converter_setup
     from compress_dqn.compress.rewrites import split_value_advantage
-    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.deploy.tflite.outputs import with_float_q_values
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
@@ -99,7 +99,7 @@ def _cnn_student(folder: Path, int8: bool = True) -> Path:
 def test_a_cnn_student_in_c_plays_as_the_reference_kernels(tmp_path):
     from compress_dqn.deploy.c_export import generate_c
     from compress_dqn.deploy.c_measure import c_actor, compile_shared
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     path = _cnn_student(tmp_path)
     assert {op.kind for op in read_policy_graph(path).ops} >= {"CONV_2D", "FULLY_CONNECTED", "RESHAPE", "ARG_MAX"}
@@ -135,7 +135,7 @@ def test_a_float_head_qat_student_in_c_plays_as_the_reference_kernels(tmp_path):
     from compress_dqn.compress.rewrites import split_value_advantage
     from compress_dqn.deploy.c_export import generate_c
     from compress_dqn.deploy.c_measure import c_actor, compile_shared
-    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.deploy.tflite.outputs import with_float_q_values
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
@@ -168,8 +168,8 @@ def test_a_low_bit_kernel_student_in_c_and_onnx_plays_as_the_reference_kernels(t
     from compress_dqn.compress.rewrites import flattened_dense_as_conv, split_value_advantage
     from compress_dqn.deploy.c_export import generate_c
     from compress_dqn.deploy.c_measure import c_actor, compile_shared
-    from compress_dqn.deploy.outputs import with_float_q_values
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.tflite.outputs import with_float_q_values
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
@@ -212,7 +212,7 @@ def _dynamic_range_file(folder: Path, name: str, layers: list, obs_shape: tuple,
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import converter_setup
     from compress_dqn.compress.rewrites import split_value_advantage
-    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.deploy.tflite.outputs import with_float_q_values
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
@@ -234,7 +234,7 @@ def _hybrid_form(path: Path, symmetric: bool, per_tensor: bool) -> Path:
     (asymmetric_quantize_inputs off) and one weight scale (FULLY_CONNECTED: one scale; CONV_2D: equal scales)."""
     from ai_edge_litert import schema_py_generated as schema
 
-    from compress_dqn.deploy.tflite_metadata import pack_model
+    from compress_dqn.deploy.tflite.metadata import pack_model
 
     model = schema.ModelT.InitFromPackedBuf(bytearray(path.read_bytes()), 0)
     graph, ops = model.subgraphs[0], schema.BuiltinOperator
@@ -265,7 +265,7 @@ def _values_differ(path: Path, folder: Path, states: np.ndarray) -> int:
 
     from compress_dqn.deploy.c_export import generate_c
     from compress_dqn.deploy.c_measure import compile_shared
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     policy = generate_c(path, "vals")
     found = re.search(r"return argmax_f32\((t\d+), (\d+)\);", policy.source)
@@ -317,7 +317,7 @@ def test_a_dynamic_range_policy_in_c_computes_what_litert_s_hybrid_kernels_compu
     from compress_dqn._tf import tf_keras
     from compress_dqn.deploy.c_export import generate_c
     from compress_dqn.deploy.c_measure import c_actor, compile_shared
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     dense = tf_keras.layers.Dense
     path = _dynamic_range_file(tmp_path, "cartpole", [dense(256, activation="relu", name="hidden_0"),
@@ -350,7 +350,7 @@ def test_a_dynamic_range_cnn_in_c_plays_as_litert_s_hybrid_kernels(tmp_path):
     from compress_dqn._tf import tf_keras
     from compress_dqn.deploy.c_export import generate_c
     from compress_dqn.deploy.c_measure import c_actor, compile_shared
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     layers = tf_keras.layers
     path = _dynamic_range_file(tmp_path, "cnn", [layers.Conv2D(32, 3, activation="relu", name="conv_0"), layers.Flatten(name="flatten"),
@@ -485,7 +485,7 @@ def test_a_fully_hybrid_policy_in_onnx_gives_litert_s_q_values_bit_for_bit(tmp_p
     reference kernels' bit for bit on its four hybrid paths and the rounding edges, one state a call and in
     one batch (each row quantized alone)."""
     from compress_dqn._tf import tf_keras
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     dense = tf_keras.layers.Dense
     path = _dynamic_range_file(tmp_path, "hybrid", [dense(1028, activation="relu", name="hidden_0"), dense(3, name="q_values")],
@@ -508,7 +508,7 @@ def test_a_dynamic_range_cnn_in_onnx_plays_as_litert_s_hybrid_kernels(tmp_path):
     LiteRT's reference kernels' bit for bit, per channel (asymmetric input) and with one scale (symmetric),
     and it takes their action, and that of LiteRT's default kernels, on every state of two episodes."""
     from compress_dqn._tf import tf_keras
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     layers = tf_keras.layers
     path = _dynamic_range_file(tmp_path, "cnn", [layers.Conv2D(16, 4, padding="same", activation="relu", name="conv_0"),

@@ -36,7 +36,7 @@ class _Normalized:
 
 def test_the_run_export_decodes_and_packs_once(tmp_path, counts):
     from compress_dqn._tf import tf_keras
-    from compress_dqn.deploy.graph_input import graph_normalization
+    from compress_dqn.deploy.tflite.graph_input import graph_normalization
     from compress_dqn.export.conversion import export_policy
     from compress_dqn.rl.networks import build_q_network
 

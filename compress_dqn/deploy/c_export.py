@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.deploy.c_runtime import routines
-from compress_dqn.deploy.tflite_graph import (
+from compress_dqn.deploy.tflite.graph import (
     Op,
     PolicyGraph,
     Tensor,

@@ -25,7 +25,7 @@ import numpy as np
 from compress_dqn.deploy import onnx_integer
 from compress_dqn.deploy.onnx_hybrid import conv_hybrid, fc_hybrid, is_hybrid
 from compress_dqn.deploy.targets.base import ExportReport, policy_name
-from compress_dqn.deploy.tflite_graph import Op, PolicyGraph, Tensor, conv_geometry, hybrid_inexact, read_policy_graph
+from compress_dqn.deploy.tflite.graph import Op, PolicyGraph, Tensor, conv_geometry, hybrid_inexact, read_policy_graph
 from compress_dqn.errors import UserError
 
 Int8Form = Literal["exact", "qdq"]

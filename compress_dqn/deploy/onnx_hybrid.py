@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from compress_dqn.deploy.tflite_graph import Op, Tensor, hybrid_inexact
+from compress_dqn.deploy.tflite.graph import Op, Tensor, hybrid_inexact
 
 F32, F64, I32, I64, U8 = 1, 11, 6, 7, 2  # onnx.TensorProto element types, for the integer form too
 BOUND = 1024.0  # |v * inverse| (or any value in int8 steps) past this saturates int8 either way; bounding it keeps the int32 Casts defined

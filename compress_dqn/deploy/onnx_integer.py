@@ -32,7 +32,7 @@ from compress_dqn.deploy.onnx_hybrid import (
     shifted_input,
     shifted_weights,
 )
-from compress_dqn.deploy.tflite_graph import (
+from compress_dqn.deploy.tflite.graph import (
     Op,
     Tensor,
     conv_geometry,

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-from compress_dqn.deploy.graph_input import normalization_ops
+from compress_dqn.deploy.tflite.graph_input import normalization_ops
 from compress_dqn.deploy.policy import TFLitePolicy, read_tflite
 from compress_dqn.deploy.targets.base import ExportReport, policy_name
 from compress_dqn.deploy.tflite.file import TFLiteFile
 from compress_dqn.deploy.tflite.reader import unreadable
-from compress_dqn.deploy.tflite_metadata import INPUT_NORMALIZATION, drop_metadata, input_normalization
+from compress_dqn.deploy.tflite.metadata import INPUT_NORMALIZATION, drop_metadata, input_normalization
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 

@@ -337,7 +337,7 @@ def is_student(v: VariantResult) -> bool:
 
 def _policy_graph(tflite: Path) -> Any:
     """The file's policy graph; None where it is no policy graph this reader knows."""
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
     from compress_dqn.errors import UserError
 
     try:

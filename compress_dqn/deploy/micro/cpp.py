@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-from compress_dqn.deploy.graph_input import graph_normalization
+from compress_dqn.deploy.tflite.graph_input import graph_normalization
 from compress_dqn.deploy.micro.arena import (
     ARENA_MARGIN_MIN, RAM_BUDGETS, TFLM_RUNTIME_FLASH, flash_fits, measure_arena, with_margin,
 )

@@ -15,7 +15,7 @@ from compress_dqn.deploy.micro.model import (
 )
 from compress_dqn.deploy.micro.uint8_input import runnable_model
 from compress_dqn.deploy.policy import read_tflite
-from compress_dqn.deploy.tflite_metadata import caller_normalization
+from compress_dqn.deploy.tflite.metadata import caller_normalization
 from compress_dqn.errors import UserError
 
 

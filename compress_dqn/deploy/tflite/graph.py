@@ -17,7 +17,7 @@ import numpy as np
 
 from compress_dqn.deploy.policy import SIGNATURE
 from compress_dqn.deploy.tflite.reader import builtin, decode, litert_schema, op_names, read_tflite
-from compress_dqn.deploy.tflite_metadata import caller_normalization
+from compress_dqn.deploy.tflite.metadata import caller_normalization
 from compress_dqn.envs.normalization import Normalization
 from compress_dqn.errors import UserError
 
