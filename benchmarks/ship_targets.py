@@ -45,8 +45,8 @@ def _outsider(script: str, policy: Path, env_id: str, seed: int, episodes: int, 
 
 
 def c_figures(policy: Path, env, seeds: list[int], name: str) -> dict:
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared, export_c
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared, export_c
     from compress_dqn.envs.episodes import run_episodes
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,7 +112,7 @@ def onnx_run_us(path: Path, calls: int = 2000) -> float:
 
 
 def variant_row(policy: Path, env, seeds: list[int], evaluate_returns: list[float]) -> dict:
-    from compress_dqn.deploy.c_export import default_name
+    from compress_dqn.deploy.c.source import default_name
     from compress_dqn.deploy.onnx_export import export_onnx_file
 
     name = default_name(policy)

@@ -49,8 +49,8 @@ def _play_side_by_side(c_act, ref_act, env_id: str, seeds, states: np.ndarray) -
 
 @pytest.mark.slow
 def test_the_c_policy_takes_the_reference_kernels_action_on_every_state(tiny_run, tmp_path):
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
 
     states = np.random.default_rng(0).normal(0, 1.5, (500, 4)).astype(np.float32)
     checked = []
@@ -97,8 +97,8 @@ def _cnn_student(folder: Path, int8: bool = True) -> Path:
 
 @pytest.mark.slow
 def test_a_cnn_student_in_c_plays_as_the_reference_kernels(tmp_path):
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
     from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     path = _cnn_student(tmp_path)
@@ -114,8 +114,8 @@ def test_a_cnn_student_in_c_plays_as_the_reference_kernels(tmp_path):
 
 def test_a_float_cnn_in_c_plays_as_the_reference_kernels(tmp_path):
     """conv_f32 (a float CNN, the MinAtar baselines' form) sums as the reference kernel does."""
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
 
     path = _cnn_student(tmp_path, int8=False)
     policy = generate_c(path, "cnn_f32")
@@ -133,8 +133,8 @@ def test_a_float_head_qat_student_in_c_plays_as_the_reference_kernels(tmp_path):
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import FLOAT_HEADS, calibrate_ranges, converter_setup, qat_model
     from compress_dqn.compress.rewrites import split_value_advantage
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
     from compress_dqn.deploy.tflite.outputs import with_float_q_values
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
@@ -166,8 +166,8 @@ def test_a_low_bit_kernel_student_in_c_and_onnx_plays_as_the_reference_kernels(t
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import FLOAT_HEADS, calibrate_ranges, converter_setup, qat_model
     from compress_dqn.compress.rewrites import flattened_dense_as_conv, split_value_advantage
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
     from compress_dqn.deploy.tflite.outputs import with_float_q_values
     from compress_dqn.deploy.tflite.graph import read_policy_graph
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
@@ -263,8 +263,8 @@ def _values_differ(path: Path, folder: Path, states: np.ndarray) -> int:
 
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import compile_shared
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import compile_shared
     from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     policy = generate_c(path, "vals")
@@ -315,8 +315,8 @@ def test_a_dynamic_range_policy_in_c_computes_what_litert_s_hybrid_kernels_compu
     action for action as LiteRT's reference kernels; its Q-values are bit for bit theirs on LiteRT's four
     hybrid paths (asymmetric or symmetric input, per-channel or per-tensor weights) and on rounding edges."""
     from compress_dqn._tf import tf_keras
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
     from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     dense = tf_keras.layers.Dense
@@ -348,8 +348,8 @@ def test_a_dynamic_range_cnn_in_c_plays_as_litert_s_hybrid_kernels(tmp_path):
     """A MinAtar-shaped dynamic-range CNN: its CONV_2D (1,152 weights) and dense layer run as LiteRT's hybrid
     kernels, per channel (asymmetric input) and with one scale (symmetric)."""
     from compress_dqn._tf import tf_keras
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
     from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     layers = tf_keras.layers
@@ -538,9 +538,9 @@ def test_fc_scale_rounds_as_double_round(tmp_path, defines):
     import ctypes
     import math
 
-    from compress_dqn.deploy.c_export import CPolicy
-    from compress_dqn.deploy.c_measure import compile_shared
-    from compress_dqn.deploy.c_runtime import routines
+    from compress_dqn.deploy.c.source import CPolicy
+    from compress_dqn.deploy.c.measure import compile_shared
+    from compress_dqn.deploy.c.runtime import routines
 
     source = ('#include "fcs.h"\n#include <stdint.h>\n' + routines({"fc_scale"})
               + "int32_t fcs_apply(int32_t acc, uint64_t m, int s) { return fc_scale(acc, m, s); }\n"
@@ -583,7 +583,7 @@ def test_export_c_writes_the_files_and_measures_cortex_m_flash_and_ram(tiny_run,
     # On Cortex-M0+ the 64-bit multiplies and float arithmetic are library code: more flash than on an M4F.
     assert report["mcu"]["targets"]["cortex-m0plus"]["flash_bytes"] > report["mcu"]["targets"]["cortex-m4f"]["flash_bytes"]
     assert report["time_per_action"]["c_ns"] > 0 and report["time_per_action"]["litert_invoke_ns"] > 0
-    from compress_dqn.deploy.c_measure import c_summary
+    from compress_dqn.deploy.c.measure import c_summary
 
     summary = c_summary(policy)  # the record the measure stage keeps beside TFLM's micro summary
     assert summary.translated and summary.integer_only and summary.reason is None
@@ -593,7 +593,7 @@ def test_export_c_writes_the_files_and_measures_cortex_m_flash_and_ram(tiny_run,
 
 
 def test_a_policy_the_c_export_cannot_translate_gets_its_reason_not_an_error(tmp_path):
-    from compress_dqn.deploy.c_measure import c_summary
+    from compress_dqn.deploy.c.measure import c_summary
 
     (tmp_path / "policy.tflite").write_bytes(b"not a flatbuffer at all")
     summary = c_summary(tmp_path / "policy.tflite")

@@ -1,7 +1,7 @@
 """The records of what a policy costs on a microcontroller, as results.json holds them (evaluation re-exports them):
 under TFLite Micro (MicroFigures) and as generated C with no runtime (CFigures).
 
-They live below evaluation so that deploy.micro's micro_summary and deploy.c_measure's c_summary
+They live below evaluation so that deploy.micro's micro_summary and deploy.c.measure's c_summary
 return them typed, and outside those modules so that reading results.json imports neither TFLM's
 tooling nor the C export; MicroFigures' JSON is what runs wrote before the record existed: keys a
 writer never set (a run without TFLite Micro installed writes only runs, reason and flash_bytes) are
@@ -66,7 +66,7 @@ class MicroFigures(BaseModel):
 M0PLUS = "cortex-m0plus"
 M4F = "cortex-m4f"
 C_TARGETS = (M0PLUS, M4F)
-"""The parts the C policy's image is built for (deploy.c_measure.TARGETS), by their key in CFigures."""
+"""The parts the C policy's image is built for (deploy/c/measure.py), by their key in CFigures."""
 
 
 class CFigures(BaseModel):

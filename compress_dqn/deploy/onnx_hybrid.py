@@ -2,7 +2,7 @@
 
 A dynamic-range file's hybrid ops quantize their float input on every call, multiply in integers
 and scale back in float; widening the int8 weights and running in float plays another policy. So
-each op here repeats the arithmetic of c_hybrid.py (LiteRT's x86-64 kernels), per batch row:
+each op here repeats the arithmetic of c/hybrid.py (LiteRT's x86-64 kernels), per batch row:
 - the range (ReduceMin/ReduceMax per row; asymmetric: capped at zero, its float width widened to
   double for the scale, the zero point's choice and its round-half-away in double; symmetric:
   range / 127 and 127 / range in float), `1 / factor` as a float Div;

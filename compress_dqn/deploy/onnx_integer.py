@@ -3,7 +3,7 @@
 QDQ ONNX (QuantizeLinear/DequantizeLinear around float ops) leaves the arithmetic to whichever fused
 kernels onnxruntime picks for the CPU: its s8s8 products and float requantization gave 45 of 1,000
 actions other than LiteRT's reference kernels on an AVX2 CPU and 0 on an AVX-512 VNNI one. Here each
-int8 tensor is an int32 ONNX value holding its int8 integers, and each op repeats c_runtime.py's
+int8 tensor is an int32 ONNX value holding its int8 integers, and each op repeats c/runtime.py's
 arithmetic (the C export's, checked against BUILTIN_REF) in ops whose results are defined exactly:
 - products: MatMulInteger / ConvInteger of x + 128 and w + 128 (uint8 x uint8: exact on every x86
   kernel, onnx_hybrid.py says why), less (x_zero + 128) times the weights' sum over the taps inside

@@ -9,7 +9,8 @@ from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 
-from compress_dqn.deploy import c_measure, micro
+from compress_dqn.deploy import micro
+from compress_dqn.deploy.c import measure as c_measure
 from compress_dqn.deploy.policy import TFLitePolicy
 from compress_dqn.evaluation.figures import (M4F, CFigures, CpuLatency, GpuLatency, LatencyBlock, MemoryBlock,
                                              MicroFigures)

@@ -9,7 +9,7 @@ from compress_dqn.deploy.targets.base import ExportOptions, ExportReport, Target
 
 def export(policy: Path, out: Path | None, options: ExportOptions) -> ExportReport:
     """NAME.c and NAME.h in `out` (default c/NAME), their cost and time per action."""
-    from compress_dqn.deploy.c_measure import export_c
+    from compress_dqn.deploy.c.measure import export_c
 
     return export_c(policy, out, options.name)
 

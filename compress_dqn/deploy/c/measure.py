@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from compress_dqn.deploy.c_export import CPolicy, default_name, generate_c
+from compress_dqn.deploy.c.source import CPolicy, default_name, generate_c
 from compress_dqn.deploy.targets.base import ExportReport
 from compress_dqn.deploy.micro_figures import M0PLUS, M4F, CFigures
 from compress_dqn.errors import UserError
