@@ -113,7 +113,7 @@ def onnx_run_us(path: Path, calls: int = 2000) -> float:
 
 def variant_row(policy: Path, env, seeds: list[int], evaluate_returns: list[float]) -> dict:
     from compress_dqn.deploy.c.source import default_name
-    from compress_dqn.deploy.onnx_export import export_onnx_file
+    from compress_dqn.deploy.onnx.export import export_onnx_file
 
     name = default_name(policy)
     row = {"variant": policy.parent.name, "episodes": len(seeds), "evaluate_returns_mean": float(np.mean(evaluate_returns))}

@@ -153,7 +153,7 @@ def _interpreter_differs(onnx_file: Path, states: np.ndarray, optimized: bool) -
     """States where the interpreter's action (torch, CPU) differs from onnxruntime's."""
     import onnxruntime as ort
 
-    from compress_dqn.deploy.onnx_torch import OnnxTorchPolicy, read_onnx
+    from compress_dqn.deploy.onnx.torch_runtime import OnnxTorchPolicy, read_onnx
 
     options = ort.SessionOptions()
     if not optimized:  # QDQ as ONNX defines it, op by op: no fused int8 kernels with their own rounding
@@ -165,7 +165,7 @@ def _interpreter_differs(onnx_file: Path, states: np.ndarray, optimized: bool) -
 
 def _forms(tflite: Path, folder: Path) -> dict[str, Path]:
     """The file's ONNX exports: the exact form, and the QDQ one where the policy is int8."""
-    from compress_dqn.deploy.onnx_export import export_onnx_file
+    from compress_dqn.deploy.onnx.export import export_onnx_file
 
     written = {}
     for form in ("exact", "qdq"):

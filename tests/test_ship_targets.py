@@ -373,7 +373,7 @@ def _onnx_session(path: Path, folder: Path):
     """onnxruntime's session on the `export --target onnx` file of a .tflite policy."""
     import onnxruntime as ort
 
-    from compress_dqn.deploy.onnx_export import export_onnx_file
+    from compress_dqn.deploy.onnx.export import export_onnx_file
 
     out = folder / f"{path.stem}.onnx"
     export_onnx_file(path, out)
@@ -385,7 +385,7 @@ def _onnx_sessions(path: Path, folder: Path, int8: str = "exact") -> list:
     and with them off, one thread each."""
     import onnxruntime as ort
 
-    from compress_dqn.deploy.onnx_export import export_onnx_file
+    from compress_dqn.deploy.onnx.export import export_onnx_file
 
     out = folder / f"{path.stem}.onnx"
     export_onnx_file(path, out, int8=int8)

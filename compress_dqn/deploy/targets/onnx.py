@@ -9,7 +9,7 @@ from compress_dqn.deploy.targets.base import ExportOptions, ExportReport, Target
 
 def export(policy: Path, out: Path | None, options: ExportOptions) -> ExportReport:
     """The .onnx file at `out` (default ./NAME.onnx) in the int8 form asked for (exact by default)."""
-    from compress_dqn.deploy.onnx_export import export_onnx_file
+    from compress_dqn.deploy.onnx.export import export_onnx_file
 
     return export_onnx_file(policy, out, int8=options.onnx_int8 or "exact")
 

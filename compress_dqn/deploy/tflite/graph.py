@@ -1,6 +1,6 @@
 """A policy's .tflite graph read without a runtime: the ops that compute its `action`, with their constants.
 
-The C and ONNX exporters (c/source.py, onnx_export.py) translate this, not the flatbuffer: one
+The C and ONNX exporters (c/source.py, onnx/export.py) translate this, not the flatbuffer: one
 reader decides which ops a policy holds and refuses, by name, those neither can translate.
 Constants come out as numpy arrays; float16 constants behind a DEQUANTIZE are widened here
 (exactly, as LiteRT does at run time), so no exporter sees that op, and INT4 weights (two a byte)

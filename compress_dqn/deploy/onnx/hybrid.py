@@ -32,7 +32,7 @@ BOUND = 1024.0  # |v * inverse| (or any value in int8 steps) past this saturates
 
 
 class GraphBuilder(Protocol):
-    """What onnx_export's builder offers: nodes, constants, a tensor's float value, a bound result."""
+    """What onnx/export.py's builder offers: nodes, constants, a tensor's float value, a bound result."""
 
     def node(self, op: str, inputs: list[str], tag: str, **attrs: Any) -> str: ...
     def init(self, values: np.ndarray, tag: str) -> str: ...
