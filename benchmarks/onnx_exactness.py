@@ -65,7 +65,7 @@ def _states(path: Path, given: Path | None, shape: tuple[int, ...], dtype: np.dt
 def prepare(out: Path, paths: list[Path], states_file: Path | None, n: int) -> None:
     """Export every policy both ways into OUT, with its states and the reference kernels' actions."""
     from compress_dqn.deploy.onnx.export import export_onnx_file
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
     from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     out.mkdir(parents=True, exist_ok=True)

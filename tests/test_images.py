@@ -83,7 +83,7 @@ def _conv_kernel_scales(path) -> list[int]:
 def test_minatar_cnn_pipeline_end_to_end(minatar_variants_run):
     """The MinAtar recipe, shrunk (conftest's run): CNN training, frame replay, pruned + int8 + QAT variants
     (and dynamic range, float16), report."""
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
 
     run_dir = minatar_variants_run
     results = json.loads((run_dir / "results.json").read_text())

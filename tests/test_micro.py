@@ -158,7 +158,7 @@ class LiteRTBuiltin:
 @needs_tflm
 def test_micro_policy_plays_like_litert(policies):
     from compress_dqn.evaluation.play import evaluate
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
     from compress_dqn.recipe.schema import EnvConfig
 
     env = EnvConfig(id="CartPole-v1")
@@ -205,7 +205,7 @@ def test_cli_evaluate_runtime_micro_matches_litert_without_tensorflow(policies):
 
 @needs_tflm
 def test_int8_io_rewrites_a_qat_split_head_without_changing_actions(policies, tmp_path):
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
 
     code, stdout, err = _cli("export", str(policies["qat"]), "--out", str(tmp_path / "q"), "--int8-io")
     assert code == 0, err
@@ -223,7 +223,7 @@ def test_int8_io_rewrites_a_qat_split_head_without_changing_actions(policies, tm
 
 @needs_tflm
 def test_export_int8_io_writes_files_that_compile(policies, tmp_path):
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
 
     out = tmp_path / "out"
     code, stdout, err = _cli("export", str(policies["int8"]), "--target", "micro", "--out", str(out), "--int8-io",
@@ -443,7 +443,7 @@ def test_a_uint8_observation_policy_exports_for_tflm_and_plays_as_the_reference_
     """TFLM's CAST takes no uint8: the export makes CAST + QUANTIZE one QUANTIZE uint8 -> int8, a lone CAST a
     DEQUANTIZE (scale 1, zero point 0); the model still takes the raw observation."""
     from compress_dqn.deploy.micro.model import inspect_model
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
 
     path = _uint8_cnn(tmp_path / "cnn.tflite", quantize)
     assert inspect_model(path.read_bytes()).ops[0] == "CAST"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from compress_dqn.deploy import micro
 from compress_dqn.deploy.c import measure as c_measure
-from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.evaluation.figures import (M4F, CFigures, CpuLatency, GpuLatency, LatencyBlock, MemoryBlock,
                                              MicroFigures)
 from compress_dqn.evaluation.measure import measure_latency, measure_memory

@@ -9,7 +9,7 @@ from compress_dqn.deploy.targets.base import ExportOptions, ExportReport, Target
 
 def export(policy: Path, out: Path | None, options: ExportOptions) -> ExportReport:
     """The checked copy at `out` (default ./NAME.tflite) and its usage snippets."""
-    from compress_dqn.deploy.ship import export_tflite_file
+    from compress_dqn.deploy.litert.ship import export_tflite_file
 
     return export_tflite_file(policy, out)
 

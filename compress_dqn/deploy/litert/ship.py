@@ -12,7 +12,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from compress_dqn.deploy.tflite.graph_input import normalization_ops
-from compress_dqn.deploy.policy import TFLitePolicy, read_tflite
+from compress_dqn.deploy.litert.policy import TFLitePolicy, read_tflite
 from compress_dqn.deploy.targets.base import ExportReport, policy_name
 from compress_dqn.deploy.tflite.file import TFLiteFile
 from compress_dqn.deploy.tflite.reader import unreadable
