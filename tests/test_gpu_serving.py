@@ -165,12 +165,13 @@ def _interpreter_differs(onnx_file: Path, states: np.ndarray, optimized: bool) -
 
 def _forms(tflite: Path, folder: Path) -> dict[str, Path]:
     """The file's ONNX exports: the exact form, and the QDQ one where the policy is int8."""
-    from compress_dqn.deploy.onnx.export import export_onnx_file
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.onnx.export import export as export_onnx
 
     written = {}
     for form in ("exact", "qdq"):
         out = folder / f"{tflite.parent.name}-{tflite.stem}.{form}.onnx"
-        written[export_onnx_file(tflite, out, int8=form)["quantized"]] = out
+        written[export_onnx(tflite, out, ExportOptions(onnx_int8=form))["quantized"]] = out
     return written
 
 

@@ -11,6 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from compress_dqn.deploy import micro
+from compress_dqn.deploy.base import ExportOptions
+from compress_dqn.deploy.micro.cpp import export as micro_export
 from compress_dqn.cli import main
 from compress_dqn.errors import UserError
 
@@ -447,7 +449,7 @@ def test_a_uint8_observation_policy_exports_for_tflm_and_plays_as_the_reference_
 
     path = _uint8_cnn(tmp_path / "cnn.tflite", quantize)
     assert inspect_model(path.read_bytes()).ops[0] == "CAST"
-    export = micro.export_micro(path, tmp_path / "out", name="cnn")
+    export = micro_export(path, tmp_path / "out", ExportOptions(name="cnn"))
     assert export.runs and export.arena_bytes > 0 and export.input.dtype == "uint8"
     assert "CAST" not in export.ops and export.ops[0] == ("QUANTIZE" if quantize else "DEQUANTIZE")
     assert inspect_model(path.read_bytes()).ops[0] == "CAST"  # the shipped file stays as it is

@@ -197,9 +197,10 @@ def test_a_low_bit_kernel_student_in_c_and_onnx_plays_as_the_reference_kernels(t
         assert session.run(["action"], {"observations": states})[0].tolist() == reference
     _assert_exact_on_an_emulated_avx2_cpu(tmp_path / "low_bit.onnx", states, reference, tmp_path / "avx2")
     from compress_dqn.deploy.micro import MicroPolicy
-    from compress_dqn.deploy.micro.cpp import export_micro
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.micro.cpp import export as export_micro
 
-    micro = export_micro(path, tmp_path / "micro")  # TFLM runs the INT4 kernel, unpacked into its arena
+    micro = export_micro(path, tmp_path / "micro", ExportOptions())  # TFLM runs the INT4 kernel, unpacked into its arena
     assert micro.runs and micro.arena_bytes > 16 * 8 * 8 * 4
     assert MicroPolicy(path).actions(states[:200]).tolist() == reference[:200]
 
@@ -373,10 +374,11 @@ def _onnx_session(path: Path, folder: Path):
     """onnxruntime's session on the `export --target onnx` file of a .tflite policy."""
     import onnxruntime as ort
 
-    from compress_dqn.deploy.onnx.export import export_onnx_file
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.onnx.export import export as export_onnx
 
     out = folder / f"{path.stem}.onnx"
-    export_onnx_file(path, out)
+    export_onnx(path, out, ExportOptions())
     return ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
 
 
@@ -385,10 +387,11 @@ def _onnx_sessions(path: Path, folder: Path, int8: str = "exact") -> list:
     and with them off, one thread each."""
     import onnxruntime as ort
 
-    from compress_dqn.deploy.onnx.export import export_onnx_file
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.onnx.export import export as export_onnx
 
     out = folder / f"{path.stem}.onnx"
-    export_onnx_file(path, out, int8=int8)
+    export_onnx(path, out, ExportOptions(onnx_int8=int8))
     sessions = []
     for level in (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL):
         options = ort.SessionOptions()

@@ -55,7 +55,8 @@ def test_export_of_a_policy_decodes_its_file_once(tiny_variants_run, tmp_path, c
     signature and its uint8 input; a current file needs no edit for --target tflite, so no decode).
     TFLM's LUT-compression trial reads its own copy through TFLM's model editor, outside this count."""
     from compress_dqn.deploy import micro
-    from compress_dqn.deploy.targets import ExportOptions, export_policy
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.registry import export_policy
 
     if target == "micro" and not micro.available():
         pytest.skip("tflite-micro not installed")

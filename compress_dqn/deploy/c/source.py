@@ -29,7 +29,7 @@ from compress_dqn.deploy.tflite.graph import (
     quantize_multiplier,
     read_policy_graph,
 )
-from compress_dqn.deploy.targets.base import c_identifier, policy_name
+from compress_dqn.deploy.base import c_identifier, policy_name
 from compress_dqn.errors import UserError
 
 _C_TYPES = {"float32": "float", "int8": "int8_t", "uint8": "uint8_t", "int32": "int32_t"}

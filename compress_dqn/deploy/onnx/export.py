@@ -24,7 +24,7 @@ import numpy as np
 
 from compress_dqn.deploy.onnx import integer as onnx_integer
 from compress_dqn.deploy.onnx.hybrid import conv_hybrid, fc_hybrid, is_hybrid
-from compress_dqn.deploy.targets.base import ExportReport, policy_name
+from compress_dqn.deploy.base import ExportOptions, ExportReport, policy_name
 from compress_dqn.deploy.tflite.graph import Op, PolicyGraph, Tensor, conv_geometry, hybrid_inexact, read_policy_graph
 from compress_dqn.errors import UserError
 
@@ -297,14 +297,16 @@ class OnnxExport(ExportReport):
     """Ops of the int8 graph the exact form computes in float (not reproduced bit for bit); absent when none."""
 
 
-def export_onnx_file(policy: Path, out: Path | None = None, int8: Int8Form = "exact") -> OnnxExport:
-    """Write the ONNX model of a .tflite policy; returns what was written."""
+def export(policy: Path, out: Path | None = None, options: ExportOptions = ExportOptions()) -> OnnxExport:
+    """`export --target onnx`: write the ONNX model of a .tflite policy to `out` (default ./NAME.onnx) in the int8
+    form options.onnx_int8 asks for (exact by default); returns what was written."""
     from compress_dqn.fileio import write_bytes_atomic
 
     try:
         import onnx  # noqa: F401
     except ImportError:
         raise UserError("--target onnx needs the onnx package: pip install 'compress-dqn[onnx]'") from None
+    int8: Int8Form = options.onnx_int8 or "exact"
     policy = Path(policy)
     out = Path(out) if out is not None else default_file(policy)
     graph = read_policy_graph(policy, ("action", "q_values"))
