@@ -15,12 +15,10 @@ from compress_dqn.deploy.tflite.graph_input import normalization_ops
 from compress_dqn.deploy.litert.policy import TFLitePolicy, read_tflite
 from compress_dqn.deploy.base import ExportOptions, ExportReport, policy_name
 from compress_dqn.deploy.tflite.file import TFLiteFile
-from compress_dqn.deploy.tflite.reader import unreadable
+from compress_dqn.deploy.tflite.reader import SIGNATURE, unreadable
 from compress_dqn.deploy.tflite.metadata import INPUT_NORMALIZATION, drop_metadata, input_normalization
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
-
-SIGNATURE = "serving_default"
 
 
 class TFLiteInput(BaseModel):

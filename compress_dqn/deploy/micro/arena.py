@@ -28,7 +28,7 @@ from compress_dqn.deploy.micro.model import (
 )
 from compress_dqn.deploy.micro.uint8_input import runnable_model
 from compress_dqn.deploy.micro_figures import FlashEstimate, MicroFigures
-from compress_dqn.deploy.litert.policy import read_tflite
+from compress_dqn.deploy.tflite.reader import read_tflite
 from compress_dqn.errors import UserError
 
 RAM_BUDGETS = {"32KB": 32 * 1024, "256KB": 256 * 1024}

@@ -18,7 +18,7 @@ from compress_dqn.deploy.micro.play import MicroPolicy, probe_observations
 from compress_dqn.deploy.micro.rewrite import int8_io_model, try_compression
 from compress_dqn.deploy.micro.uint8_input import runnable_model
 from compress_dqn.deploy.micro_figures import MicroFigures
-from compress_dqn.deploy.litert.policy import read_tflite
+from compress_dqn.deploy.tflite.reader import read_tflite
 from compress_dqn.deploy.base import ExportOptions, ExportReport, cpp_identifier, policy_name
 from compress_dqn.deploy.tflite.file import TFLiteFile
 from compress_dqn.errors import UserError

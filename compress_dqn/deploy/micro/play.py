@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from compress_dqn.deploy.micro.model import (
-    SIGNATURE, ModelInfo, failure_reason, generous_arena, inspect_model, native_stderr, new_interpreter,
+    ModelInfo, failure_reason, generous_arena, inspect_model, native_stderr, new_interpreter,
 )
 from compress_dqn.deploy.micro.uint8_input import runnable_model
-from compress_dqn.deploy.litert.policy import read_tflite
+from compress_dqn.deploy.tflite.reader import SIGNATURE, read_tflite
 from compress_dqn.deploy.tflite.metadata import caller_normalization
 from compress_dqn.errors import UserError
 

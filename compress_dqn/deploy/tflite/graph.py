@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.litert.policy import SIGNATURE
-from compress_dqn.deploy.tflite.reader import builtin, decode, litert_schema, op_names, read_tflite
+from compress_dqn.deploy.tflite.reader import SIGNATURE, builtin, decode, litert_schema, op_names, read_tflite
 from compress_dqn.deploy.tflite.metadata import caller_normalization
 from compress_dqn.envs.normalization import Normalization
 from compress_dqn.errors import UserError
