@@ -31,7 +31,7 @@ from compress_dqn.deploy.micro_figures import M0PLUS, M4F, CFigures
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_text_atomic
 
-TARGETS = {
+CORTEX_M_FLAGS = {  # zig cc flags per Cortex-M part (not the export registry's targets)
     M0PLUS: ["-target", "thumb-freestanding-eabi", "-mcpu=cortex_m0plus"],
     M4F: ["-target", "thumb-freestanding-eabihf", "-mcpu=cortex_m4+vfp4d16sp"],
 }
@@ -85,7 +85,7 @@ def _zig(args: list[str], cwd: Path) -> None:
 def measure_target(p: CPolicy, target: str, folder: Path) -> dict[str, Any]:
     """Build the minimal image for one target in folder; its section sizes, stack and flash/RAM totals."""
     _write(p, folder)
-    flags = [*TARGETS[target], *_FLAGS]
+    flags = [*CORTEX_M_FLAGS[target], *_FLAGS]
     stack = 0
     for source in (f"{p.name}.c", "main.c"):
         su = folder / f"{source}.{target}.su"
@@ -131,11 +131,11 @@ def measure_mcu(p: CPolicy) -> dict[str, Any]:
     if not available():
         return {"measured": False, "reason": INSTALL_HINT}
     with tempfile.TemporaryDirectory(prefix="compress-dqn-mcu-") as tmp:
-        folders = {target: Path(tmp) / target for target in TARGETS}
+        folders = {target: Path(tmp) / target for target in CORTEX_M_FLAGS}
         for folder in folders.values():
             folder.mkdir()
         try:
-            with ThreadPoolExecutor(len(TARGETS)) as pool:  # threads: each waits on its zig processes
+            with ThreadPoolExecutor(len(CORTEX_M_FLAGS)) as pool:  # threads: each waits on its zig processes
                 futures = {target: pool.submit(measure_target, p, target, folder) for target, folder in folders.items()}
                 targets = {target: future.result() for target, future in futures.items()}
         except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
