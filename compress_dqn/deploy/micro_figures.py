@@ -30,6 +30,18 @@ class FlashEstimate(BaseModel):
     source: str
 
 
+TFLM_RUNTIME_FLASH = FlashEstimate(
+    low_bytes=9732, high_bytes=22 * 1024,
+    source="low: TFLM's framework alone (interpreter, memory planner; no kernel), 9,732 B of text on a Cortex-M3 "
+           "(STM32F103 'bluepill'), TFLM's memory_footprint README (github.com/tensorflow/tflite-micro, "
+           "tensorflow/lite/micro/examples/memory_footprint/README.md); high: 22 KB 'with enough operators to run "
+           "a speech keyword detection model' on a Cortex M3, TFLM's original README (16 KB 'core runtime')",
+)
+"""TFLM's own code in flash, which the model array does not count: figures TFLM publishes, not measured
+here. The low one has no kernel at all (a policy needs FULLY_CONNECTED, QUANTIZE, ARG_MAX, ...); the high
+one has a keyword model's kernels. `export --target c` measures a policy's whole image instead."""
+
+
 class MicroFigures(BaseModel):
     """What a policy costs on a microcontroller (micro_summary), or why it was not measured: without
     TFLite Micro installed only runs (None), reason and flash_bytes are written."""

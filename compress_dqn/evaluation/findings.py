@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.micro import TFLM_RUNTIME_FLASH
+from compress_dqn.deploy.micro_figures import TFLM_RUNTIME_FLASH
 from compress_dqn.evaluation.figures import M4F, ONE_PERCENT, AtOnePercent, Comparison, Verdict
 from compress_dqn.evaluation.results import RunResults, VariantResult
 from compress_dqn.evaluation.verdicts import episodes_to_decide
