@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from compress_dqn.deploy.base import ExportOptions, ExportReport
 
 
-def _load(path: str) -> Any:
+def load_named(path: str) -> Any:
     """The function a row names as "package.module:function", imported now."""
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
@@ -68,11 +68,11 @@ class Target:
 
     def export(self, policy: Path, out: Path | None, options: ExportOptions) -> ExportReport:
         """The row's export function, imported now and called."""
-        return _load(self.export_function)(policy, out, options)
+        return load_named(self.export_function)(policy, out, options)
 
     def available(self) -> bool:
         """Whether this machine has what the target measures with (its optional extra)."""
-        return self.available_function is None or bool(_load(self.available_function)())
+        return self.available_function is None or bool(load_named(self.available_function)())
 
     def check_out(self, out: Path | None) -> None:
         """Refuse an --out of the wrong kind (a file where a directory is written, or the reverse)."""
