@@ -350,7 +350,7 @@ def bench(policy: Path, calls: int, memory: bool, device: str | None, batches: s
 @_user_errors
 def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None, tflm_compress: bool,
            onnx_int8: str | None) -> None:
-    """Export a .tflite policy to ship (tflite) or for a microcontroller with measured flash and RAM (micro); prints JSON."""
+    """Export a .tflite policy for one runtime (--target), with what it costs there; prints JSON."""
     from compress_dqn.deploy.base import ExportOptions
     from compress_dqn.store.manifest import check_artifact
 
