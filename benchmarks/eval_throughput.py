@@ -144,7 +144,7 @@ def unit_player(player: str):
     """(play_unit(env, tflite, n_actions, first_seed, count) without n_actions, the env argument's
     maker) for the tree on sys.path: today's, one episode at a time, or an older tree's."""
     if player == "one_at_a_time":
-        from compress_dqn.deploy.policy import TFLitePolicy
+        from compress_dqn.deploy.litert.policy import TFLitePolicy
         from compress_dqn.envs.episodes import run_episodes
 
         def alone(env, tflite, first, count):
@@ -171,7 +171,7 @@ def breakdown(player: str, tflite: Path, env, first: int, count: int) -> dict[st
     """Where a unit's time goes, from one run with every environment and interpreter call timed
     (the timers add a little to each): seconds in the environment (stepping and starting
     episodes), in LiteRT (set_tensor, invoke, get_tensor), and the rest (the player's Python)."""
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
     from compress_dqn.envs import episodes
 
     spent = {"environment": 0.0, "set_tensor": 0.0, "invoke": 0.0, "get_tensor": 0.0}

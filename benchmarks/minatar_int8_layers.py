@@ -10,7 +10,7 @@ build does not. Its action gaps are tiny (a median of ~0.02 on replay states), s
 some range is enough to tie or flip an action; this names the range. `--policy` is a float32
 student written by compress-dqn (uint8 observations, CONV_2D + relu, flatten, a FULLY_CONNECTED
 hidden layer + relu, then the split heads "advantage" (n_actions units) and "value" (1 unit),
-Q = A + V). The weights are read from its graph (compress_dqn.deploy.tflite_graph), not by their
+Q = A + V). The weights are read from its graph (compress_dqn.deploy.tflite.graph), not by their
 shapes, and its forward pass is redone in numpy, checked against LiteRT on the same states (the run
 fails if the two differ by more than 1e-3). Then each component is quantized as TFLite's int8 does,
 the rest left in float, and the greedy action compared with the float one on `--states` replay
@@ -119,7 +119,7 @@ class Network:
     """The student's weights, read from its graph, and its forward pass in float64 numpy."""
 
     def __init__(self, policy: Path) -> None:
-        from compress_dqn.deploy.tflite_graph import read_policy_graph
+        from compress_dqn.deploy.tflite.graph import read_policy_graph
 
         graph = read_policy_graph(policy, outputs=("action", "q_values"))
         kinds = [op.kind for op in graph.ops]

@@ -64,9 +64,10 @@ def _states(path: Path, given: Path | None, shape: tuple[int, ...], dtype: np.dt
 
 def prepare(out: Path, paths: list[Path], states_file: Path | None, n: int) -> None:
     """Export every policy both ways into OUT, with its states and the reference kernels' actions."""
-    from compress_dqn.deploy.onnx_export import export_onnx_file
-    from compress_dqn.deploy.policy import TFLitePolicy
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.onnx.export import export as export_onnx
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     out.mkdir(parents=True, exist_ok=True)
     for name, policy in _policies(paths).items():
@@ -75,7 +76,7 @@ def prepare(out: Path, paths: list[Path], states_file: Path | None, n: int) -> N
         states = _states(policy, states_file, reference.obs_shape, np.dtype(np.float32 if obs.quantized else obs.dtype), n)
         np.savez(out / f"{name}.npz", states=states, actions=reference.actions(states).astype(np.int64))
         for form in FORMS:
-            export_onnx_file(policy, out / f"{name}.{form}.onnx", int8=form)
+            export_onnx(policy, out / f"{name}.{form}.onnx", ExportOptions(onnx_int8=form))
         print(json.dumps({"policy": str(policy), "name": name, "states": len(states)}), flush=True)
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -45,12 +45,13 @@ def _outsider(script: str, policy: Path, env_id: str, seed: int, episodes: int, 
 
 
 def c_figures(policy: Path, env, seeds: list[int], name: str) -> dict:
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared, export_c
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared, export
+    from compress_dqn.deploy.c.source import generate_c
     from compress_dqn.envs.episodes import run_episodes
 
     with tempfile.TemporaryDirectory() as tmp:
-        figures = export_c(policy, Path(tmp) / "out", name=name)
+        figures = export(policy, Path(tmp) / "out", ExportOptions(name=name))
         p = generate_c(policy, name)
         c_act, ref_act = c_actor(compile_shared(p, Path(tmp)), p), TFLitePolicy(policy, reference_kernels=True).act
         c_returns = run_episodes(c_act, env, seeds)
@@ -112,15 +113,16 @@ def onnx_run_us(path: Path, calls: int = 2000) -> float:
 
 
 def variant_row(policy: Path, env, seeds: list[int], evaluate_returns: list[float]) -> dict:
-    from compress_dqn.deploy.c_export import default_name
-    from compress_dqn.deploy.onnx_export import export_onnx_file
+    from compress_dqn.deploy.c.source import default_name
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.onnx.export import export as export_onnx
 
     name = default_name(policy)
     row = {"variant": policy.parent.name, "episodes": len(seeds), "evaluate_returns_mean": float(np.mean(evaluate_returns))}
     row["c"] = c_figures(policy, env, seeds, name)
     with tempfile.TemporaryDirectory() as tmp:
         onnx_file = Path(tmp) / f"{name}.onnx"
-        onnx_bytes = export_onnx_file(policy, onnx_file)["bytes"]
+        onnx_bytes = export_onnx(policy, onnx_file, ExportOptions())["bytes"]
         played = _outsider("outsider_onnx_player.py", onnx_file, env.id, seeds[0], len(seeds))
         run_us = onnx_run_us(onnx_file)
         differing, steps = onnx_disagreements(onnx_file, policy, env, seeds)

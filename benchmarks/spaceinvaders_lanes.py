@@ -76,7 +76,7 @@ def load_policy(path: Path | None):
     """(choose(batch) -> actions, act(obs) -> action, a name) for a TFLite file or the scripted player."""
     if path is None:
         return scripted_actions, lambda obs: int(scripted_actions(obs[None])[0]), "scripted"
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
 
     policy = TFLitePolicy(path)
     return policy.actions, policy.act, str(path)

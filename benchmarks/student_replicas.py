@@ -56,7 +56,7 @@ def replica_recipe(recipe: Path, seed: int, student: str, select_episodes: list[
 
 def fresh_returns(args: tuple[str, str, int, int]) -> list[float]:
     from compress_dqn.evaluation.play import evaluate
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
     from compress_dqn.recipe.schema import load_recipe
 
     recipe, policy, episodes, first_seed = args

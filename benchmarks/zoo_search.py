@@ -108,7 +108,7 @@ def ptq_float_head(run: Path, episodes: int) -> dict:
     hold, no output scale will."""
     import numpy as np
 
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
     from compress_dqn.envs.episodes import play_side_by_side, random_returns
     from compress_dqn.evaluation.findings import float_head_policy
     from compress_dqn.evaluation.results import load_results

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import click
 
 from compress_dqn import __version__
+from compress_dqn.deploy import registry
 from compress_dqn.errors import UserError, WriteRefused, refusal_errno
 from compress_dqn.recipe.presets import VARIANT_PRESETS, preset_for, search_block
 
@@ -338,32 +339,23 @@ def bench(policy: Path, calls: int, memory: bool, device: str | None, batches: s
 
 @main.command()
 @click.argument("policy", type=click.Path(path_type=Path))
-@click.option("--target", type=click.Choice(["micro", "tflite", "c", "onnx"]), default="micro", show_default=True,
-              help="micro: C++ for TensorFlow Lite Micro (model array, header, example, README). "
-                   "tflite: the one self-contained .tflite to ship, with LiteRT usage for Python and C++. "
-                   "c: one dependency-free C99 file and header (NAME_act), with measured Cortex-M flash and RAM. "
-                   "onnx: an ONNX model for onnxruntime (int8 policies in integer ops; see --onnx-int8).")
-@click.option("--out", type=click.Path(path_type=Path),
-              help="micro, c: output directory (default: micro/NAME, c/NAME); tflite, onnx: the file "
-                   "(default: ./NAME.tflite, ./NAME.onnx).")
-@click.option("--int8-io", is_flag=True, help="micro: int8 observation input and q_values output (full-integer policies).")
-@click.option("--name", help="micro, c: C/C++ identifier for the files and namespace (default: the variant or file name).")
-@click.option("--compress", "tflm_compress", is_flag=True,
-              help="micro: keep TFLM's look-up-table weight compression when it shrinks the model losslessly.")
-@click.option("--onnx-int8", type=click.Choice(["exact", "qdq"]),
-              help="onnx, int8 policies: exact (the default) repeats LiteRT's reference kernels in integer ops, the same "
-                   "actions on every CPU; qdq is QuantizeLinear/DequantizeLinear for onnxruntime's fused int8 kernels, "
-                   "about 3x faster a call, whose actions can differ at rounding boundaries by CPU (docs/shipping.md).")
+@click.option("--target", type=click.Choice(list(registry.TARGETS)), default=registry.DEFAULT, show_default=True,
+              help=registry.target_help())
+@click.option("--out", type=click.Path(path_type=Path), help=registry.out_help())
+@click.option("--int8-io", is_flag=True, help=registry.option_help("int8_io"))
+@click.option("--name", help=registry.option_help("name"))
+@click.option("--compress", "tflm_compress", is_flag=True, help=registry.option_help("compress"))
+@click.option("--onnx-int8", type=click.Choice(["exact", "qdq"]), help=registry.option_help("onnx_int8"))
 @_user_errors
 def export(policy: Path, target: str, out: Path | None, int8_io: bool, name: str | None, tflm_compress: bool,
            onnx_int8: str | None) -> None:
-    """Export a .tflite policy to ship (tflite) or for a microcontroller with measured flash and RAM (micro); prints JSON."""
-    from compress_dqn.deploy.targets import ExportOptions, export_policy
+    """Export a .tflite policy for one runtime (--target), with what it costs there; prints JSON."""
+    from compress_dqn.deploy.base import ExportOptions
     from compress_dqn.store.manifest import check_artifact
 
     check_artifact(policy)
     options = ExportOptions(int8_io=int8_io, name=name, compress=tflm_compress, onnx_int8=onnx_int8)
-    click.echo(json.dumps(export_policy(target, policy, out, options).to_dict()))
+    click.echo(json.dumps(registry.export_policy(target, policy, out, options).to_dict()))
 
 
 def run_in_process(args: list[str]) -> None:

@@ -7,7 +7,7 @@ POLICY ENV_ID FIRST_SEED EPISODES [action|q_values]` (which output it plays; act
 "q_argmax_differs": steps where argmax of the `q_values` output is another action}.
 
 Why `action` unless told: it is the policy. `q_values` plays an outside client that takes argmax of
-the Q-values, which must give the same action (compress_dqn/deploy/outputs.py: a split int8 head's
+the Q-values, which must give the same action (compress_dqn/deploy/tflite/outputs.py: a split int8 head's
 Q-values were once requantized on the sum of two ranges, coarse enough to tie the actions).
 """
 

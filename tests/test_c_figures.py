@@ -5,7 +5,7 @@ TFLite Micro's figures; without the extra there are none, and the report says so
 import json
 import shutil
 
-from compress_dqn.deploy import c_measure
+from compress_dqn.deploy.c import measure as c_measure
 from compress_dqn.evaluation.figures import C_TARGETS, M0PLUS, M4F
 from compress_dqn.evaluation.report import kib
 from compress_dqn.evaluation.results import load_results

@@ -9,7 +9,7 @@ import pytest
 from compress_dqn.errors import UserError
 from compress_dqn.export.conversion import convert_tflite, export_saved_model
 from compress_dqn.rl.networks import NumpyActor, build_q_network
-from compress_dqn.deploy.policy import TFLitePolicy, check_compatible
+from compress_dqn.deploy.litert.policy import TFLitePolicy, check_compatible
 from compress_dqn.export.loading import load_policy
 from compress_dqn.export.saved_model import SavedModelPolicy
 

@@ -153,7 +153,7 @@ def _interpreter_differs(onnx_file: Path, states: np.ndarray, optimized: bool) -
     """States where the interpreter's action (torch, CPU) differs from onnxruntime's."""
     import onnxruntime as ort
 
-    from compress_dqn.deploy.onnx_torch import OnnxTorchPolicy, read_onnx
+    from compress_dqn.deploy.onnx.torch_runtime import OnnxTorchPolicy, read_onnx
 
     options = ort.SessionOptions()
     if not optimized:  # QDQ as ONNX defines it, op by op: no fused int8 kernels with their own rounding
@@ -165,12 +165,13 @@ def _interpreter_differs(onnx_file: Path, states: np.ndarray, optimized: bool) -
 
 def _forms(tflite: Path, folder: Path) -> dict[str, Path]:
     """The file's ONNX exports: the exact form, and the QDQ one where the policy is int8."""
-    from compress_dqn.deploy.onnx_export import export_onnx_file
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.onnx.export import export as export_onnx
 
     written = {}
     for form in ("exact", "qdq"):
         out = folder / f"{tflite.parent.name}-{tflite.stem}.{form}.onnx"
-        written[export_onnx_file(tflite, out, int8=form)["quantized"]] = out
+        written[export_onnx(tflite, out, ExportOptions(onnx_int8=form))["quantized"]] = out
     return written
 
 
@@ -190,7 +191,7 @@ def test_the_interpreter_plays_conv_and_dynamic_range_exports(tmp_path):
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import converter_setup
     from compress_dqn.compress.rewrites import split_value_advantage
-    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.deploy.tflite.outputs import with_float_q_values
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 

@@ -83,7 +83,7 @@ def _conv_kernel_scales(path) -> list[int]:
 def test_minatar_cnn_pipeline_end_to_end(minatar_variants_run):
     """The MinAtar recipe, shrunk (conftest's run): CNN training, frame replay, pruned + int8 + QAT variants
     (and dynamic range, float16), report."""
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
 
     run_dir = minatar_variants_run
     results = json.loads((run_dir / "results.json").read_text())
@@ -107,7 +107,7 @@ def test_minatar_cnn_pipeline_end_to_end(minatar_variants_run):
         assert _conv_kernel_scales(run_dir / entry["artifacts"]["tflite"]) == expected, entry["name"]
     # measure.c_policy: none (conftest's NO_C_FIGURES): every policy translated to C, none cross-compiled, and
     # the report says why its C columns are missing.
-    from compress_dqn.deploy.c_measure import NOT_COMPILED
+    from compress_dqn.deploy.c.measure import NOT_COMPILED
 
     for entry in results["variants"]:
         c = entry["c_policy"]

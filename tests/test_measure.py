@@ -135,7 +135,7 @@ def test_gpu_measurement_path_records_latency_and_peak(artifacts, monkeypatch):
 def test_act_costs_little_over_litert_s_own_set_invoke_get(artifacts):
     """act() adds a view and a Python call to set_tensor+invoke+get_tensor: well under a microsecond
     (the bound is loose for a loaded test machine; the brief's ~0.5 us is measured by bench)."""
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
     from compress_dqn.evaluation.measure import compare_with_litert
 
     out, obs = artifacts

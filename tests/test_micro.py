@@ -11,6 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from compress_dqn.deploy import micro
+from compress_dqn.deploy.base import ExportOptions
+from compress_dqn.deploy.micro.cpp import export as micro_export
 from compress_dqn.cli import main
 from compress_dqn.errors import UserError
 
@@ -75,7 +77,7 @@ def policies(tmp_path_factory):
     paths["prod"].write_bytes(converter.convert())
     # As the pipeline exports a normalized int8 policy: calibrated on (obs - mean) / std, which the
     # file computes itself in front of its input (graph_input.py).
-    from compress_dqn.deploy.graph_input import carry_input_normalization
+    from compress_dqn.deploy.tflite.graph_input import carry_input_normalization
     from compress_dqn.compress.rewrites import normalize_model_input
     from compress_dqn.envs.normalization import Normalization
 
@@ -158,7 +160,7 @@ class LiteRTBuiltin:
 @needs_tflm
 def test_micro_policy_plays_like_litert(policies):
     from compress_dqn.evaluation.play import evaluate
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
     from compress_dqn.recipe.schema import EnvConfig
 
     env = EnvConfig(id="CartPole-v1")
@@ -205,7 +207,7 @@ def test_cli_evaluate_runtime_micro_matches_litert_without_tensorflow(policies):
 
 @needs_tflm
 def test_int8_io_rewrites_a_qat_split_head_without_changing_actions(policies, tmp_path):
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
 
     code, stdout, err = _cli("export", str(policies["qat"]), "--out", str(tmp_path / "q"), "--int8-io")
     assert code == 0, err
@@ -223,7 +225,7 @@ def test_int8_io_rewrites_a_qat_split_head_without_changing_actions(policies, tm
 
 @needs_tflm
 def test_export_int8_io_writes_files_that_compile(policies, tmp_path):
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
 
     out = tmp_path / "out"
     code, stdout, err = _cli("export", str(policies["int8"]), "--target", "micro", "--out", str(out), "--int8-io",
@@ -300,7 +302,7 @@ def test_unsupported_op_and_bad_files_get_one_line(policies, tmp_path):
 @needs_tflm
 def test_a_normalization_that_does_not_fit_the_input_is_refused(policies):
     """MicroPolicy normalized an 8-feature observation with a 4-feature mean, reshaped, and played on."""
-    from compress_dqn.deploy.tflite_metadata import with_input_normalization
+    from compress_dqn.deploy.tflite.metadata import with_input_normalization
     from compress_dqn.envs.normalization import Normalization
 
     bad = with_input_normalization(policies["fp32"].read_bytes(), Normalization(np.zeros(2), np.ones(2)))
@@ -421,7 +423,7 @@ def _uint8_cnn(path: Path, quantize: str | None) -> Path:
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import converter_setup
     from compress_dqn.compress.rewrites import split_value_advantage
-    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.deploy.tflite.outputs import with_float_q_values
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
@@ -443,11 +445,11 @@ def test_a_uint8_observation_policy_exports_for_tflm_and_plays_as_the_reference_
     """TFLM's CAST takes no uint8: the export makes CAST + QUANTIZE one QUANTIZE uint8 -> int8, a lone CAST a
     DEQUANTIZE (scale 1, zero point 0); the model still takes the raw observation."""
     from compress_dqn.deploy.micro.model import inspect_model
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
 
     path = _uint8_cnn(tmp_path / "cnn.tflite", quantize)
     assert inspect_model(path.read_bytes()).ops[0] == "CAST"
-    export = micro.export_micro(path, tmp_path / "out", name="cnn")
+    export = micro_export(path, tmp_path / "out", ExportOptions(name="cnn"))
     assert export.runs and export.arena_bytes > 0 and export.input.dtype == "uint8"
     assert "CAST" not in export.ops and export.ops[0] == ("QUANTIZE" if quantize else "DEQUANTIZE")
     assert inspect_model(path.read_bytes()).ops[0] == "CAST"  # the shipped file stays as it is

@@ -11,7 +11,7 @@ from compress_dqn.deploy import micro
 from compress_dqn.run import baseline_stages, looks as looks_module, pipeline, variants as variants_module
 from compress_dqn.envs.environment import make_env_from
 from compress_dqn.envs.episodes import random_returns
-from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.run.pipeline import finish_run, run
 from compress_dqn.recipe.schema import load_recipe
 
@@ -101,7 +101,7 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
         assert not fp16["micro"]["runs"] and "float16 models do not run on TFLM" in fp16["micro"]["reason"]
 
     # The int8 student normalizes raw observations in its own graph (SUB, DIV in front of its input).
-    from compress_dqn.deploy.graph_input import graph_normalization
+    from compress_dqn.deploy.tflite.graph_input import graph_normalization
 
     in_graph = graph_normalization((tmp_path / "run" / student["artifacts"]["tflite"]).read_bytes())
     assert student["compression"]["input_normalization"] == {"mean": in_graph.mean.tolist(), "std": in_graph.std.tolist(),

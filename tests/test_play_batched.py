@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.envs.environment import make_env_from, reset_episode
 from compress_dqn.envs.episodes import run_episodes
 from compress_dqn.evaluation.play import evaluate, play_policy, play_unit

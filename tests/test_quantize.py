@@ -6,8 +6,8 @@ import pytest
 from compress_dqn.compress.build import build_variant
 from compress_dqn.compress.build import dense_kernels
 from compress_dqn.export.conversion import export_policy
-from compress_dqn.deploy.graph_input import graph_normalization
-from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.deploy.tflite.graph_input import graph_normalization
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 
 from conftest import variant
 

@@ -266,7 +266,7 @@ def test_runs_that_do_not_fit_are_refused_before_anything_is_written(tmp_path, m
 
 def test_saved_model_with_the_wrong_signature_or_shape_is_refused(tmp_path):
     from compress_dqn._tf import tf
-    from compress_dqn.deploy.policy import check_compatible
+    from compress_dqn.deploy.litert.policy import check_compatible
     from compress_dqn.export.loading import load_policy
 
     module = tf.Module()

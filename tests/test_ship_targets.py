@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 
 HERE = Path(__file__).resolve().parent
 EPISODES = 3
@@ -49,8 +49,8 @@ def _play_side_by_side(c_act, ref_act, env_id: str, seeds, states: np.ndarray) -
 
 @pytest.mark.slow
 def test_the_c_policy_takes_the_reference_kernels_action_on_every_state(tiny_run, tmp_path):
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
 
     states = np.random.default_rng(0).normal(0, 1.5, (500, 4)).astype(np.float32)
     checked = []
@@ -74,7 +74,7 @@ def _cnn_student(folder: Path, int8: bool = True) -> Path:
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import converter_setup
     from compress_dqn.compress.rewrites import split_value_advantage
-    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.deploy.tflite.outputs import with_float_q_values
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
@@ -97,9 +97,9 @@ def _cnn_student(folder: Path, int8: bool = True) -> Path:
 
 @pytest.mark.slow
 def test_a_cnn_student_in_c_plays_as_the_reference_kernels(tmp_path):
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     path = _cnn_student(tmp_path)
     assert {op.kind for op in read_policy_graph(path).ops} >= {"CONV_2D", "FULLY_CONNECTED", "RESHAPE", "ARG_MAX"}
@@ -114,8 +114,8 @@ def test_a_cnn_student_in_c_plays_as_the_reference_kernels(tmp_path):
 
 def test_a_float_cnn_in_c_plays_as_the_reference_kernels(tmp_path):
     """conv_f32 (a float CNN, the MinAtar baselines' form) sums as the reference kernel does."""
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
 
     path = _cnn_student(tmp_path, int8=False)
     policy = generate_c(path, "cnn_f32")
@@ -133,9 +133,9 @@ def test_a_float_head_qat_student_in_c_plays_as_the_reference_kernels(tmp_path):
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import FLOAT_HEADS, calibrate_ranges, converter_setup, qat_model
     from compress_dqn.compress.rewrites import split_value_advantage
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
-    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
+    from compress_dqn.deploy.tflite.outputs import with_float_q_values
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
@@ -166,10 +166,10 @@ def test_a_low_bit_kernel_student_in_c_and_onnx_plays_as_the_reference_kernels(t
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import FLOAT_HEADS, calibrate_ranges, converter_setup, qat_model
     from compress_dqn.compress.rewrites import flattened_dense_as_conv, split_value_advantage
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
-    from compress_dqn.deploy.outputs import with_float_q_values
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
+    from compress_dqn.deploy.tflite.outputs import with_float_q_values
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
@@ -197,9 +197,10 @@ def test_a_low_bit_kernel_student_in_c_and_onnx_plays_as_the_reference_kernels(t
         assert session.run(["action"], {"observations": states})[0].tolist() == reference
     _assert_exact_on_an_emulated_avx2_cpu(tmp_path / "low_bit.onnx", states, reference, tmp_path / "avx2")
     from compress_dqn.deploy.micro import MicroPolicy
-    from compress_dqn.deploy.micro.cpp import export_micro
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.micro.cpp import export as export_micro
 
-    micro = export_micro(path, tmp_path / "micro")  # TFLM runs the INT4 kernel, unpacked into its arena
+    micro = export_micro(path, tmp_path / "micro", ExportOptions())  # TFLM runs the INT4 kernel, unpacked into its arena
     assert micro.runs and micro.arena_bytes > 16 * 8 * 8 * 4
     assert MicroPolicy(path).actions(states[:200]).tolist() == reference[:200]
 
@@ -212,7 +213,7 @@ def _dynamic_range_file(folder: Path, name: str, layers: list, obs_shape: tuple,
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import converter_setup
     from compress_dqn.compress.rewrites import split_value_advantage
-    from compress_dqn.deploy.outputs import with_float_q_values
+    from compress_dqn.deploy.tflite.outputs import with_float_q_values
     from compress_dqn.export.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
@@ -234,7 +235,7 @@ def _hybrid_form(path: Path, symmetric: bool, per_tensor: bool) -> Path:
     (asymmetric_quantize_inputs off) and one weight scale (FULLY_CONNECTED: one scale; CONV_2D: equal scales)."""
     from ai_edge_litert import schema_py_generated as schema
 
-    from compress_dqn.deploy.tflite_metadata import pack_model
+    from compress_dqn.deploy.tflite.metadata import pack_model
 
     model = schema.ModelT.InitFromPackedBuf(bytearray(path.read_bytes()), 0)
     graph, ops = model.subgraphs[0], schema.BuiltinOperator
@@ -263,9 +264,9 @@ def _values_differ(path: Path, folder: Path, states: np.ndarray) -> int:
 
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import compile_shared
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import compile_shared
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     policy = generate_c(path, "vals")
     found = re.search(r"return argmax_f32\((t\d+), (\d+)\);", policy.source)
@@ -315,9 +316,9 @@ def test_a_dynamic_range_policy_in_c_computes_what_litert_s_hybrid_kernels_compu
     action for action as LiteRT's reference kernels; its Q-values are bit for bit theirs on LiteRT's four
     hybrid paths (asymmetric or symmetric input, per-channel or per-tensor weights) and on rounding edges."""
     from compress_dqn._tf import tf_keras
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     dense = tf_keras.layers.Dense
     path = _dynamic_range_file(tmp_path, "cartpole", [dense(256, activation="relu", name="hidden_0"),
@@ -348,9 +349,9 @@ def test_a_dynamic_range_cnn_in_c_plays_as_litert_s_hybrid_kernels(tmp_path):
     """A MinAtar-shaped dynamic-range CNN: its CONV_2D (1,152 weights) and dense layer run as LiteRT's hybrid
     kernels, per channel (asymmetric input) and with one scale (symmetric)."""
     from compress_dqn._tf import tf_keras
-    from compress_dqn.deploy.c_export import generate_c
-    from compress_dqn.deploy.c_measure import c_actor, compile_shared
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.c.source import generate_c
+    from compress_dqn.deploy.c.measure import c_actor, compile_shared
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     layers = tf_keras.layers
     path = _dynamic_range_file(tmp_path, "cnn", [layers.Conv2D(32, 3, activation="relu", name="conv_0"), layers.Flatten(name="flatten"),
@@ -373,10 +374,11 @@ def _onnx_session(path: Path, folder: Path):
     """onnxruntime's session on the `export --target onnx` file of a .tflite policy."""
     import onnxruntime as ort
 
-    from compress_dqn.deploy.onnx_export import export_onnx_file
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.onnx.export import export as export_onnx
 
     out = folder / f"{path.stem}.onnx"
-    export_onnx_file(path, out)
+    export_onnx(path, out, ExportOptions())
     return ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
 
 
@@ -385,10 +387,11 @@ def _onnx_sessions(path: Path, folder: Path, int8: str = "exact") -> list:
     and with them off, one thread each."""
     import onnxruntime as ort
 
-    from compress_dqn.deploy.onnx_export import export_onnx_file
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.onnx.export import export as export_onnx
 
     out = folder / f"{path.stem}.onnx"
-    export_onnx_file(path, out, int8=int8)
+    export_onnx(path, out, ExportOptions(onnx_int8=int8))
     sessions = []
     for level in (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL):
         options = ort.SessionOptions()
@@ -485,7 +488,7 @@ def test_a_fully_hybrid_policy_in_onnx_gives_litert_s_q_values_bit_for_bit(tmp_p
     reference kernels' bit for bit on its four hybrid paths and the rounding edges, one state a call and in
     one batch (each row quantized alone)."""
     from compress_dqn._tf import tf_keras
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     dense = tf_keras.layers.Dense
     path = _dynamic_range_file(tmp_path, "hybrid", [dense(1028, activation="relu", name="hidden_0"), dense(3, name="q_values")],
@@ -508,7 +511,7 @@ def test_a_dynamic_range_cnn_in_onnx_plays_as_litert_s_hybrid_kernels(tmp_path):
     LiteRT's reference kernels' bit for bit, per channel (asymmetric input) and with one scale (symmetric),
     and it takes their action, and that of LiteRT's default kernels, on every state of two episodes."""
     from compress_dqn._tf import tf_keras
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
 
     layers = tf_keras.layers
     path = _dynamic_range_file(tmp_path, "cnn", [layers.Conv2D(16, 4, padding="same", activation="relu", name="conv_0"),
@@ -538,9 +541,9 @@ def test_fc_scale_rounds_as_double_round(tmp_path, defines):
     import ctypes
     import math
 
-    from compress_dqn.deploy.c_export import CPolicy
-    from compress_dqn.deploy.c_measure import compile_shared
-    from compress_dqn.deploy.c_runtime import routines
+    from compress_dqn.deploy.c.source import CPolicy
+    from compress_dqn.deploy.c.measure import compile_shared
+    from compress_dqn.deploy.c.runtime import routines
 
     source = ('#include "fcs.h"\n#include <stdint.h>\n' + routines({"fc_scale"})
               + "int32_t fcs_apply(int32_t acc, uint64_t m, int s) { return fc_scale(acc, m, s); }\n"
@@ -583,7 +586,7 @@ def test_export_c_writes_the_files_and_measures_cortex_m_flash_and_ram(tiny_run,
     # On Cortex-M0+ the 64-bit multiplies and float arithmetic are library code: more flash than on an M4F.
     assert report["mcu"]["targets"]["cortex-m0plus"]["flash_bytes"] > report["mcu"]["targets"]["cortex-m4f"]["flash_bytes"]
     assert report["time_per_action"]["c_ns"] > 0 and report["time_per_action"]["litert_invoke_ns"] > 0
-    from compress_dqn.deploy.c_measure import c_summary
+    from compress_dqn.deploy.c.measure import c_summary
 
     summary = c_summary(policy)  # the record the measure stage keeps beside TFLM's micro summary
     assert summary.translated and summary.integer_only and summary.reason is None
@@ -593,7 +596,7 @@ def test_export_c_writes_the_files_and_measures_cortex_m_flash_and_ram(tiny_run,
 
 
 def test_a_policy_the_c_export_cannot_translate_gets_its_reason_not_an_error(tmp_path):
-    from compress_dqn.deploy.c_measure import c_summary
+    from compress_dqn.deploy.c.measure import c_summary
 
     (tmp_path / "policy.tflite").write_bytes(b"not a flatbuffer at all")
     summary = c_summary(tmp_path / "policy.tflite")

@@ -36,7 +36,7 @@ class _Normalized:
 
 def test_the_run_export_decodes_and_packs_once(tmp_path, counts):
     from compress_dqn._tf import tf_keras
-    from compress_dqn.deploy.graph_input import graph_normalization
+    from compress_dqn.deploy.tflite.graph_input import graph_normalization
     from compress_dqn.export.conversion import export_policy
     from compress_dqn.rl.networks import build_q_network
 
@@ -55,7 +55,8 @@ def test_export_of_a_policy_decodes_its_file_once(tiny_variants_run, tmp_path, c
     signature and its uint8 input; a current file needs no edit for --target tflite, so no decode).
     TFLM's LUT-compression trial reads its own copy through TFLM's model editor, outside this count."""
     from compress_dqn.deploy import micro
-    from compress_dqn.deploy.targets import ExportOptions, export_policy
+    from compress_dqn.deploy.base import ExportOptions
+    from compress_dqn.deploy.registry import export_policy
 
     if target == "micro" and not micro.available():
         pytest.skip("tflite-micro not installed")

@@ -14,11 +14,11 @@ from compress_dqn.errors import UserError
 from compress_dqn.export.conversion import convert_tflite, export_saved_model
 from compress_dqn.compress.rewrites import input_statistics, normalize_model_input, split_value_advantage
 from compress_dqn.rl.networks import build_q_network
-from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.envs.normalization import Normalization
 from compress_dqn.recipe.schema import QuantizeConfig
-from compress_dqn.deploy.graph_input import carry_input_normalization, graph_normalization
-from compress_dqn.deploy.tflite_metadata import (
+from compress_dqn.deploy.tflite.graph_input import carry_input_normalization, graph_normalization
+from compress_dqn.deploy.tflite.metadata import (
     INPUT_NORMALIZATION, add_metadata, input_normalization, read_metadata, with_input_normalization,
 )
 

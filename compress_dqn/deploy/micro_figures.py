@@ -1,7 +1,7 @@
 """The records of what a policy costs on a microcontroller, as results.json holds them (evaluation re-exports them):
 under TFLite Micro (MicroFigures) and as generated C with no runtime (CFigures).
 
-They live below evaluation so that deploy.micro's micro_summary and deploy.c_measure's c_summary
+They live below evaluation so that deploy.micro's micro_summary and deploy.c.measure's c_summary
 return them typed, and outside those modules so that reading results.json imports neither TFLM's
 tooling nor the C export; MicroFigures' JSON is what runs wrote before the record existed: keys a
 writer never set (a run without TFLite Micro installed writes only runs, reason and flash_bytes) are
@@ -28,6 +28,18 @@ class FlashEstimate(BaseModel):
     low_bytes: int
     high_bytes: int
     source: str
+
+
+TFLM_RUNTIME_FLASH = FlashEstimate(
+    low_bytes=9732, high_bytes=22 * 1024,
+    source="low: TFLM's framework alone (interpreter, memory planner; no kernel), 9,732 B of text on a Cortex-M3 "
+           "(STM32F103 'bluepill'), TFLM's memory_footprint README (github.com/tensorflow/tflite-micro, "
+           "tensorflow/lite/micro/examples/memory_footprint/README.md); high: 22 KB 'with enough operators to run "
+           "a speech keyword detection model' on a Cortex M3, TFLM's original README (16 KB 'core runtime')",
+)
+"""TFLM's own code in flash, which the model array does not count: figures TFLM publishes, not measured
+here. The low one has no kernel at all (a policy needs FULLY_CONNECTED, QUANTIZE, ARG_MAX, ...); the high
+one has a keyword model's kernels. `export --target c` measures a policy's whole image instead."""
 
 
 class MicroFigures(BaseModel):
@@ -66,7 +78,7 @@ class MicroFigures(BaseModel):
 M0PLUS = "cortex-m0plus"
 M4F = "cortex-m4f"
 C_TARGETS = (M0PLUS, M4F)
-"""The parts the C policy's image is built for (deploy.c_measure.TARGETS), by their key in CFigures."""
+"""The parts the C policy's image is built for (deploy/c/measure.py), by their key in CFigures."""
 
 
 class CFigures(BaseModel):

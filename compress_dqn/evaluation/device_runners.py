@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.onnx_torch import INTEGER_NOTE, OnnxTorchPolicy
+from compress_dqn.deploy.onnx.torch_runtime import INTEGER_NOTE, OnnxTorchPolicy
 
 NO_NVML = "not read: NVML needs nvidia-ml-py (pip install nvidia-ml-py)"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.micro import TFLM_RUNTIME_FLASH
+from compress_dqn.deploy.micro_figures import TFLM_RUNTIME_FLASH
 from compress_dqn.evaluation.figures import M4F, ONE_PERCENT, AtOnePercent, Comparison, Verdict
 from compress_dqn.evaluation.results import RunResults, VariantResult
 from compress_dqn.evaluation.verdicts import episodes_to_decide
@@ -337,7 +337,7 @@ def is_student(v: VariantResult) -> bool:
 
 def _policy_graph(tflite: Path) -> Any:
     """The file's policy graph; None where it is no policy graph this reader knows."""
-    from compress_dqn.deploy.tflite_graph import read_policy_graph
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
     from compress_dqn.errors import UserError
 
     try:
@@ -383,7 +383,7 @@ class FloatHeadPolicy:
     """States per interpreter call: every tensor is kept, so a call's memory grows with its batch (an image CNN's)."""
 
     def __init__(self, tflite: Path, hidden: Any, kernel: np.ndarray, bias: np.ndarray) -> None:
-        from compress_dqn.deploy.policy import TFLitePolicy
+        from compress_dqn.deploy.litert.policy import TFLitePolicy
 
         self._policy = TFLitePolicy(tflite, keep_tensors=True)
         self._hidden, self._kernel, self._bias = hidden, kernel, bias
@@ -421,7 +421,7 @@ def float_head_policy(tflite: Path, weights: Path, graph: Any = None) -> FloatHe
 def diagnoses(results: RunResults, run_dir: Path) -> list[Diagnosis]:
     """Each variant's diagnosis, measured now on the run's held-out states with the baseline's and the
     variant's TFLite files (LiteRT only); [] where the run directory lacks them (a results.json alone)."""
-    from compress_dqn.deploy.policy import TFLitePolicy
+    from compress_dqn.deploy.litert.policy import TFLitePolicy
     from compress_dqn.errors import UserError
     from compress_dqn.fileio import load_dict
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from compress_dqn._quiet import quiet_stderr
+from compress_dqn.deploy.tflite.reader import SIGNATURE
 from compress_dqn.evaluation.figures import LatencyStats, MemoryProbe, SizeStats
 
 __all__ = ["LatencyStats", "SizeStats", "measure_size", "measure_latency", "measure_memory", "compare_with_litert"]
@@ -104,7 +105,7 @@ def compare_with_litert(policy: Any, content: bytes, observations: np.ndarray, r
     with quiet_stderr():
         interp = Interpreter(model_content=content, num_threads=1)
         interp.allocate_tensors()
-    runner = interp.get_signature_runner("serving_default")
+    runner = interp.get_signature_runner(SIGNATURE)
     (inp,), action = runner.get_input_details().values(), runner.get_output_details()["action"]["index"]
     del runner
     ready = [_as_input(np.asarray(obs)[None], inp) for obs in observations]

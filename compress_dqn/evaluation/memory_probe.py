@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import psutil
 
-from compress_dqn.deploy.policy import Policy, TFLitePolicy
+from compress_dqn.deploy.litert.policy import Policy, TFLitePolicy
 
 
 def _peak_rss_bytes() -> int:

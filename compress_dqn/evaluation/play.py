@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.envs.episodes import Act, play_side_by_side, random_returns, run_episodes
 from compress_dqn.evaluation.verdicts import ReturnStats, summarize
 from compress_dqn.recipe.schema import EnvConfig

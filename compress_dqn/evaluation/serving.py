@@ -3,7 +3,7 @@
 Why: whether a GPU pays for a small policy depends on the batch (one agent, or many environments at
 once) and on the machine, and a GPU machine lent to this project has no TensorFlow. So this measures
 the TensorFlow-free `export --target onnx` file: on onnxruntime's CUDA provider where it is installed,
-else in PyTorch through deploy/onnx_torch.py's interpreter of the exported ops. Per batch: the p50
+else in PyTorch through deploy/onnx/torch_runtime.py's interpreter of the exported ops. Per batch: the p50
 of one call (the result waited for; CUDA-graph replay where the runtime has it, and without), the
 policy's own device memory, and onnxruntime on the CPU at one thread and at every core, hence the
 crossover batch; the device's actions are counted against the CPU's on the same states. TF32 is off.
@@ -146,7 +146,7 @@ def _form(model: Any) -> str:
 def bench_on_device(path: Path, device: str, batches: list[int], name: str | None = None, seconds: float = 0.5,
                     min_calls: int = 20) -> ServingBench:
     """Serve the .onnx file at each batch size on `device` ("gpu" or "cpu") and on this machine's CPU runtimes."""
-    from compress_dqn.deploy.onnx_torch import read_onnx
+    from compress_dqn.deploy.onnx.torch_runtime import read_onnx
     from compress_dqn.evaluation.device_runners import open_runner
 
     runtime = choose_runtime(device)

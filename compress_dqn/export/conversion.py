@@ -19,11 +19,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from compress_dqn._tf import quiet_stderr, tf, tf_keras
-from compress_dqn.deploy.graph_input import carry_normalization
-from compress_dqn.deploy.outputs import action_from_q_values, float_q_values
-from compress_dqn.deploy.policy import SIGNATURE, TFLitePolicy
+from compress_dqn.deploy.tflite.graph_input import carry_normalization
+from compress_dqn.deploy.tflite.outputs import action_from_q_values, float_q_values
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.deploy.tflite.file import TFLiteFile
-from compress_dqn.deploy.tflite_metadata import short_tensor_names
+from compress_dqn.deploy.tflite.metadata import short_tensor_names
+from compress_dqn.deploy.tflite.reader import SIGNATURE
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.envs.normalization import Normalization
 from compress_dqn.errors import UserError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compress_dqn.deploy.policy import Policy, TFLitePolicy
+from compress_dqn.deploy.litert.policy import Policy, TFLitePolicy
 from compress_dqn.errors import UserError
 
 

@@ -1,7 +1,7 @@
 """Run as `python -m compress_dqn.export.memory_probe PATH STEPS`: the memory probe of a SavedModel policy
 (TensorFlow imported, as serving one does); evaluation.memory_probe is the TFLite one."""
 
-from compress_dqn.deploy.policy import Policy
+from compress_dqn.deploy.litert.policy import Policy
 from compress_dqn.evaluation.memory_probe import probe
 
 

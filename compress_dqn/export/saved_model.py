@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from compress_dqn._tf import tf
-from compress_dqn.deploy.policy import SIGNATURE
+from compress_dqn.deploy.tflite.reader import SIGNATURE
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation.figures import LatencyStats
 from compress_dqn.evaluation.measure import measure_latency

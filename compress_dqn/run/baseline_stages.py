@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from compress_dqn._tf import tf
-from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.envs.episodes import random_returns, run_episodes
 from compress_dqn.evaluation.measure import measure_size

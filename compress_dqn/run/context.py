@@ -11,7 +11,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from compress_dqn._tf import configure_device, configure_threads, tf_keras
-from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation.findings import action_gaps

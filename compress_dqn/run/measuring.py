@@ -9,8 +9,10 @@ from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 
-from compress_dqn.deploy import c_measure, micro
-from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.deploy import micro
+from compress_dqn.deploy.c import measure as c_measure
+from compress_dqn.deploy.registry import TARGETS
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.evaluation.figures import (M4F, CFigures, CpuLatency, GpuLatency, LatencyBlock, MemoryBlock,
                                              MicroFigures)
 from compress_dqn.evaluation.measure import measure_latency, measure_memory
@@ -98,7 +100,7 @@ def micro_figures(tflite: Path, measure: bool = True) -> MicroFigures:
     runs), or why that was not measured (`measure` False: measure.micro: none)."""
     if not measure:
         return MicroFigures(runs=None, reason=MICRO_NOT_MEASURED, flash_bytes=tflite.stat().st_size)
-    if not micro.available():
+    if not TARGETS["micro"].available():
         return MicroFigures(runs=None, reason=micro.INSTALL_HINT, flash_bytes=tflite.stat().st_size)
     return micro.micro_summary(tflite)
 
@@ -110,7 +112,7 @@ def c_figures(tflite: Path, cross_compile: bool = True) -> CFigures | None:
 
     No timing run (`export --target c` has one): a few cross-compiles, the targets at once, are all it costs; the
     first on a machine also builds zig's compiler-rt for each target, which zig caches for later runs."""
-    return c_measure.c_summary(tflite, cross_compile) if c_measure.available() else None
+    return c_measure.c_summary(tflite, cross_compile) if TARGETS["c"].available() else None
 
 
 C_NOT_MEASURED = f"No C flash / RAM: measuring a policy as generated C {c_measure.INSTALL_HINT}"

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from compress_dqn.deploy.policy import Policy, TFLitePolicy, check_compatible
+from compress_dqn.deploy.litert.policy import Policy, TFLitePolicy, check_compatible
 from compress_dqn.deploy.tflite.reader import read_tflite
 from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.evaluation.figures import ReturnStats

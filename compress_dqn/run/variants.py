@@ -19,7 +19,7 @@ import numpy as np
 from compress_dqn._tf import set_seed, tf_keras
 from compress_dqn.compress.build import BuiltVariant, build_cost, build_variant, build_variant_per_teacher
 from compress_dqn.compress.details import BuildDetails
-from compress_dqn.deploy.policy import TFLitePolicy
+from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.evaluation.figures import CandidatesPick, Compression, ReturnStats
 from compress_dqn.evaluation.measure import measure_size
@@ -275,7 +275,7 @@ def warm_build_worker() -> None:
     """A build worker's imports, TensorFlow's among them. No TensorFlow op runs,
     so variant_unit can still set the worker's thread count."""
     import compress_dqn.compress.build  # noqa: F401
-    import compress_dqn.deploy.policy  # noqa: F401
+    import compress_dqn.deploy.litert.policy  # noqa: F401
     import compress_dqn.evaluation.verdicts  # noqa: F401
     import compress_dqn.export.conversion  # noqa: F401
 

@@ -15,16 +15,16 @@ and can round a small action gap the other way. Nothing here imports TensorFlow.
 from compress_dqn.deploy.micro.arena import (
     ARENA_MARGIN, ARENA_MARGIN_MIN, FITS_COUNTS, RAM_BUDGETS, TFLM_RUNTIME_FLASH, ArenaProbe, flash_fits, measure_arena, micro_summary, with_margin,
 )
-from compress_dqn.deploy.micro.cpp import default_name, export_micro
+from compress_dqn.deploy.micro.cpp import default_name
 from compress_dqn.deploy.micro.model import (
-    INSTALL_HINT, RESOLVER_METHODS, SIGNATURE, ModelInfo, available, inspect_model,
+    INSTALL_HINT, RESOLVER_METHODS, ModelInfo, available, inspect_model,
 )
 from compress_dqn.deploy.micro.play import MicroPolicy
 from compress_dqn.deploy.micro.rewrite import LutCompression, int8_io_model, try_compression
 from compress_dqn.deploy.micro.uint8_input import uint8_input_model
 
 __all__ = [
-    "ARENA_MARGIN", "ARENA_MARGIN_MIN", "FITS_COUNTS", "TFLM_RUNTIME_FLASH", "flash_fits", "INSTALL_HINT", "RAM_BUDGETS", "RESOLVER_METHODS", "SIGNATURE", "ArenaProbe",
-    "LutCompression", "MicroPolicy", "ModelInfo", "available", "default_name", "export_micro", "inspect_model",
+    "ARENA_MARGIN", "ARENA_MARGIN_MIN", "FITS_COUNTS", "TFLM_RUNTIME_FLASH", "flash_fits", "INSTALL_HINT", "RAM_BUDGETS", "RESOLVER_METHODS", "ArenaProbe",
+    "LutCompression", "MicroPolicy", "ModelInfo", "available", "default_name", "inspect_model",
     "int8_io_model", "measure_arena", "micro_summary", "try_compression", "uint8_input_model", "with_margin",
 ]

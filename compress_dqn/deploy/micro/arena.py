@@ -27,24 +27,14 @@ from compress_dqn.deploy.micro.model import (
     tflm_runtime,
 )
 from compress_dqn.deploy.micro.uint8_input import runnable_model
-from compress_dqn.deploy.micro_figures import FlashEstimate, MicroFigures
-from compress_dqn.deploy.policy import read_tflite
+from compress_dqn.deploy.micro_figures import TFLM_RUNTIME_FLASH, MicroFigures
+from compress_dqn.deploy.tflite.reader import read_tflite
 from compress_dqn.errors import UserError
 
 RAM_BUDGETS = {"32KB": 32 * 1024, "256KB": 256 * 1024}
 ARENA_MARGIN = 0.25
 """Margin on the measured arena: 25%, at least 1 KiB (kernel scratch buffers differ per port)."""
 ARENA_MARGIN_MIN = 1024
-TFLM_RUNTIME_FLASH = FlashEstimate(
-    low_bytes=9732, high_bytes=22 * 1024,
-    source="low: TFLM's framework alone (interpreter, memory planner; no kernel), 9,732 B of text on a Cortex-M3 "
-           "(STM32F103 'bluepill'), TFLM's memory_footprint README (github.com/tensorflow/tflite-micro, "
-           "tensorflow/lite/micro/examples/memory_footprint/README.md); high: 22 KB 'with enough operators to run "
-           "a speech keyword detection model' on a Cortex M3, TFLM's original README (16 KB 'core runtime')",
-)
-"""TFLM's own code in flash, which the model array does not count: figures TFLM publishes, not measured
-here. The low one has no kernel at all (a policy needs FULLY_CONNECTED, QUANTIZE, ARG_MAX, ...); the high
-one has a keyword model's kernels. `export --target c` measures a policy's whole image instead."""
 FITS_COUNTS = ("fits[budget]: the tensor arena with margin fits RAM of that size; fits_flash[budget]: the model "
                "array plus the TFLM runtime's high estimate fits flash of that size")
 

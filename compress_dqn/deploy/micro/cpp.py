@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-from compress_dqn.deploy.graph_input import graph_normalization
+from compress_dqn.deploy.tflite.graph_input import graph_normalization
 from compress_dqn.deploy.micro.arena import (
     ARENA_MARGIN_MIN, RAM_BUDGETS, TFLM_RUNTIME_FLASH, flash_fits, measure_arena, with_margin,
 )
@@ -18,8 +18,8 @@ from compress_dqn.deploy.micro.play import MicroPolicy, probe_observations
 from compress_dqn.deploy.micro.rewrite import int8_io_model, try_compression
 from compress_dqn.deploy.micro.uint8_input import runnable_model
 from compress_dqn.deploy.micro_figures import MicroFigures
-from compress_dqn.deploy.policy import read_tflite
-from compress_dqn.deploy.targets.base import ExportReport, cpp_identifier, policy_name
+from compress_dqn.deploy.tflite.reader import read_tflite
+from compress_dqn.deploy.base import ExportOptions, ExportReport, cpp_identifier, policy_name
 from compress_dqn.deploy.tflite.file import TFLiteFile
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
@@ -356,19 +356,20 @@ def _deployable(policy: Path, int8_io: bool) -> tuple[bytes, ModelInfo, str, flo
     return data, info, label, q_change, (model if data is model.source else None)
 
 
-def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = False, name: str | None = None,
-                 compress: bool = False) -> MicroExport:
-    """Write NAME_model.h/.cc, NAME_example.cc, NAME.tflite and README.md into out_dir; returns the figures.
+def export(policy: Path, out: Path | None = None, options: ExportOptions = ExportOptions()) -> MicroExport:
+    """`export --target micro`: write NAME_model.h/.cc, NAME_example.cc, NAME.tflite and README.md into `out`
+    (default micro/NAME; NAME: options.name or the policy's); returns the figures.
 
     A raw uint8 observation's CAST (which TFLM has no uint8 kernel for) becomes a QUANTIZE or
     DEQUANTIZE from uint8 (uint8_input.py); the model still takes the observation as it comes.
-    int8_io: rewrite a float-io full-integer policy to int8 input and q_values (refused for float
-    models; a uint8 input stays). compress: keep TFLM's LUT weight compression when it shrinks the model losslessly
-    (it is always tried, and its outcome reported).
+    options.int8_io: rewrite a float-io full-integer policy to int8 input and q_values (refused for float
+    models; a uint8 input stays). options.compress: keep TFLM's LUT weight compression when it shrinks the model
+    losslessly (it is always tried, and its outcome reported).
     """
+    int8_io, compress = options.int8_io, options.compress
     policy = Path(policy)
-    name = cpp_identifier(name) if name else default_name(policy)
-    out_dir = Path(out_dir) if out_dir is not None else Path("micro") / name
+    name = cpp_identifier(options.name) if options.name else default_name(policy)
+    out_dir = Path(out) if out is not None else Path("micro") / name
     data, info, label, q_change, model = _deployable(policy, int8_io)
     before = MicroPolicy(data, label=label, info=info if q_change is None else None)  # info: of these bytes
     trial = try_compression(data, label)
@@ -379,19 +380,19 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
         info = inspect_model(data, label)
     measured = measure_arena(data, label, info)
     deployed = MicroPolicy(data, label=label) if compressed else before
-    export = _Export(name=name, data=data, decoded=None if compressed else model, ops=info.ops, arena=measured.arena_bytes, recorded=measured.recorded_bytes,
+    e = _Export(name=name, data=data, decoded=None if compressed else model, ops=info.ops, arena=measured.arena_bytes, recorded=measured.recorded_bytes,
                      policy=deployed, source=policy.name if policy.parent == Path(".") else str(policy), compressed=compressed)
-    padded = with_margin(export.arena)
+    padded = with_margin(e.arena)
     summary = MicroFigures(
-        runs=True, arena_bytes=export.arena, arena_bytes_with_margin=padded, flash_bytes=len(data),
+        runs=True, arena_bytes=e.arena, arena_bytes_with_margin=padded, flash_bytes=len(data),
         ops=info.ops, reason=None, fits={budget: padded <= size for budget, size in RAM_BUDGETS.items()},
         fits_flash=flash_fits(len(data)), runtime_flash_estimate=TFLM_RUNTIME_FLASH,
     )
     files = {
-        f"{name}_model.h": _header(export),
-        f"{name}_model.cc": _model_cc(export),
-        f"{name}_example.cc": _example_cc(export),
-        "README.md": _readme(export, summary),
+        f"{name}_model.h": _header(e),
+        f"{name}_model.cc": _model_cc(e),
+        f"{name}_example.cc": _example_cc(e),
+        "README.md": _readme(e, summary),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(out_dir / f"{name}.tflite", data)
@@ -400,7 +401,7 @@ def export_micro(policy: Path, out_dir: Path | None = None, int8_io: bool = Fals
     inputs, q_values = _io_figures(deployed)
     return MicroExport(
         **summary.model_dump(exclude_unset=True),
-        policy=str(policy), out=str(out_dir), name=name, arena_recorded_bytes=export.recorded,
+        policy=str(policy), out=str(out_dir), name=name, arena_recorded_bytes=e.recorded,
         input=inputs, q_values=q_values,
         int8_io=Int8IoFigures(asked=int8_io, rewritten=q_change is not None, q_values_max_change=q_change),
         compression=CompressionFigures(applied=compressed, flash_bytes_uncompressed=uncompressed_bytes,

@@ -18,11 +18,10 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.deploy.tflite.file import TFLiteFile
-from compress_dqn.deploy.tflite.reader import builtin, op_names, unreadable
+from compress_dqn.deploy.tflite.reader import SIGNATURE, builtin, op_names, unreadable
 from compress_dqn.errors import UserError
 
 INSTALL_HINT = "TFLite Micro is not installed; run: pip install 'compress-dqn[micro]'"
-SIGNATURE = "serving_default"
 
 # Builtin op (schema name) -> the tflite::MicroMutableOpResolver method that registers it, from
 # tensorflow/lite/micro/micro_mutable_op_resolver.h. An op missing here is one TFLM lacks.

@@ -11,18 +11,18 @@ from pathlib import Path
 import numpy as np
 
 from compress_dqn.deploy.micro.model import (
-    SIGNATURE, ModelInfo, failure_reason, generous_arena, inspect_model, native_stderr, new_interpreter,
+    ModelInfo, failure_reason, generous_arena, inspect_model, native_stderr, new_interpreter,
 )
 from compress_dqn.deploy.micro.uint8_input import runnable_model
-from compress_dqn.deploy.policy import read_tflite
-from compress_dqn.deploy.tflite_metadata import caller_normalization
+from compress_dqn.deploy.tflite.reader import SIGNATURE, read_tflite
+from compress_dqn.deploy.tflite.metadata import caller_normalization
 from compress_dqn.errors import UserError
 
 
 class MicroPolicy:
     """A .tflite policy run by the TFLite Micro interpreter, batch 1, as a microcontroller runs it.
 
-    Same interface as `compress_dqn.deploy.policy.TFLitePolicy`: obs_shape, n_actions, q_values(batch),
+    Same interface as `compress_dqn.deploy.litert.policy.TFLitePolicy`: obs_shape, n_actions, q_values(batch),
     actions(batch), act(obs). Batches are played one observation at a time (TFLM shapes are fixed).
     A raw uint8 observation's CAST is rewritten first, as `export --target micro` does (uint8_input.py).
     """

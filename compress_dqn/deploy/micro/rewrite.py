@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.graph_input import graph_normalization
+from compress_dqn.deploy.tflite.graph_input import graph_normalization
 from compress_dqn.deploy.micro.arena import measure_arena
-from compress_dqn.deploy.micro.model import SIGNATURE, aligned, tflm_runtime
+from compress_dqn.deploy.micro.model import aligned, tflm_runtime
 from compress_dqn.deploy.micro.play import same_outputs
-from compress_dqn.deploy.tflite_metadata import with_input_normalization
+from compress_dqn.deploy.tflite.metadata import with_input_normalization
+from compress_dqn.deploy.tflite.reader import SIGNATURE
 from compress_dqn.errors import UserError
 
 

@@ -12,9 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.tflite.reader import builtin, decode, litert_schema, pack, read_tflite
-
-SIGNATURE = "serving_default"
+from compress_dqn.deploy.tflite.reader import SIGNATURE, builtin, decode, litert_schema, pack, read_tflite
 
 
 class TFLiteFile:

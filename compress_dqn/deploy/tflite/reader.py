@@ -1,5 +1,8 @@
 """Reading a .tflite file: its bytes checked, decoded once, and one answer to a file that is not a readable policy.
 
+The one module that decodes a .tflite flatbuffer (the object tree every edit changes, and the metadata
+entries read in place); TFLite Micro's own schema is decoded through it too (`decode(..., schema)`).
+
 Every reader of the flatbuffer (the C and ONNX graph reader, TFLite Micro's inspection, the
 LiteRT loaders) refuses a truncated or damaged file through `unreadable`, so a user's broken
 download gets the same one line, naming the file, from every target and command.
@@ -17,6 +20,8 @@ from compress_dqn.errors import UserError
 from compress_dqn.fileio import read_user_file
 
 TFLITE_MAGIC = b"TFL3"
+SIGNATURE = "serving_default"
+"""The one signature a policy file has: `observations` in, `action` and `q_values` out."""
 COUNTS = {"decode": 0, "pack": 0}
 """How many times a flatbuffer was decoded into an object tree and packed back (tests count them)."""
 
@@ -51,6 +56,18 @@ def litert_schema() -> Any:
     from ai_edge_litert import schema_py_generated as schema
 
     return schema
+
+
+def read_metadata(data: bytes, name: str) -> bytes | None:
+    """The bytes of metadata entry `name`, or None where the model has none (read in place: no decode of the
+    whole file, as the LiteRT loader asks this of every policy it opens)."""
+    schema = litert_schema()
+    model = schema.Model.GetRootAs(data, 0)
+    for i in range(model.MetadataLength()):
+        entry = model.Metadata(i)
+        if entry.Name() is not None and entry.Name().decode() == name:
+            return model.Buffers(entry.Buffer()).DataAsNumpy().tobytes()
+    return None
 
 
 def decode(data: bytes, label: str, schema: Any = None) -> Any:

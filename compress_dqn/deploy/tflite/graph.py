@@ -1,6 +1,6 @@
 """A policy's .tflite graph read without a runtime: the ops that compute its `action`, with their constants.
 
-The C and ONNX exporters (c_export.py, onnx_export.py) translate this, not the flatbuffer: one
+The C and ONNX exporters (c/source.py, onnx/export.py) translate this, not the flatbuffer: one
 reader decides which ops a policy holds and refuses, by name, those neither can translate.
 Constants come out as numpy arrays; float16 constants behind a DEQUANTIZE are widened here
 (exactly, as LiteRT does at run time), so no exporter sees that op, and INT4 weights (two a byte)
@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.policy import SIGNATURE
-from compress_dqn.deploy.tflite.reader import builtin, decode, litert_schema, op_names, read_tflite
-from compress_dqn.deploy.tflite_metadata import caller_normalization
+from compress_dqn.deploy.tflite.reader import SIGNATURE, builtin, decode, litert_schema, op_names, read_tflite
+from compress_dqn.deploy.tflite.metadata import caller_normalization
 from compress_dqn.envs.normalization import Normalization
 from compress_dqn.errors import UserError
 

@@ -1,27 +1,22 @@
-"""The one interface of an export target: its options, its default output, and the typed record it returns.
+"""What every export target shares: the options it is given, the typed record it returns, and the policy's name.
 
-Every runtime (tflite, micro, c, onnx) is a `Target` in the registry (targets/__init__.py), so the
-command line looks one up and prints its `ExportReport`; which option a target takes, and whether
-its --out is a file or a directory, is data here, not an if/else chain in cli.py.
+Each target's `export(policy, out, options: ExportOptions) -> ExportReport` is a row of the registry
+(deploy/registry.py), so the command line looks one up and prints its `ExportReport`; which option a
+target takes, and whether its --out is a file or a directory, is data there, not an if/else chain in cli.py.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from compress_dqn.errors import UserError
-
-OPTION_FLAGS = {"int8_io": "--int8-io", "name": "--name", "compress": "--compress", "onnx_int8": "--onnx-int8"}
-"""Each option's command-line flag, for the message that refuses it on a target that does not take it."""
-
 
 class ExportOptions(BaseModel):
-    """The options `compress-dqn export` passes to a target (unset ones stay at their defaults)."""
+    """The options `compress-dqn export` passes to a target (unset ones stay at their defaults; the registry's
+    OPTIONS holds each one's flag and help)."""
 
     model_config = ConfigDict(frozen=True)
     int8_io: bool = False
@@ -83,22 +78,3 @@ def cpp_identifier(name: str) -> str:
     if ident[0].isdigit():
         ident = f"policy_{ident}"
     return f"{ident}_policy" if ident in _CPP_KEYWORDS else ident
-
-
-@dataclass(frozen=True)
-class Target:
-    """One runtime a policy is exported for: the options it takes, where it writes, and its export function."""
-
-    name: str
-    options: frozenset[str]
-    out_is_dir: bool
-    out_words: str
-    """What --out names, for the message that refuses the wrong kind of path."""
-    export: Callable[[Path, Path | None, ExportOptions], ExportReport]
-
-    def check_out(self, out: Path | None) -> None:
-        """Refuse an --out of the wrong kind (a file where a directory is written, or the reverse)."""
-        if out is not None and self.out_is_dir and out.exists() and not out.is_dir():
-            raise UserError(f"{out}: is a file; --out names {self.out_words}")
-        if out is not None and not self.out_is_dir and out.is_dir():
-            raise UserError(f"{out}: is a directory; --out names {self.out_words}")

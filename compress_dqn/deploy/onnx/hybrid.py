@@ -2,7 +2,7 @@
 
 A dynamic-range file's hybrid ops quantize their float input on every call, multiply in integers
 and scale back in float; widening the int8 weights and running in float plays another policy. So
-each op here repeats the arithmetic of c_hybrid.py (LiteRT's x86-64 kernels), per batch row:
+each op here repeats the arithmetic of c/hybrid.py (LiteRT's x86-64 kernels), per batch row:
 - the range (ReduceMin/ReduceMax per row; asymmetric: capped at zero, its float width widened to
   double for the scale, the zero point's choice and its round-half-away in double; symmetric:
   range / 127 and 127 / range in float), `1 / factor` as a float Div;
@@ -25,14 +25,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from compress_dqn.deploy.tflite_graph import Op, Tensor, hybrid_inexact
+from compress_dqn.deploy.tflite.graph import Op, Tensor, hybrid_inexact
 
 F32, F64, I32, I64, U8 = 1, 11, 6, 7, 2  # onnx.TensorProto element types, for the integer form too
 BOUND = 1024.0  # |v * inverse| (or any value in int8 steps) past this saturates int8 either way; bounding it keeps the int32 Casts defined
 
 
 class GraphBuilder(Protocol):
-    """What onnx_export's builder offers: nodes, constants, a tensor's float value, a bound result."""
+    """What onnx/export.py's builder offers: nodes, constants, a tensor's float value, a bound result."""
 
     def node(self, op: str, inputs: list[str], tag: str, **attrs: Any) -> str: ...
     def init(self, values: np.ndarray, tag: str) -> str: ...

@@ -11,16 +11,14 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-from compress_dqn.deploy.graph_input import normalization_ops
-from compress_dqn.deploy.policy import TFLitePolicy, read_tflite
-from compress_dqn.deploy.targets.base import ExportReport, policy_name
+from compress_dqn.deploy.tflite.graph_input import normalization_ops
+from compress_dqn.deploy.litert.policy import TFLitePolicy, read_tflite
+from compress_dqn.deploy.base import ExportOptions, ExportReport, policy_name
 from compress_dqn.deploy.tflite.file import TFLiteFile
-from compress_dqn.deploy.tflite.reader import unreadable
-from compress_dqn.deploy.tflite_metadata import INPUT_NORMALIZATION, drop_metadata, input_normalization
+from compress_dqn.deploy.tflite.reader import SIGNATURE, unreadable
+from compress_dqn.deploy.tflite.metadata import INPUT_NORMALIZATION, drop_metadata, input_normalization
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
-
-SIGNATURE = "serving_default"
 
 
 class TFLiteInput(BaseModel):
@@ -48,8 +46,9 @@ def default_file(policy: Path) -> Path:
     return Path(f"{policy_name(policy)}.tflite")
 
 
-def export_tflite_file(policy: Path, out: Path | None = None) -> TFLiteExport:
-    """Write the self-contained policy to `out` and its usage snippets to OUT_STEM.usage.md; returns the figures."""
+def export(policy: Path, out: Path | None = None, options: ExportOptions = ExportOptions()) -> TFLiteExport:
+    """`export --target tflite`: write the self-contained policy to `out` (default ./NAME.tflite) and its usage
+    snippets to OUT_STEM.usage.md; returns the figures. It takes no options."""
     policy = Path(policy)
     data, label = read_tflite(policy)
     out = Path(out) if out is not None else default_file(policy)

@@ -2,10 +2,10 @@
 
 `int NAME_act(const float *observation)` (`const uint8_t *` for uint8 observations) takes the
 observation in the environment's own layout and returns the greedy action, computing what LiteRT's
-reference kernels compute (c_runtime.py says how each rounds), so it plays the same actions. An
+reference kernels compute (runtime.py says how each rounds), so it plays the same actions. An
 int8 policy is integer-only after its input's quantization; a float policy runs in float; a
 dynamic-range one runs LiteRT's hybrid kernels (int8 weights, its activations quantized per call,
-c_hybrid.py), in float and integers. Only the ops that lead to `action` are translated: the file
+hybrid.py), in float and integers. Only the ops that lead to `action` are translated: the file
 has no other output.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from compress_dqn.deploy.c_runtime import routines
-from compress_dqn.deploy.tflite_graph import (
+from compress_dqn.deploy.c.runtime import routines
+from compress_dqn.deploy.tflite.graph import (
     Op,
     PolicyGraph,
     Tensor,
@@ -29,7 +29,7 @@ from compress_dqn.deploy.tflite_graph import (
     quantize_multiplier,
     read_policy_graph,
 )
-from compress_dqn.deploy.targets.base import c_identifier, policy_name
+from compress_dqn.deploy.base import c_identifier, policy_name
 from compress_dqn.errors import UserError
 
 _C_TYPES = {"float32": "float", "int8": "int8_t", "uint8": "uint8_t", "int32": "int32_t"}
@@ -292,7 +292,7 @@ def _hybrid_scratch(e: _Emitter, op: Op) -> str:
 
 
 def _fc_hybrid(e: _Emitter, op: Op) -> None:
-    """A dynamic-range FULLY_CONNECTED: LiteRT's hybrid kernel, its input quantized per call (c_hybrid.py);
+    """A dynamic-range FULLY_CONNECTED: LiteRT's hybrid kernel, its input quantized per call (hybrid.py);
     asymmetric where the op's asymmetric_quantize_inputs is set."""
     x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
     n_out, n_in = w.shape

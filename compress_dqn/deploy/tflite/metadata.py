@@ -17,22 +17,11 @@ import numpy as np
 
 from compress_dqn.deploy.tflite.file import TFLiteFile, edit_bytes
 from compress_dqn.deploy.tflite.reader import pack as pack_model  # noqa: F401 (tests pack a ModelT through it)
+from compress_dqn.deploy.tflite.reader import read_metadata
 from compress_dqn.envs.normalization import Normalization
 from compress_dqn.errors import UserError
 
 INPUT_NORMALIZATION = "compress_dqn.input_normalization"
-
-
-def read_metadata(data: bytes, name: str) -> bytes | None:
-    """The bytes of metadata entry `name`, or None where the model has none."""
-    from ai_edge_litert import schema_py_generated as schema
-
-    model = schema.Model.GetRootAs(data, 0)
-    for i in range(model.MetadataLength()):
-        entry = model.Metadata(i)
-        if entry.Name() is not None and entry.Name().decode() == name:
-            return model.Buffers(entry.Buffer()).DataAsNumpy().tobytes()
-    return None
 
 
 def short_tensor_names(model: TFLiteFile) -> None:

@@ -1,13 +1,13 @@
 """`export --target onnx`: a .tflite policy as ONNX for onnxruntime (and Unity, Godot, TensorRT, OpenVINO).
 
-An int8 file's ops repeat LiteRT's reference int8 kernels in standard integer ops (onnx_integer.py:
+An int8 file's ops repeat LiteRT's reference int8 kernels in standard integer ops (integer.py:
 uint8 x uint8 products, the requantization written out), so its actions are the reference kernels'
 on any CPU (`int8="exact"`, the default); `int8="qdq"` writes QuantizeLinear/DequantizeLinear pairs
 around float ops instead, which onnxruntime fuses into the integer kernels of the CPU it runs on:
 smaller and faster, but those round their own way (ties to even, float requantization, and on AVX2
 CPUs without VNNI other kernels than on AVX-512 ones), so actions can differ on states at a rounding
 boundary. A float file (fp32, float16) becomes fp32 ONNX, its weights widened; a dynamic-range
-file's hybrid layers repeat LiteRT's hybrid arithmetic in standard ops (onnx_hybrid.py), bit for bit.
+file's hybrid layers repeat LiteRT's hybrid arithmetic in standard ops (hybrid.py), bit for bit.
 The model takes raw observations (`observations`, the environment's dtype and layout: the
 normalization is inside, an int8-input policy's too) and gives `action` (int32, the policy) and
 `q_values` (float), whose argmax is the action wherever the .tflite's is. Float layers compute the
@@ -22,10 +22,10 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from compress_dqn.deploy import onnx_integer
-from compress_dqn.deploy.onnx_hybrid import conv_hybrid, fc_hybrid, is_hybrid
-from compress_dqn.deploy.targets.base import ExportReport, policy_name
-from compress_dqn.deploy.tflite_graph import Op, PolicyGraph, Tensor, conv_geometry, hybrid_inexact, read_policy_graph
+from compress_dqn.deploy.onnx import integer as onnx_integer
+from compress_dqn.deploy.onnx.hybrid import conv_hybrid, fc_hybrid, is_hybrid
+from compress_dqn.deploy.base import ExportOptions, ExportReport, policy_name
+from compress_dqn.deploy.tflite.graph import Op, PolicyGraph, Tensor, conv_geometry, hybrid_inexact, read_policy_graph
 from compress_dqn.errors import UserError
 
 Int8Form = Literal["exact", "qdq"]
@@ -297,14 +297,16 @@ class OnnxExport(ExportReport):
     """Ops of the int8 graph the exact form computes in float (not reproduced bit for bit); absent when none."""
 
 
-def export_onnx_file(policy: Path, out: Path | None = None, int8: Int8Form = "exact") -> OnnxExport:
-    """Write the ONNX model of a .tflite policy; returns what was written."""
+def export(policy: Path, out: Path | None = None, options: ExportOptions = ExportOptions()) -> OnnxExport:
+    """`export --target onnx`: write the ONNX model of a .tflite policy to `out` (default ./NAME.onnx) in the int8
+    form options.onnx_int8 asks for (exact by default); returns what was written."""
     from compress_dqn.fileio import write_bytes_atomic
 
     try:
         import onnx  # noqa: F401
     except ImportError:
         raise UserError("--target onnx needs the onnx package: pip install 'compress-dqn[onnx]'") from None
+    int8: Int8Form = options.onnx_int8 or "exact"
     policy = Path(policy)
     out = Path(out) if out is not None else default_file(policy)
     graph = read_policy_graph(policy, ("action", "q_values"))

@@ -25,13 +25,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from compress_dqn.deploy.c_export import CPolicy, default_name, generate_c
-from compress_dqn.deploy.targets.base import ExportReport
+from compress_dqn.deploy.c.source import CPolicy, default_name, generate_c
+from compress_dqn.deploy.base import ExportOptions, ExportReport
 from compress_dqn.deploy.micro_figures import M0PLUS, M4F, CFigures
 from compress_dqn.errors import UserError
 from compress_dqn.fileio import write_text_atomic
 
-TARGETS = {
+CORTEX_M_FLAGS = {  # zig cc flags per Cortex-M part (not the export registry's targets)
     M0PLUS: ["-target", "thumb-freestanding-eabi", "-mcpu=cortex_m0plus"],
     M4F: ["-target", "thumb-freestanding-eabihf", "-mcpu=cortex_m4+vfp4d16sp"],
 }
@@ -85,7 +85,7 @@ def _zig(args: list[str], cwd: Path) -> None:
 def measure_target(p: CPolicy, target: str, folder: Path) -> dict[str, Any]:
     """Build the minimal image for one target in folder; its section sizes, stack and flash/RAM totals."""
     _write(p, folder)
-    flags = [*TARGETS[target], *_FLAGS]
+    flags = [*CORTEX_M_FLAGS[target], *_FLAGS]
     stack = 0
     for source in (f"{p.name}.c", "main.c"):
         su = folder / f"{source}.{target}.su"
@@ -131,11 +131,11 @@ def measure_mcu(p: CPolicy) -> dict[str, Any]:
     if not available():
         return {"measured": False, "reason": INSTALL_HINT}
     with tempfile.TemporaryDirectory(prefix="compress-dqn-mcu-") as tmp:
-        folders = {target: Path(tmp) / target for target in TARGETS}
+        folders = {target: Path(tmp) / target for target in CORTEX_M_FLAGS}
         for folder in folders.values():
             folder.mkdir()
         try:
-            with ThreadPoolExecutor(len(TARGETS)) as pool:  # threads: each waits on its zig processes
+            with ThreadPoolExecutor(len(CORTEX_M_FLAGS)) as pool:  # threads: each waits on its zig processes
                 futures = {target: pool.submit(measure_target, p, target, folder) for target, folder in folders.items()}
                 targets = {target: future.result() for target, future in futures.items()}
         except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
@@ -243,10 +243,11 @@ class CExport(ExportReport):
     time_per_action: dict[str, Any] | None = None
 
 
-def export_c(policy: Path, out: Path | None = None, name: str | None = None, timing: bool = True) -> CExport:
-    """Write OUT/NAME.c and OUT/NAME.h for a .tflite policy; returns what they cost (flash, RAM, time per action)."""
+def export(policy: Path, out: Path | None = None, options: ExportOptions = ExportOptions(), timing: bool = True) -> CExport:
+    """`export --target c`: write OUT/NAME.c and OUT/NAME.h (default c/NAME; NAME: options.name or the policy's)
+    for a .tflite policy; returns what they cost (flash, RAM, time per action)."""
     policy = Path(policy)
-    p = generate_c(policy, name or default_name(policy))
+    p = generate_c(policy, options.name or default_name(policy))
     out = Path(out) if out is not None else Path("c") / p.name
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / f"{p.name}.c", p.source)
@@ -273,7 +274,7 @@ def c_summary(policy: Path | str, cross_compile: bool = True) -> CFigures:
     there are none (a policy it cannot translate, an image that did not build, cross_compile False); never
     raises for those.
 
-    No timing run (export_c has one): its many timed calls would cost more than the builds, and a run
+    No timing run (export has one): its many timed calls would cost more than the builds, and a run
     times the policy under TFLite beside it. cross_compile=False translates only (a fraction of a second where
     the cross-compiles of a CNN's source take seconds)."""
     try:

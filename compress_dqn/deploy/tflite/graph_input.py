@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.deploy.tflite.file import TFLiteFile, edit_bytes
-from compress_dqn.deploy.tflite_metadata import mark_input_normalization
+from compress_dqn.deploy.tflite.metadata import mark_input_normalization
 from compress_dqn.envs.normalization import Normalization
 
 

@@ -13,11 +13,9 @@ from typing import Protocol
 import numpy as np
 
 from compress_dqn._quiet import quiet_stderr
-from compress_dqn.deploy.tflite_metadata import caller_normalization
-from compress_dqn.deploy.tflite.reader import read_tflite, unreadable
+from compress_dqn.deploy.tflite.metadata import caller_normalization
+from compress_dqn.deploy.tflite.reader import SIGNATURE, read_tflite, unreadable
 from compress_dqn.errors import UserError
-
-SIGNATURE = "serving_default"
 
 
 class Policy(Protocol):

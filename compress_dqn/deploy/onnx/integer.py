@@ -3,10 +3,10 @@
 QDQ ONNX (QuantizeLinear/DequantizeLinear around float ops) leaves the arithmetic to whichever fused
 kernels onnxruntime picks for the CPU: its s8s8 products and float requantization gave 45 of 1,000
 actions other than LiteRT's reference kernels on an AVX2 CPU and 0 on an AVX-512 VNNI one. Here each
-int8 tensor is an int32 ONNX value holding its int8 integers, and each op repeats c_runtime.py's
+int8 tensor is an int32 ONNX value holding its int8 integers, and each op repeats c/runtime.py's
 arithmetic (the C export's, checked against BUILTIN_REF) in ops whose results are defined exactly:
 - products: MatMulInteger / ConvInteger of x + 128 and w + 128 (uint8 x uint8: exact on every x86
-  kernel, onnx_hybrid.py says why), less (x_zero + 128) times the weights' sum over the taps inside
+  kernel, hybrid.py says why), less (x_zero + 128) times the weights' sum over the taps inside
   the image; then the int32 bias;
 - FULLY_CONNECTED's requantization: round((double)acc * M), M = input * filter / output scale in
   double, one IEEE double product, rounded half away from zero (trunc, then +-1: never ONNX's Round);
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compress_dqn.deploy.onnx_hybrid import (
+from compress_dqn.deploy.onnx.hybrid import (
     BOUND,
     F32,
     F64,
@@ -32,7 +32,7 @@ from compress_dqn.deploy.onnx_hybrid import (
     shifted_input,
     shifted_weights,
 )
-from compress_dqn.deploy.tflite_graph import (
+from compress_dqn.deploy.tflite.graph import (
     Op,
     Tensor,
     conv_geometry,

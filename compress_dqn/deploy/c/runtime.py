@@ -10,13 +10,13 @@ must round where LiteRT's reference kernels (`OpResolverType.BUILTIN_REF`) round
   then RoundingDivideByPOT), multipliers from QuantizeMultiplier.
 - QUANTIZE: roundf(x / scale) + zero_point, clamped; float ops in float, one operation a statement
   (FP_CONTRACT off: a fused multiply-add would round once where LiteRT rounds twice).
-- the hybrid (dynamic-range) FULLY_CONNECTED and CONV_2D: c_hybrid.py.
+- the hybrid (dynamic-range) FULLY_CONNECTED and CONV_2D: hybrid.py.
 Only the routines a policy uses are emitted (`routines`).
 """
 
 from __future__ import annotations
 
-from compress_dqn.deploy.c_hybrid import HYBRID_NEEDS, HYBRID_ROUTINES
+from compress_dqn.deploy.c.hybrid import HYBRID_NEEDS, HYBRID_ROUTINES
 
 ROUTINES: dict[str, str] = {
     "round_away": """\
