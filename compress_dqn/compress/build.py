@@ -60,7 +60,7 @@ class BuiltVariant:
     details: BuildDetails = field(default_factory=BuildDetails)
     input_normalization: Normalization | None = None
     """tflite_model() takes (obs - mean) / std (rewrites.normalize_model_input); the
-    exported file computes it itself in front of its input (deploy.graph_input)."""
+    exported file computes it itself in front of its input (deploy.tflite.graph_input)."""
     normalized_model: tf_keras.Model | None = None
     """The model on normalized observations where it was trained as such (QAT); export_model is it
     behind a fixed normalization layer."""

@@ -148,7 +148,7 @@ def export_policy(model: tf_keras.Model, info: EnvInfo, out: Path, built: Conver
             model = converted(source, built.converter(sparse) if built is not None else None)
             if built is not None and built.input_normalization is not None:
                 carry_normalization(model, built.input_normalization)
-            float_q_values(model)  # argmax(q_values) is the action (deploy.outputs)
+            float_q_values(model)  # argmax(q_values) is the action (deploy.tflite.outputs)
             action_from_q_values(model)
             return model.pack()
 
