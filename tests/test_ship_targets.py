@@ -161,7 +161,7 @@ def test_a_float_head_qat_student_in_c_plays_as_the_reference_kernels(tmp_path):
 @pytest.mark.slow
 def test_a_low_bit_kernel_student_in_c_and_onnx_plays_as_the_reference_kernels(tmp_path):
     """quantize.kernel_bits: the hidden layer's INT4 kernel (two weights a byte, a scale per unit)
-    read as int8 by the exporters: C and ONNX take LiteRT's reference-kernel action on every state,
+    read as int8 by the exporters (the C packs it two a byte again): C and ONNX take LiteRT's reference-kernel action on every state,
     and TensorFlow Lite Micro exports and plays it."""
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import FLOAT_HEADS, calibrate_ranges, converter_setup, qat_model
@@ -190,8 +190,11 @@ def test_a_low_bit_kernel_student_in_c_and_onnx_plays_as_the_reference_kernels(t
     reference = TFLitePolicy(path, reference_kernels=True).actions(states).tolist()
     assert len(set(reference[:200])) > 1  # a policy that takes one action everywhere would prove nothing
     policy = generate_c(path, "low_bit")
+    assert policy.form == "packed" and "int4_dot" in policy.source  # two a byte in the C too (deploy/c/packed.py)
     act = c_actor(compile_shared(policy, tmp_path), policy)
     assert [act(s) for s in states] == reference
+    dense = generate_c(path, "low_bit_dense", compress=False)  # a byte a weight, as before: the same actions
+    assert [c_actor(compile_shared(dense, tmp_path), dense)(s) for s in states] == reference
     for session in _onnx_sessions(path, tmp_path):  # the exact form, with onnxruntime's optimizations and without
         assert [_onnx_actor(session)(s) for s in states] == reference
         assert session.run(["action"], {"observations": states})[0].tolist() == reference
@@ -579,6 +582,7 @@ def test_export_c_writes_the_files_and_measures_cortex_m_flash_and_ram(tiny_run,
     assert (tmp_path / "c" / "student_qat.c").exists() and "int student_qat_act(const float *observation);" in (
         tmp_path / "c" / "student_qat.h").read_text()
     assert report["mcu"]["measured"], report["mcu"]
+    assert report["form"] == "dense" and "dense_mcu" not in report  # a dense student: nothing to compress
     for target in ("cortex-m0plus", "cortex-m4f"):
         figures = report["mcu"]["targets"][target]
         assert figures["flash_bytes"] == figures["text"] + figures["rodata"] + figures["data"] > report["constants_bytes"]

@@ -92,6 +92,9 @@ class CFigures(BaseModel):
     """Why flash and RAM are missing: the policy does not translate, or its image did not build."""
     integer_only: bool | None = None
     """No floating point after the input's quantization (an int8 policy); None where it did not translate."""
+    form: str | None = None
+    """How the C stores its int8 weights: dense, sparse, packed (int4 two a byte) or sparse+packed (deploy/c/packed.py);
+    None where it did not translate, and in records written before the C export compressed weights."""
     flash_bytes: dict[str, int] | None = None
     """By target (C_TARGETS): text + rodata + data of the image."""
     ram_bytes: dict[str, int] | None = None

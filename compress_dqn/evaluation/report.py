@@ -238,9 +238,9 @@ def _keeper_lines(found: Findings) -> list[str]:
 
 
 def _c_line(v: VariantResult) -> str:
-    """The keeper that takes least flash as generated C: its measured flash and RAM on each Cortex-M target."""
-    (flash, ram), m0 = find.c_flash_ram(v, M4F), find.c_flash_ram(v, M0PLUS)
-    return (f"Smallest as C with no runtime (`export --target c`) of the policies that keep the return: {v.name}, "
+    """The keeper that takes least flash as generated C: its measured flash and RAM on each Cortex-M target, its form."""
+    (flash, ram), m0, form = find.c_flash_ram(v, M4F), find.c_flash_ram(v, M0PLUS), v.c_policy.form
+    return (f"Smallest as C with no runtime (`export --target c`) of the policies that keep the return: {v.name}{f' ({form} weights)' if form else ''}, "
             f"{kib(flash)} of flash and {kib(ram)} of RAM on a Cortex-M4F"
             + (f" ({kib(m0[0])} and {kib(m0[1])} on a Cortex-M0+)" if m0 else "") + ", the whole image measured.")
 

@@ -48,7 +48,7 @@ def measure_stage(name: str, ctx: RunContext) -> MeasureRecord:
     ctx.log(f"[{name}] TFLite p50 {latency.tflite.p50:.1f} us, peak RSS {memory.tflite.peak_rss / 2**20:.0f} MiB; "
             f"SavedModel p50 {latency.saved_model.p50:.0f} us, peak RSS "
             f"{tf_rss or 'not probed (measure.saved_model_memory)'}"
-            + (f"; as C on a Cortex-M4F {c_m4f[0]:,} B flash, {c_m4f[1]:,} B RAM" if c_m4f else ""))
+            + (f"; as C ({in_c.form} weights) on a Cortex-M4F {c_m4f[0]:,} B flash, {c_m4f[1]:,} B RAM" if c_m4f else ""))
     return MeasureRecord(
         latency_us=LatencyBlock(cpu=latency, gpu=on_gpu and GpuLatency(saved_model=on_gpu.latency)),
         memory_bytes=MemoryBlock(cpu_rss=memory, gpu_peak=on_gpu and on_gpu.peak_bytes),

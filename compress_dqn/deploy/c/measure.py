@@ -194,18 +194,26 @@ def c_actor(lib: ctypes.CDLL, p: CPolicy) -> Any:
     return act
 
 
-def time_per_action(p: CPolicy, observations: np.ndarray, litert_path: Path, calls: int = 20000) -> dict[str, Any]:
-    """ns per action of the C policy (timed in C, -O2) and of LiteRT's bare invoke() on the same observations."""
+def time_per_action(p: CPolicy, observations: np.ndarray, litert_path: Path, calls: int = 20000,
+                    dense: CPolicy | None = None) -> dict[str, Any]:
+    """ns per action of the C policy (timed in C, -O2) and of LiteRT's bare invoke() on the same observations;
+    dense_c_ns, that of its dense form, where dense is given (a policy whose C stores weights compressed)."""
     dtype = np.uint8 if p.obs_type == "uint8_t" else np.float32
     obs = np.ascontiguousarray(observations, dtype=dtype)
+    timed = {"c_ns": round(_c_ns(p, obs, calls), 1)}
+    if dense is not None:
+        timed["dense_c_ns"] = round(_c_ns(dense, obs, calls), 1)
+    return {**timed, "litert_invoke_ns": round(litert_invoke_ns(litert_path, obs[0]), 1),
+            "c_compiler": "cc -O2", "counts": "C: NAME_act timed in C (best of 7 runs of many calls); LiteRT: "
+            "Interpreter.invoke() alone (XNNPACK, one thread) timed from Python, median of 7 runs"}
+
+
+def _c_ns(p: CPolicy, obs: np.ndarray, calls: int) -> float:
     with tempfile.TemporaryDirectory(prefix="compress-dqn-ctime-") as tmp:
         lib = compile_shared(p, Path(tmp), timer=True)
         fn = getattr(lib, f"{p.name}_time")
         fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-        c_ns = float(fn(obs.ctypes.data_as(ctypes.c_void_p), len(obs), calls))
-    return {"c_ns": round(c_ns, 1), "litert_invoke_ns": round(litert_invoke_ns(litert_path, obs[0]), 1),
-            "c_compiler": "cc -O2", "counts": "C: NAME_act timed in C (best of 7 runs of many calls); LiteRT: "
-            "Interpreter.invoke() alone (XNNPACK, one thread) timed from Python, median of 7 runs"}
+        return float(fn(obs.ctypes.data_as(ctypes.c_void_p), len(obs), calls))
 
 
 def litert_invoke_ns(path: Path, observation: np.ndarray, calls: int = 20000) -> float:
@@ -229,9 +237,10 @@ def litert_invoke_ns(path: Path, observation: np.ndarray, calls: int = 20000) ->
 
 
 class CExport(ExportReport):
-    """What `export --target c` wrote and measured: NAME.c and NAME.h, their Cortex-M cost, time per action."""
+    """What `export --target c` wrote and measured: NAME.c and NAME.h, their Cortex-M cost, time per action; for
+    a policy whose weights it stores compressed (form sparse, packed), the dense form's Cortex-M cost beside it."""
 
-    omit_none: ClassVar[frozenset[str]] = frozenset({"time_per_action"})
+    omit_none: ClassVar[frozenset[str]] = frozenset({"time_per_action", "dense_mcu"})
     policy: str
     c: str
     h: str
@@ -239,7 +248,9 @@ class CExport(ExportReport):
     function: str
     integer_only: bool
     constants_bytes: int
+    form: str
     mcu: dict[str, Any]
+    dense_mcu: dict[str, Any] | None = None
     time_per_action: dict[str, Any] | None = None
 
 
@@ -248,6 +259,7 @@ def export(policy: Path, out: Path | None = None, options: ExportOptions = Expor
     for a .tflite policy; returns what they cost (flash, RAM, time per action)."""
     policy = Path(policy)
     p = generate_c(policy, options.name or default_name(policy))
+    dense = generate_c(policy, p.name, compress=False) if p.form != "dense" else None
     out = Path(out) if out is not None else Path("c") / p.name
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / f"{p.name}.c", p.source)
@@ -258,12 +270,13 @@ def export(policy: Path, out: Path | None = None, options: ExportOptions = Expor
         shape = (64, p.obs_size)
         obs = rng.integers(0, 2, shape) if p.obs_type == "uint8_t" else rng.normal(0, 1, shape)
         try:
-            timed = time_per_action(p, obs, policy)
+            timed = time_per_action(p, obs, policy, dense=dense)
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             timed = {"measured": False, "reason": str(exc)[:400]}
     return CExport(policy=str(policy), c=str(out / f"{p.name}.c"), h=str(out / f"{p.name}.h"), name=p.name,
                    function=f"int {p.name}_act(const {p.obs_type} *observation)", integer_only=p.integer,
-                   constants_bytes=p.constants_bytes, mcu=measure_mcu(p), time_per_action=timed)
+                   constants_bytes=p.constants_bytes, form=p.form, mcu=measure_mcu(p),
+                   dense_mcu=measure_mcu(dense) if dense is not None else None, time_per_action=timed)
 
 
 NOT_COMPILED = "not cross-compiled (measure.c_policy: none)"
@@ -282,10 +295,10 @@ def c_summary(policy: Path | str, cross_compile: bool = True) -> CFigures:
     except UserError as exc:
         return CFigures(translated=False, reason=str(exc), counts=COUNTS)
     if not cross_compile:
-        return CFigures(translated=True, integer_only=p.integer, reason=NOT_COMPILED, counts=COUNTS)
+        return CFigures(translated=True, integer_only=p.integer, form=p.form, reason=NOT_COMPILED, counts=COUNTS)
     mcu = measure_mcu(p)
     if not mcu["measured"]:
-        return CFigures(translated=True, integer_only=p.integer, reason=mcu["reason"], counts=COUNTS)
-    return CFigures(translated=True, integer_only=p.integer, counts=COUNTS,
+        return CFigures(translated=True, integer_only=p.integer, form=p.form, reason=mcu["reason"], counts=COUNTS)
+    return CFigures(translated=True, integer_only=p.integer, form=p.form, counts=COUNTS,
                     flash_bytes={t: f["flash_bytes"] for t, f in mcu["targets"].items()},
                     ram_bytes={t: f["ram_bytes"] for t, f in mcu["targets"].items()})

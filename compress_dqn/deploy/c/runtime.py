@@ -10,13 +10,15 @@ must round where LiteRT's reference kernels (`OpResolverType.BUILTIN_REF`) round
   then RoundingDivideByPOT), multipliers from QuantizeMultiplier.
 - QUANTIZE: roundf(x / scale) + zero_point, clamped; float ops in float, one operation a statement
   (FP_CONTRACT off: a fused multiply-add would round once where LiteRT rounds twice).
-- the hybrid (dynamic-range) FULLY_CONNECTED and CONV_2D: hybrid.py.
+- the hybrid (dynamic-range) FULLY_CONNECTED and CONV_2D: hybrid.py; the kernels of sparse and int4
+  weights: packed_kernels.py.
 Only the routines a policy uses are emitted (`routines`).
 """
 
 from __future__ import annotations
 
 from compress_dqn.deploy.c.hybrid import HYBRID_NEEDS, HYBRID_ROUTINES
+from compress_dqn.deploy.c.packed_kernels import PACKED_NEEDS, PACKED_ROUTINES
 
 ROUTINES: dict[str, str] = {
     "round_away": """\
@@ -222,9 +224,10 @@ ROUTINES["conv_acc_s8"] = _CONV_ACC.format(kind="n int8", less=" less its zero p
 ROUTINES["conv_acc_f32"] = _CONV_ACC.format(kind=" float", less=" (x_zero: 0, unused)", acc="float", suffix="f32", t="float", unused="\n  (void)x_zero;",
                                             product="float p = px[c] * pf[c];\n        total += p;")
 ROUTINES.update(HYBRID_ROUTINES)
+ROUTINES.update(PACKED_ROUTINES)
 
 _NEEDS = {"fc_s8": ["clamp8", "fc_scale"], "conv_s8": ["conv_acc_s8", "clamp8", "mbqm"], "conv_f32": ["conv_acc_f32"],
-          **HYBRID_NEEDS}
+          **HYBRID_NEEDS, **PACKED_NEEDS}
 
 
 def routines(used: set[str]) -> str:

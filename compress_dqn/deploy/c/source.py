@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from compress_dqn.deploy.c import packed
 from compress_dqn.deploy.c.runtime import routines
 from compress_dqn.deploy.tflite.graph import (
     Op,
@@ -50,6 +51,8 @@ class CPolicy:
     n_actions: int
     integer: bool
     constants_bytes: int
+    form: str = "dense"
+    """How its int8 weights are stored: dense, sparse, packed (int4) or sparse+packed (packed.py)."""
 
 
 @dataclass
@@ -63,6 +66,8 @@ class _Emitter:
     locals: list[str] = field(default_factory=list)
     casts: dict[int, tuple[str, str]] = field(default_factory=dict)
     constants_bytes: int = 0
+    compress: bool = True
+    forms: set[str] = field(default_factory=set)
 
     def const(self, values: np.ndarray, ctype: str, tag: str) -> str:
         """A static const array of the values; its C name."""
@@ -94,11 +99,12 @@ def _c_literal(value: Any, ctype: str) -> str:
     return str(int(value))
 
 
-def generate_c(source: Any, name: str) -> CPolicy:
-    """Translate a .tflite policy (path or bytes) into C."""
+def generate_c(source: Any, name: str, compress: bool = True) -> CPolicy:
+    """Translate a .tflite policy (path or bytes) into C; compress=False stores every weight dense, a byte each
+    (the form to compare a compressed one against: packed.py)."""
     graph = read_policy_graph(source)
     name = c_identifier(name)
-    e = _Emitter(graph, name)
+    e = _Emitter(graph, name, compress=compress)
     obs = graph.observation
     obs_type = "uint8_t" if obs.dtype == np.uint8 and not obs.quantized else "float"
     _prologue(e, obs_type)
@@ -126,7 +132,8 @@ def generate_c(source: Any, name: str) -> CPolicy:
         " * Compile float arithmetic without fused multiply-add contraction (-ffp-contract=off). */",
         "#if defined(__clang__)", "#pragma STDC FP_CONTRACT OFF", "#endif", f'#include "{name}.h"', "#include <float.h>", "#include <stdint.h>", "",
         routines(e.used), *e.constants, "", f"int {name}_act(const {obs_type} *observation) {{", body, "}", ""])
-    return CPolicy(name, text, header, obs_type, n, graph.n_actions, graph.integer, e.constants_bytes)
+    return CPolicy(name, text, header, obs_type, n, graph.n_actions, graph.integer, e.constants_bytes,
+                   packed.form_name(e.forms))
 
 
 def _prologue(e: _Emitter, obs_type: str) -> None:
@@ -258,9 +265,9 @@ def _fc(e: _Emitter, op: Op) -> None:
     if x.dtype != np.int8 or w.dtype != np.int8 or np.any(w.zero_points != 0):
         raise UserError(f"{e.graph.label}: a {x.dtype.name} x {w.dtype.name} FULLY_CONNECTED; translated: "
                         "float, and int8 with symmetric int8 weights")
-    e.used.add("fc_s8")
     m, s = zip(*(double_multiplier(x.scales[0], fs, out.scales[0]) for fs in w.scales))
-    wn = e.const(w.value, "int8_t", f"w{out.index}")
+    form, wn = packed.weights(e, w, packed.as_rows(op), f"w{out.index}")
+    e.used.add(f"fc_s8{form}")
     bn = "0, 0"
     if bias is not None:
         narrow = bool(np.all(np.abs(bias.value.astype(np.int64)) < 1 << 15))
@@ -268,20 +275,23 @@ def _fc(e: _Emitter, op: Op) -> None:
         bn = f"0, {name}" if narrow else f"{name}, 0"
     mn, sn = e.const(np.array(m, np.uint64), "uint64_t", f"m{out.index}"), e.const(np.array(s), "uint8_t", f"s{out.index}")
     lo, hi = int8_bounds(out, op.activation)
-    e.lines.append(f"  fc_s8({e.buffers[x.index]}, {n_in}, {int(x.zero_points[0])}, {wn}, {bn}, {n_out}, {mn}, {sn}, "
+    e.lines.append(f"  fc_s8{form}({e.buffers[x.index]}, {n_in}, {int(x.zero_points[0])}, {wn}, {bn}, {n_out}, {mn}, {sn}, "
                    f"{int(w.scales.size > 1)}, {int(out.zero_points[0])}, {lo}, {hi}, {e.buffer(out)});")
 
 
-def _hybrid_weights(e: _Emitter, op: Op) -> tuple[str, str, str]:
-    """A dynamic-range op's int8 weights, their scales and its float bias, as C constants."""
+def _hybrid_weights(e: _Emitter, op: Op) -> tuple[str, str, str, str]:
+    """A dynamic-range op's int8 weights (their form's kernel suffix, packed.py), their scales and its float
+    bias, as C constants."""
     w, bias, out = op.inputs[1], op.inputs[2] if len(op.inputs) > 2 else None, op.outputs[0]
     reason = hybrid_inexact(op)
     if reason:  # the C export has no float kernel to widen it into: refused, naming the shared rule's reason
         raise UserError(f"{e.graph.label}: a {op.kind} with {reason}; the C export does not repeat it exactly "
                         "(export the policy without prune.sparse_format, or as int8)")
-    weights = e.const(w.value, "int8_t", f"w{out.index}")
+    # A hybrid conv keeps its weights dense: compress-dqn writes none that covers its whole input.
+    rows = packed.as_rows(op) if op.kind == "FULLY_CONNECTED" else None
+    form, weights = packed.weights(e, w, rows, f"w{out.index}")
     scales = e.const(w.scales, "float", f"ws{out.index}")
-    return weights, scales, e.const(bias.real(), "float", f"b{out.index}") if bias is not None else "0"
+    return form, weights, scales, e.const(bias.real(), "float", f"b{out.index}") if bias is not None else "0"
 
 
 def _hybrid_scratch(e: _Emitter, op: Op) -> str:
@@ -296,11 +306,11 @@ def _fc_hybrid(e: _Emitter, op: Op) -> None:
     asymmetric where the op's asymmetric_quantize_inputs is set."""
     x, w, out = op.inputs[0], op.inputs[1], op.outputs[0]
     n_out, n_in = w.shape
-    weights, scales, bias = _hybrid_weights(e, op)
-    e.used.add("fc_hybrid")
+    form, weights, scales, bias = _hybrid_weights(e, op)
+    e.used.add(f"fc_hybrid{form}")
     asymmetric = int(bool(op.options.get("asymmetricQuantizeInputs", False)))
     lo, hi = _FLOAT_BOUNDS[op.activation]
-    e.lines.append(f"  fc_hybrid({e.buffers[x.index]}, {n_in}, {weights}, {bias}, {n_out}, {scales}, "
+    e.lines.append(f"  fc_hybrid{form}({e.buffers[x.index]}, {n_in}, {weights}, {bias}, {n_out}, {scales}, "
                    f"{int(w.scales.size > 1)}, {asymmetric}, {lo}, {hi}, {_hybrid_scratch(e, op)}, {e.buffer(out)});")
 
 
@@ -316,7 +326,7 @@ def _conv(e: _Emitter, op: Op) -> None:
     geometry = f"{oc}, {kh}, {kw}, {sh}, {sw}, {dh}, {dw}, {ph}, {pw}, {oh}, {ow}"
     if op.hybrid:
         # LiteRT runs the per-channel kernel (asymmetric input) unless every channel has the same scale.
-        weights, scales, bn = _hybrid_weights(e, op)
+        _, weights, scales, bn = _hybrid_weights(e, op)
         per_channel = int(bool(np.any(w.scales != w.scales[0])))
         e.used.add("conv_hybrid")
         lo, hi = _FLOAT_BOUNDS[op.activation]
@@ -330,14 +340,18 @@ def _conv(e: _Emitter, op: Op) -> None:
         e.lines.append(f"  conv_f32({e.buffers[x.index]}, {ih}, {iw}, {ic}, {wn}, {bn}, {geometry}, "
                        f"{lo_hi[0]}, {lo_hi[1]}, {e.buffer(out)});")
         return
-    e.used.add("conv_s8")
     multipliers = [quantize_multiplier(float(np.float32(x.scales[0])) * float(fs) / float(np.float32(out.scales[0])))
                    for fs in np.broadcast_to(w.scales, (oc,))]
     mult, shift = zip(*multipliers)
-    wn = e.const(w.value, "int8_t", f"w{out.index}")
+    form, wn = packed.weights(e, w, packed.as_rows(op), f"w{out.index}")
+    e.used.add(f"conv1_s8{form}" if form else "conv_s8")
     bn = e.const(bias.value, "int32_t", f"b{out.index}") if bias is not None else "0"
     mn, sn = e.const(np.array(mult), "int32_t", f"m{out.index}"), e.const(np.array(shift), "int8_t", f"s{out.index}")
     lo, hi = int8_bounds(out, op.activation)
+    if form:  # one output pixel over the whole input: an FC's row sums (packed.as_rows)
+        e.lines.append(f"  conv1_s8{form}({e.buffers[x.index]}, {ih * iw * ic}, {int(x.zero_points[0])}, {wn}, {bn}, {oc}, "
+                       f"{mn}, {sn}, {int(out.zero_points[0])}, {lo}, {hi}, {e.buffer(out)});")
+        return
     e.lines.append(f"  conv_s8({e.buffers[x.index]}, {ih}, {iw}, {ic}, {int(x.zero_points[0])}, {wn}, {bn}, {geometry}, "
                    f"{mn}, {sn}, {int(out.zero_points[0])}, {lo}, {hi}, {e.buffer(out)});")
 

@@ -4,7 +4,7 @@ The C and ONNX exporters (c/source.py, onnx/export.py) translate this, not the f
 reader decides which ops a policy holds and refuses, by name, those neither can translate.
 Constants come out as numpy arrays; float16 constants behind a DEQUANTIZE are widened here
 (exactly, as LiteRT does at run time), so no exporter sees that op, and INT4 weights (two a byte)
-come out as int8 arrays of the same values: the exporters store them a byte each.
+come out as int8 arrays of the same values (Tensor.int4 says so: the C export packs them two a byte again).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class Tensor:
     axis: int = 0
     value: np.ndarray | None = None
     sparse: bool = False  # stored in sparse format: LiteRT runs other kernels on it
+    int4: bool = False  # stored as INT4, two a byte: value holds them unpacked (the C export packs them again)
 
     @property
     def quantized(self) -> bool:
@@ -181,6 +182,7 @@ class _Reader:
                 values = _unpacked_int4(raw, int(np.prod(shape))) if packed else np.frombuffer(raw, dtype=dtype)
                 tensor.value = _dense(t.sparsity, values, shape) if t.sparsity is not None else values.reshape(shape or ())
                 tensor.sparse = t.sparsity is not None
+                tensor.int4 = packed
             self._tensors[index] = tensor
         return self._tensors[index]
 
