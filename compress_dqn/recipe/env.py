@@ -97,7 +97,10 @@ class EnvConfig(StrictModel):
                     raise ValueError(f"wrappers[{i}]: write a name or {{class: package.module:Class, kwargs: {{...}}}}, "
                                      f"not {spec!r}")
                 spec = spec["class"]
-            wrapper_parts(spec)
+            try:
+                wrapper_parts(spec)
+            except ValueError as exc:
+                raise ValueError(f"wrappers[{i}]: {exc}") from None
         return self
 
     def user_modules(self) -> list[str]:
