@@ -138,6 +138,16 @@ def test_pool_workers_and_ray_tasks_build_it_and_a_worker_that_cannot_import_it_
     assert [i.obs_shape for i in map_units(probe_env, [(cfg,), (cfg,)], "ray", workers=2)] == [(10,), (10,)]
 
 
+def test_ray_tasks_get_the_modules_folder_here_and_the_package_itself_at_an_address():
+    import sys
+
+    from compress_dqn.envs.user_env import ray_runtime_env
+
+    make_env(CORRIDOR)
+    assert ray_runtime_env(remote=True) == {"py_modules": [sys.modules["envpkg"]]}  # its top-level package, shipped
+    assert ray_runtime_env(remote=False)["env_vars"]["PYTHONPATH"].split(os.pathsep)[0] == str(TESTS)
+
+
 def test_a_ray_tasks_user_error_reads_as_its_one_line_not_rays_traceback():
     ray = pytest.importorskip("ray")
     from compress_dqn.run.executors import _ray_result

@@ -139,9 +139,10 @@ def _map_ray(fn: Callable[..., T], args: Sequence[tuple[Any, ...]], n: int, addr
         except (ConnectionError, RuntimeError, ValueError, TypeError) as exc:
             where = address or "a local instance"
             if runtime_env is not None and "py_modules" in runtime_env:
-                raise UserError(f"address: cannot ship the environment's modules ({', '.join(imported_modules())}) "
-                                f"to Ray at {where} ({str(exc).splitlines()[0]}); install them on the cluster's "
-                                "nodes, or remove address to run Ray locally") from None
+                raise UserError(f"address: cannot join Ray at {where} with the environment's modules "
+                                f"({', '.join(imported_modules())}) shipped to it ({str(exc).splitlines()[0]}); check "
+                                "the address, install the modules on the cluster's nodes, or remove address to run "
+                                "Ray locally") from None
             raise UserError(f"address: cannot start or join Ray at {where} ({str(exc).splitlines()[0]}); "
                             "check the address, or remove it to start Ray locally") from None
     try:
