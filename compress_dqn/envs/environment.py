@@ -2,7 +2,8 @@
 
 Any gymnasium id, or `package.module:Id` for one a module registers when imported (envs/user_env.py,
 with env.wrappers). Observations are Boxes: one of float values with two or more axes is flattened in
-C order (as SB3's FlattenExtractor does), so a policy of it takes flat vectors like any other.
+C order (as SB3's FlattenExtractor does), so a policy of it takes flat vectors like any other; float64
+values are taken as float32, as SB3's policies take them.
 
 Image environments: Atari ids (`ALE/...` and the RL Zoo's `*NoFrameskip-v4`, from ale-py) get an
 Atari preprocessing (no-op starts, frame skip 4 with max-pooling, 84x84 grayscale uint8): gymnasium's
@@ -172,6 +173,8 @@ def make_env(
     if len(env.observation_space.shape) >= 2 and np.dtype(env.observation_space.dtype).kind == "f":
         # a float table (highway-env's 5x5 kinematics): flat, in C order, as SB3's FlattenExtractor takes it
         env = gym.wrappers.FlattenObservation(env)
+    if env.observation_space.dtype == np.float64:  # float32, as SB3's policies (and TFLite) take them
+        env = gym.wrappers.DtypeObservation(env, np.float32)
     if env.observation_space.dtype == np.bool_:
         env = BoolToUint8(env)
     if frame_stack > 1:
