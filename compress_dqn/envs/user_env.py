@@ -62,7 +62,8 @@ def import_user_module(module: str, what: str) -> Any:
         raise UserError(f"{what}: importing module {module!r} failed ({type(exc).__name__}: {reason}); "
                         "fix the module") from None
     folder = _folder(imported, module)
-    if folder is not None and Path(folder).name not in ("site-packages", "dist-packages"):  # installed: found anyway
+    installed = folder is None or Path(folder).name in ("site-packages", "dist-packages")
+    if not installed and module.split(".")[0] not in sys.stdlib_module_names:  # the others are found anyway
         _IMPORTED.setdefault(module, folder)
     return imported
 
