@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -50,6 +51,8 @@ def test_a_package_id_imports_its_module_flattens_its_table_and_gets_a_time_limi
     assert _time_limit(env) == DEFAULT_MAX_EPISODE_STEPS  # registered without one
     assert _time_limit(make_env(CORRIDOR, max_episode_steps=30)) == 30
     assert probe_env(EnvConfig(id=CORRIDOR, kwargs={"length": 9})).obs_shape == (18,)
+    wide = make_env(CORRIDOR, {"dtype": "float64"})  # as flappy-bird-gymnasium's: float32, as SB3's policies take it
+    assert wide.observation_space.dtype == np.float32 and wide.reset(seed=0)[0].dtype == np.float32
 
 
 def test_a_module_that_cannot_be_imported_or_registers_no_id_is_one_line_naming_both():

@@ -138,6 +138,19 @@ class BoolToUint8(gym.ObservationWrapper):
         return np.asarray(observation, dtype=np.uint8)
 
 
+class Float32Observation(gym.ObservationWrapper):
+    """float64 observations as float32, bounds cast first (gymnasium's DtypeObservation warns on every make)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        self.observation_space = gym.spaces.Box(np.asarray(space.low, np.float32), np.asarray(space.high, np.float32),
+                                                dtype=np.float32)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return np.asarray(observation, dtype=np.float32)
+
+
 def make_env(
     env_id: str,
     kwargs: dict[str, Any] | None = None,
@@ -174,7 +187,7 @@ def make_env(
         # a float table (highway-env's 5x5 kinematics): flat, in C order, as SB3's FlattenExtractor takes it
         env = gym.wrappers.FlattenObservation(env)
     if env.observation_space.dtype == np.float64:  # float32, as SB3's policies (and TFLite) take them
-        env = gym.wrappers.DtypeObservation(env, np.float32)
+        env = Float32Observation(env)
     if env.observation_space.dtype == np.bool_:
         env = BoolToUint8(env)
     if frame_stack > 1:

@@ -2,7 +2,8 @@
 
 Registered without a time limit (the product adds one), its observation a 2 x length float table
 (row 0: where the walker is, row 1: the goal), flattened by the product as SB3's FlattenExtractor
-does. `length` is its gymnasium.make keyword; `dict_obs=True` gives a Dict observation instead.
+does. `length` is its gymnasium.make keyword; `dict_obs=True` gives a Dict observation instead, `dtype`
+another float type.
 CORRIDOR_ONLY_IN (a process id): any other process that imports this module fails, as a worker
 where the package is not installed would.
 """
@@ -22,17 +23,17 @@ if os.environ.get("CORRIDOR_ONLY_IN") not in (None, "", str(os.getpid())):
 class Corridor(gym.Env):
     """Actions: 0 left, 1 right. Reward 1 at the goal (the episode ends), -0.01 a step before."""
 
-    def __init__(self, length: int = 8, dict_obs: bool = False) -> None:
+    def __init__(self, length: int = 8, dict_obs: bool = False, dtype: str = "float32") -> None:
         if length < 3:
             raise ValueError(f"length {length}: a corridor has at least 3 cells")
-        self.length, self.dict_obs = int(length), dict_obs
-        table = gym.spaces.Box(0.0, 1.0, shape=(2, self.length), dtype=np.float32)
+        self.length, self.dict_obs, self.dtype = int(length), dict_obs, np.dtype(dtype)
+        table = gym.spaces.Box(0.0, 1.0, shape=(2, self.length), dtype=self.dtype)
         self.observation_space = gym.spaces.Dict({"table": table}) if dict_obs else table
         self.action_space = gym.spaces.Discrete(2)
         self.position = 0
 
     def _obs(self):
-        table = np.zeros((2, self.length), np.float32)
+        table = np.zeros((2, self.length), self.dtype)
         table[0, self.position] = 1.0
         table[1, -1] = 1.0
         return {"table": table} if self.dict_obs else table
