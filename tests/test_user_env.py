@@ -55,6 +55,16 @@ def test_a_package_id_imports_its_module_flattens_its_table_and_gets_a_time_limi
     assert wide.observation_space.dtype == np.float32 and wide.reset(seed=0)[0].dtype == np.float32
 
 
+def test_only_integer_pixels_take_the_image_presets_a_float_table_or_stack_is_flat():
+    from compress_dqn.envs.environment import EnvInfo, is_image
+
+    def info(shape, dtype, scale=None):
+        return EnvInfo("x", shape, np.dtype(dtype), 2, input_scale=scale)
+
+    assert not is_image(info((25,), "float32")) and not is_image(info((8, 4), "float32"))  # stacked vectors: flat
+    assert is_image(info((84, 84, 4), "uint8", 1 / 255)) and is_image(info((10, 10, 4), "uint8", 1.0))
+
+
 def test_a_module_that_cannot_be_imported_or_registers_no_id_is_one_line_naming_both():
     with pytest.raises(UserError, match=r"env.id: 'no_such_pkg71.envs:Foo-v0': cannot import module 'no_such_pkg71.envs'"
                                         r" .*PYTHONPATH"):
