@@ -146,7 +146,7 @@ class SB3Policy:
         if len(env_shape) == 3 and tuple(env_shape) == (h, w, c):
             return True
         raise UserError(f"baseline.from: {self.path}: SB3 saved observations of shape {self.obs_shape}, "
-                        f"the environment gives {tuple(env_shape)}; check --env and --frame-stack")
+                        f"the environment gives {tuple(env_shape)}; check --env, --frame-stack and --set env.kwargs")
 
     @property
     def cnn(self) -> list[tuple[np.ndarray, np.ndarray]]:
