@@ -120,7 +120,9 @@ def _byo_options(command: Callable) -> Callable:
     """The options of a command that takes a Q-network trained elsewhere."""
     options = [
         click.argument("model", type=click.Path(path_type=Path)),
-        click.option("--env", "env_id", required=True, help="Gymnasium environment id the model was trained on."),
+        click.option("--env", "env_id", required=True,
+                     help="Gymnasium environment id the model was trained on, or package.module:Id (imports the "
+                          "module, which registers Id; see --set env.kwargs.K=V, env.wrappers)."),
         click.option("--out", type=click.Path(path_type=Path), help="Run directory (default: runs/MODEL_STEM)."),
         click.option("--transitions", type=click.Path(path_type=Path), help="An .npz of transitions instead of a rollout."),
         click.option("--rollout-steps", type=click.IntRange(min=1), default=20_000, show_default=True),
@@ -164,7 +166,8 @@ def compress(model: Path, env_id: str, variants: str, out: Path | None, transiti
     from compress_dqn.run.entry import run_recipe
     from compress_dqn.run.model_recipe import recipe_for_model
 
-    made = recipe_for_model(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, max_episodes, seed)
+    made = recipe_for_model(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, max_episodes, seed,
+                            overrides)
     data = made.data
     data["variants"] = [{"name": n, **preset_for(n, made.keep_dense, made.flat)} for n in names]
     recipe = recipe_from_data(data, "compress", overrides)
@@ -211,7 +214,8 @@ def search(model: Path, env_id: str, out: Path | None, transitions: Path | None,
     from compress_dqn.run.entry import run_recipe
     from compress_dqn.run.model_recipe import recipe_for_model
 
-    made = recipe_for_model(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, max_episodes, seed)
+    made = recipe_for_model(model, env_id, transitions, rollout_steps, epsilon, frame_stack, episodes, max_episodes, seed,
+                            overrides)
     data = made.data
     data["eval"] = {**data["eval"], "tolerance": tolerance}
     data["search"] = search_block(objective, widths, targets, made.keep_dense, made.flat)
@@ -240,6 +244,10 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
     )
     if checked.replay_expectation is not None:
         click.echo(checked.replay_expectation)
+    modules = loaded.env.user_modules()
+    if modules:  # the user's own code ran here, and runs in every process that builds the environment
+        click.echo(f"note: building the environment imports {', '.join(modules)}, running its code (here, and in "
+                   "every worker: installed there or on PYTHONPATH)")
     if checked.machine_problem is not None:  # the recipe is valid; whether this machine can run it is a warning
         click.echo(f"warning: on this machine, {checked.machine_problem}", err=True)
     if loaded.baseline is None and loaded.train.learning_starts >= loaded.train.total_timesteps:
@@ -249,17 +257,23 @@ def validate(recipe: str, seed: int | None, overrides: tuple[str, ...]) -> None:
 
 @main.command()
 @click.argument("policy", type=click.Path(path_type=Path))
-@click.option("--env", "env_id", required=True, help="Gymnasium environment id, e.g. CartPole-v1.")
+@click.option("--env", "env_id", required=True, help="Gymnasium environment id, e.g. CartPole-v1, or package.module:Id.")
 @click.option("--episodes", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Episodes use seeds SEED..SEED+EPISODES-1.")
 @click.option("--runtime", type=click.Choice(["litert", "micro"]), default="litert", show_default=True,
               help="micro: play a .tflite through the TFLite Micro interpreter, as a microcontroller would.")
+@click.option("--set", "overrides", multiple=True, metavar="env.KEY=VALUE",
+              help="The environment's settings, e.g. --set env.kwargs.length=6, env.max_episode_steps, env.wrappers.")
 @_user_errors
-def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str) -> None:
+def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str, overrides: tuple[str, ...]) -> None:
     """Play greedy episodes with a .tflite file or SavedModel directory; prints JSON."""
     from compress_dqn.run.policy_file import evaluate_policy_file
 
-    stats = evaluate_policy_file(policy, env_id, episodes, seed, runtime)
+    other = [o for o in overrides if o.partition("=")[0].strip().split(".")[0] != "env"]
+    if other:
+        raise UserError(f"--set {other[0]!r}: evaluate takes env.* keys only (env.kwargs.K=V, env.max_episode_steps, "
+                        "env.wrappers)")
+    stats = evaluate_policy_file(policy, env_id, episodes, seed, runtime, overrides)
     click.echo(json.dumps({"policy": str(policy), "env_id": env_id, "seed": seed, "runtime": runtime,
                            "return": stats.to_dict()}))
 

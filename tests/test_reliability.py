@@ -382,11 +382,11 @@ def test_a_second_process_on_the_same_run_directory_is_refused(tmp_path):
 
 
 def test_the_one_yaml_loader_of_our_own_is_a_safe_loader():
-    """RL Zoo configs hold python/ tags that safe_load refuses: port/sb3.py reads them with a SafeLoader
+    """RL Zoo configs hold python/ tags that safe_load refuses: port/zoo_config.py reads them with a SafeLoader
     that turns those tags into plain data, and must never build an object."""
     import yaml
 
-    from compress_dqn.port import sb3
+    from compress_dqn.port import zoo_config as sb3
 
     assert issubclass(sb3._ZooLoader, yaml.SafeLoader)
     text = "!!python/object/apply:os.system ['echo pwned']\n"

@@ -1,5 +1,10 @@
 """Environments: gymnasium ids with kwargs, discrete actions only, seeded from the recipe.
 
+Any gymnasium id, or `package.module:Id` for one a module registers when imported (envs/user_env.py,
+with env.wrappers). Observations are Boxes: one of float values with two or more axes is flattened in
+C order (as SB3's FlattenExtractor does), so a policy of it takes flat vectors like any other; float64
+values are taken as float32, as SB3's policies take them.
+
 Image environments: Atari ids (`ALE/...` and the RL Zoo's `*NoFrameskip-v4`, from ale-py) get an
 Atari preprocessing (no-op starts, frame skip 4 with max-pooling, 84x84 grayscale uint8): gymnasium's
 AtariPreprocessing, the default for ALE/ ids, or Stable-Baselines3's AtariWrapper (envs/atari.py),
@@ -28,6 +33,8 @@ import numpy as np
 from compress_dqn._quiet import quiet_stderr
 from compress_dqn.envs.atari import AtariSettings, SB3Stack, sb3_atari
 from compress_dqn.errors import UserError
+from compress_dqn.envs.user_env import DEFAULT_MAX_EPISODE_STEPS, apply_wrappers, import_env_module, needs_time_limit
+from compress_dqn.recipe.env import split_env_id
 from compress_dqn.recipe.schema import AtariConfig, atari_preprocessing, is_atari_id
 
 
@@ -54,12 +61,17 @@ def _registered_ids() -> list[str]:
 
 
 def check_env_id(env_id: str) -> None:
-    """Fail with a did-you-mean when the id is not registered (cheap: no environment is built)."""
+    """Fail with a did-you-mean when the id is not registered (cheap: no environment is built); a
+    `package.module:Id` id imports its module first, as gymnasium.make does (envs/user_env.py)."""
+    if split_env_id(env_id)[0] is not None:
+        import_env_module(env_id)
+        return
     _import_env_packages(env_id)
     if env_id in gym.envs.registry:
         return
     close = difflib.get_close_matches(env_id, _registered_ids(), n=3, cutoff=0.6)
-    hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.envs.registry for valid ids"
+    hint = (f"; did you mean {', '.join(close)}?" if close else
+            "; see gymnasium.envs.registry for valid ids, or name the module that registers it: package.module:Id")
     raise UserError(f"env.id: {env_id!r} is not a registered gymnasium environment{hint}")
 
 
@@ -126,6 +138,19 @@ class BoolToUint8(gym.ObservationWrapper):
         return np.asarray(observation, dtype=np.uint8)
 
 
+class Float32Observation(gym.ObservationWrapper):
+    """float64 observations as float32, bounds cast first (gymnasium's DtypeObservation warns on every make)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        self.observation_space = gym.spaces.Box(np.asarray(space.low, np.float32), np.asarray(space.high, np.float32),
+                                                dtype=np.float32)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return np.asarray(observation, dtype=np.float32)
+
+
 def make_env(
     env_id: str,
     kwargs: dict[str, Any] | None = None,
@@ -133,6 +158,7 @@ def make_env(
     atari: AtariConfig | None = None,
     frame_stack: int = 1,
     whole_games: bool = False,
+    wrappers: list[Any] | None = None,
 ) -> gym.Env:
     """Build an environment with its preprocessing and check it has a discrete action space.
 
@@ -140,6 +166,7 @@ def make_env(
     preprocessing); the base environment is made with frameskip=1 because the wrapper skips.
     whole_games: episodes for evaluation (SB3's Atari preprocessing only: whole games with the
     game's own rewards; its default episodes are SB3's training ones, a life each, rewards clipped).
+    wrappers: env.wrappers, applied in order after gymnasium.make (and its time limit).
     """
     check_env_id(env_id)
     options: dict[str, Any] = dict(kwargs or {})
@@ -148,10 +175,19 @@ def make_env(
     if is_atari(env_id):
         options.setdefault("frameskip", 1)
     env = _make(env_id, options)
+    if not (is_atari(env_id) or env_id.startswith("MinAtar/")) and needs_time_limit(env):
+        # an episode that never ends would hang evaluation; Atari and MinAtar games end on their own
+        env = gym.wrappers.TimeLimit(env, DEFAULT_MAX_EPISODE_STEPS)
+    env = _check_spaces(apply_wrappers(env, list(wrappers or [])), env_id, bool(wrappers))
     if is_atari(env_id):
         if atari_preprocessing(env_id, atari.preprocessing if atari else None) == "sb3":
             return sb3_atari(env, AtariSettings.of(atari), frame_stack, whole_games)
         env = _gymnasium_atari(env, atari)
+    if len(env.observation_space.shape) >= 2 and np.dtype(env.observation_space.dtype).kind == "f":
+        # a float table (highway-env's 5x5 kinematics): flat, in C order, as SB3's FlattenExtractor takes it
+        env = gym.wrappers.FlattenObservation(env)
+    if env.observation_space.dtype == np.float64:  # float32, as SB3's policies (and TFLite) take them
+        env = Float32Observation(env)
     if env.observation_space.dtype == np.bool_:
         env = BoolToUint8(env)
     if frame_stack > 1:
@@ -171,17 +207,28 @@ def _make(env_id: str, options: dict[str, Any]) -> gym.Env:
     except Exception as exc:  # TypeError for unknown kwargs; Assertion/Value/RuntimeError for bad values
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(f"env.kwargs: {env_id!r} rejected them ({reason}); fix env.kwargs or env.max_episode_steps") from None
+    return env
+
+
+def _check_spaces(env: gym.Env, env_id: str, wrapped: bool) -> gym.Env:
+    """A Discrete action space and a Box observation space (any shape: networks flatten it as SB3's
+    FlattenExtractor does), or one line saying which wrapper gives one."""
+    where = f"env.id: {env_id!r}" + (" behind env.wrappers" if wrapped else "")
     if not isinstance(env.action_space, gym.spaces.Discrete):
         space = env.action_space
         env.close()
         raise UserError(
-            f"env.id: {env_id!r} has action space {space}; DQN needs a Discrete action space "
+            f"{where} has action space {space}; DQN needs a Discrete action space "
             "(pick a discrete variant, e.g. LunarLander-v3 instead of continuous=True)"
         )
     if not isinstance(env.observation_space, gym.spaces.Box):
         space = env.observation_space
         env.close()
-        raise UserError(f"env.id: {env_id!r} has observation space {space}; only Box observations are supported")
+        flattens = isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
+                                      gym.spaces.MultiBinary))
+        fix = ("add env.wrappers: [gymnasium.wrappers:FlattenObservation] (a flat Box; Discrete becomes one-hot)"
+               if flattens else "add an env.wrappers entry whose observations are a Box")
+        raise UserError(f"{where} has observation space {str(space)[:200]}; only Box observations are taken: {fix}")
     return env
 
 
@@ -201,7 +248,8 @@ def _gymnasium_atari(env: gym.Env, atari: AtariConfig | None) -> gym.Env:
 
 def make_env_from(cfg: Any, whole_games: bool = False) -> gym.Env:
     """make_env from a recipe's env section (an EnvConfig); whole_games for evaluation episodes."""
-    return make_env(cfg.id, cfg.kwargs, cfg.max_episode_steps, cfg.atari, cfg.frame_stack, whole_games)
+    return make_env(cfg.id, cfg.kwargs, cfg.max_episode_steps, cfg.atari, cfg.frame_stack, whole_games,
+                    getattr(cfg, "wrappers", None))
 
 
 def probe_env(cfg: Any) -> EnvInfo:
@@ -232,6 +280,13 @@ def env_info(env: gym.Env, env_id: str) -> EnvInfo:
         atari=atari,
         atari_settings=env.settings if isinstance(env, SB3Stack) else None,
     )
+
+
+def is_image(info: EnvInfo) -> bool:
+    """Image observations, the ones the image presets (and conv layers) are for: integer pixels or
+    channels of 2 or more axes (Atari frames, MinAtar's channels). A float Box of any shape (a 5x5
+    kinematics table, stacked vectors) is flat: the network flattens it, as SB3's FlattenExtractor does."""
+    return len(info.obs_shape) >= 2 and info.input_scale is not None
 
 
 def seed_env(env: gym.Env, seed: int) -> np.ndarray:

@@ -13,7 +13,7 @@ the zip, as the RL Zoo saves them) are read with a restricted unpickler and fold
 layer.
 
 An Atari CnnPolicy plays in the environment it was trained in: SB3's AtariWrapper with its frame
-stack (envs/atari.py). The RL Zoo's config.yml / args.yml beside the zip say which wrapper and
+stack (envs/atari.py). The RL Zoo's config.yml / args.yml beside the zip (port/zoo_config.py) say which wrapper and
 settings; a bare zip is taken as AtariWrapper with SB3's defaults, and anything else that cannot
 be matched (another env_wrapper, frames that are not k x 84 x 84) is refused in one line.
 """
@@ -29,7 +29,6 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
-import yaml
 from pydantic import JsonValue
 
 from compress_dqn.envs.atari import SB3_DEFAULTS, AtariSettings, describe
@@ -46,6 +45,7 @@ from compress_dqn.port.spec import (
 )
 from compress_dqn.port.sb3_spaces import numbers, read_spaces, readable
 from compress_dqn.port.tensor_pickle import read_restricted_pickle, read_state_dict
+from compress_dqn.port.zoo_config import ATARI_WRAPPER, read_zoo
 from compress_dqn.recipe.schema import AtariConfig, EnvConfig
 
 NATURE_CNN = ((8, 4), (4, 2), (3, 1))  # (kernel, stride) of NatureCNN's three convolutions
@@ -134,8 +134,10 @@ class SB3Policy:
                 and set(self.high) <= {255.0})
 
     def transposed_for(self, env_shape: tuple[int, ...]) -> bool:
-        """True when SB3 saw channel-first frames of the environment's channel-last ones."""
-        if tuple(env_shape) == self.obs_shape:
+        """True when SB3 saw channel-first frames of the environment's channel-last ones (a float table
+        the environment flattens, as SB3's FlattenExtractor did, is taken as it is)."""
+        flattened = len(env_shape) == 1 and not self.cnn and env_shape[0] == int(np.prod(self.obs_shape))
+        if tuple(env_shape) == self.obs_shape or flattened:
             if len(env_shape) == 3 and self.cnn:
                 raise UserError(f"baseline.from: {self.path}: the environment gives channel-first {env_shape} frames; "
                                 "the ported network takes height x width x channels (the gymnasium default)")
@@ -144,7 +146,7 @@ class SB3Policy:
         if len(env_shape) == 3 and tuple(env_shape) == (h, w, c):
             return True
         raise UserError(f"baseline.from: {self.path}: SB3 saved observations of shape {self.obs_shape}, "
-                        f"the environment gives {tuple(env_shape)}; check --env and --frame-stack")
+                        f"the environment gives {tuple(env_shape)}; check --env, --frame-stack and --set env.kwargs")
 
     @property
     def cnn(self) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -308,64 +310,6 @@ def read_vecnormalize(path: Path) -> tuple[Normalization, float] | None:
     return Normalization(np.asarray(rms["mean"], dtype=np.float64), std), float(state.get("clip_obs", 10.0))
 
 
-ATARI_WRAPPER = "stable_baselines3.common.atari_wrappers.AtariWrapper"
-_MAX_ZOO_FILE = 1 << 20
-
-
-class _ZooLoader(yaml.SafeLoader):
-    """The RL Zoo's YAML (OrderedDicts dumped with python tags) as plain data; no object is built."""
-
-
-def _python_tag(loader: _ZooLoader, suffix: str, node: yaml.Node) -> Any:
-    if isinstance(node, yaml.SequenceNode):
-        items = loader.construct_sequence(node, deep=True)
-        if suffix.endswith("collections.OrderedDict"):  # [[pairs]]: the dumped items
-            pairs = items[0] if len(items) == 1 and isinstance(items[0], list) else items
-            return {key: value for key, value in pairs}
-        return items
-    if isinstance(node, yaml.MappingNode):
-        return loader.construct_mapping(node, deep=True)
-    return loader.construct_scalar(node)
-
-
-_ZooLoader.add_multi_constructor("tag:yaml.org,2002:python/", _python_tag)
-
-
-def _zoo_document(text: str) -> JsonValue:
-    """One YAML document read by _ZooLoader, a SafeLoader: what yaml.load does, with no way to pass it
-    an unsafe loader (the package's rule is safe loading only; tests check every loader is a SafeLoader)."""
-    loader = _ZooLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
-def _zoo_yaml(path: Path) -> dict[str, JsonValue]:
-    """A config.yml / args.yml as the raw document it holds ({} for one that is no mapping)."""
-    try:
-        data = path.read_bytes()
-        if len(data) > _MAX_ZOO_FILE:
-            raise UserError(f"baseline.from: {path}: over 1 MiB; not an RL Zoo config")
-        loaded = _zoo_document(data.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, TypeError, ValueError) as exc:
-        raise UserError(f"baseline.from: {path}: not a readable RL Zoo file ({str(exc).splitlines()[0][:100]}); "
-                        "remove it or save it again") from None
-    return loaded if isinstance(loaded, dict) else {}
-
-
-def _wrappers(value: JsonValue) -> list[tuple[str, dict[str, JsonValue]]]:
-    """env_wrapper as (name, kwargs) pairs: the Zoo writes a name, a list of names, or {name: kwargs} items."""
-    items = value if isinstance(value, list) else [value]
-    pairs = []
-    for item in items:
-        if isinstance(item, dict):
-            pairs += [(str(name), dict(kwargs or {})) for name, kwargs in item.items()]
-        elif item is not None:
-            pairs.append((str(item), {}))
-    return pairs
-
-
 class ZooAtari(NamedTuple):
     """What the RL Zoo's files beside a zip say about the environment an Atari agent was trained in."""
 
@@ -380,29 +324,20 @@ class ZooAtari(NamedTuple):
 
 def zoo_atari(path: Path) -> ZooAtari:
     """The AtariWrapper settings, env_kwargs and frame_stack the RL Zoo's config.yml / args.yml beside
-    the zip record; SB3's defaults for a bare zip.
+    the zip record (port/zoo_config.py); SB3's defaults for a bare zip.
 
     Refuses in one line an env_wrapper other than SB3's AtariWrapper, or settings this
     preprocessing does not reproduce (rewards left unclipped, SB3's own sticky actions)."""
-    files = [d / name for d in (path.parent, path.parent / path.stem) for name in ("config.yml", "args.yml")]
-    found = [f for f in files if f.is_file()]
-    if not found:
+    zoo = read_zoo(path)
+    if not zoo.files:
         return ZooAtari(SB3_DEFAULTS, None, None, "a bare zip, taken as SB3's AtariWrapper with its defaults")
-    settings, frame_stack, env_kwargs = SB3_DEFAULTS, None, None
-    for file in found:
-        data = _zoo_yaml(file)
-        hyper = data.get("hyperparams") if isinstance(data.get("hyperparams"), dict) else {}
-        for source in (data, hyper):
-            for name, kwargs in _wrappers(source.get("env_wrapper")):
-                if name.rsplit(".", 1)[-1] != "AtariWrapper":
-                    raise UserError(f"baseline.from: {path}: {file.name} names env_wrapper {name}; only SB3's "
-                                    f"AtariWrapper ({ATARI_WRAPPER}) is reproduced, so it cannot be evaluated as trained")
-                settings = _wrapper_settings(file, kwargs, settings)
-            if source.get("frame_stack") not in (None, {}):
-                frame_stack = source["frame_stack"]
-            if source.get("env_kwargs") not in (None, {}):
-                env_kwargs = source["env_kwargs"]
-    return ZooAtari(settings, frame_stack, env_kwargs, f"as {', '.join(f.name for f in found)} beside the zip say")
+    settings = SB3_DEFAULTS
+    for file, name, kwargs in zoo.wrappers:
+        if name.rsplit(".", 1)[-1] != "AtariWrapper":
+            raise UserError(f"baseline.from: {path}: {file.name} names env_wrapper {name}; only SB3's "
+                            f"AtariWrapper ({ATARI_WRAPPER}) is reproduced, so it cannot be evaluated as trained")
+        settings = _wrapper_settings(file, kwargs, settings)
+    return ZooAtari(settings, zoo.frame_stack, zoo.env_kwargs, zoo.source)
 
 
 def _wrapper_settings(file: Path, kwargs: dict[str, JsonValue], settings: AtariSettings) -> AtariSettings:

@@ -13,14 +13,33 @@ from compress_dqn.recipe.values import Count, PositiveCount, StrictModel, count_
 _ATARI_ID = re.compile(r"ALE/.+|[A-Za-z]\w*NoFrameskip-v4")
 
 
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def split_env_id(env_id: str) -> tuple[str | None, str]:
+    """gymnasium's `package.module:Id` as (module, Id); (None, id) for a plain id."""
+    module, sep, name = env_id.partition(":")
+    return (module, name) if sep else (None, env_id)
+
+
+def wrapper_parts(name: str) -> tuple[str, str]:
+    """A wrapper's `package.module:Class` or the RL Zoo's dotted `package.module.Class` as (module, attribute)."""
+    module, sep, attribute = name.partition(":")
+    if not sep:
+        module, _, attribute = name.rpartition(".")
+    if not _MODULE.fullmatch(module or "") or not _MODULE.fullmatch(attribute or ""):
+        raise ValueError(f"wrapper {name!r} is not package.module:Class (or package.module.Class)")
+    return module, attribute
+
+
 def is_atari_id(env_id: str) -> bool:
     """ALE/ ids and the RL Zoo's *NoFrameskip-v4 ids (both from ale-py): the ones env.atari applies to."""
-    return bool(_ATARI_ID.fullmatch(env_id))
+    return bool(_ATARI_ID.fullmatch(split_env_id(env_id)[1]))
 
 
 def atari_preprocessing(env_id: str, chosen: str | None) -> str:
     """env.atari.preprocessing, or its default: SB3's for the RL Zoo's *NoFrameskip-v4 ids, gymnasium's for ALE/."""
-    return chosen or ("gymnasium" if env_id.startswith("ALE/") else "sb3")
+    return chosen or ("gymnasium" if split_env_id(env_id)[1].startswith("ALE/") else "sb3")
 
 
 class AtariConfig(StrictModel):
@@ -52,15 +71,43 @@ class EnvConfig(StrictModel):
 
     id: str = Field(min_length=1)
     """A registered gymnasium id, e.g. CartPole-v1, LunarLander-v3, ALE/Breakout-v5 or the RL Zoo's
-    BreakoutNoFrameskip-v4. Discrete actions only."""
+    BreakoutNoFrameskip-v4, or `package.module:Id` for an environment a module registers when imported
+    (gymnasium's form; importing it runs its code, in every process that builds the environment).
+    Discrete actions only."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to gymnasium.make."""
     max_episode_steps: PositiveCount | None = None
-    """Override the environment's time limit (episodes end truncated, and bootstrap)."""
+    """Override the environment's time limit (episodes end truncated, and bootstrap). An environment
+    registered without one gets 10000 steps (envs/user_env.DEFAULT_MAX_EPISODE_STEPS)."""
+    wrappers: list[str | dict[str, Any]] = Field(default_factory=list)
+    """gymnasium.Wrapper subclasses applied in order after gymnasium.make: `package.module:Class`, the
+    RL Zoo's `package.module.Class`, or {class: NAME, kwargs: {...}}. Anything but a Wrapper subclass is
+    refused before it is called."""
     atari: AtariConfig | None = None
     """Atari preprocessing for ALE/ and *NoFrameskip-v4 ids (always applied to them; None: the defaults)."""
     frame_stack: count_from(1) = 1
     """Stack the last k frames on the last axis (4 for Atari); the replay stores each frame once."""
+
+    @model_validator(mode="after")
+    def _wrapper_names(self) -> "EnvConfig":
+        for i, spec in enumerate(self.wrappers):
+            if isinstance(spec, dict):
+                if set(spec) - {"class", "kwargs"} or not isinstance(spec.get("class"), str) or \
+                        not isinstance(spec.get("kwargs", {}), dict):
+                    raise ValueError(f"wrappers[{i}]: write a name or {{class: package.module:Class, kwargs: {{...}}}}, "
+                                     f"not {spec!r}")
+                spec = spec["class"]
+            try:
+                wrapper_parts(spec)
+            except ValueError as exc:
+                raise ValueError(f"wrappers[{i}]: {exc}") from None
+        return self
+
+    def user_modules(self) -> list[str]:
+        """The modules building this environment imports (and so runs): the id's and the wrappers'."""
+        module = split_env_id(self.id)[0]
+        names = [spec if isinstance(spec, str) else spec["class"] for spec in self.wrappers]
+        return list(dict.fromkeys(([module] if module else []) + [wrapper_parts(n)[0] for n in names]))
 
     @model_validator(mode="after")
     def _atari_only_for_ale(self) -> "EnvConfig":

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from compress_dqn.errors import UserError
+from compress_dqn.recipe.env import EnvConfig
 from compress_dqn.recipe.recipe import Recipe
 from compress_dqn.recipe.safe_yaml import read_yaml, read_yaml_text
 from compress_dqn.recipe.validation_errors import format_validation_error
@@ -59,6 +60,20 @@ def recipe_from_data(data: Any, source: str = "recipe", overrides: tuple[str, ..
         raise UserError(f"{source}: {format_validation_error(exc)}") from None
     except RecursionError:
         raise UserError(f"{source}: recipe nests too deeply (recursive anchors?)") from None
+
+
+def env_from_data(env: dict[str, Any], overrides: tuple[str, ...] = (), source: str = "--env") -> EnvConfig:
+    """An env block as data with the env.* overrides of `overrides` applied (the others are left for the
+    recipe), validated: what a command probes before it writes its recipe, so --set env.kwargs.K=V,
+    env.max_episode_steps and env.wrappers shape the environment it reads."""
+    data: dict[str, Any] = {"env": dict(env)}
+    for override in overrides:
+        if override.partition("=")[0].strip().split(".")[0] == "env":
+            _apply_override(data, override)
+    try:
+        return EnvConfig.model_validate(data["env"])
+    except ValidationError as exc:
+        raise UserError(f"{source}: env.{format_validation_error(exc)}") from None
 
 
 def load_recipe(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from compress_dqn.recipe.env import AtariConfig, EnvConfig, atari_preprocessing, is_atari_id
 from compress_dqn.recipe.evaluation import EvalConfig, MeasureConfig
-from compress_dqn.recipe.loading import load_recipe, recipe_from_data
+from compress_dqn.recipe.loading import env_from_data, load_recipe, recipe_from_data
 from compress_dqn.recipe.quantize import MODE_ONLY, QUANTIZE_MODES, KernelBits, QuantizeConfig
 from compress_dqn.recipe.recipe import Recipe
 from compress_dqn.recipe.search import SearchConfig
@@ -46,5 +46,5 @@ __all__ = [
     "MeasureConfig", "Name", "PositiveCount", "Probability", "PruneConfig", "PruneSettings", "PrunedTemplate",
     "QatTeacher", "QuantizeConfig", "Recipe", "ReplayConfig", "RolloutConfig", "SearchConfig", "Seed", "SeedRange",
     "StrictModel", "StudentConfig", "StudentTemplate", "TrainConfig", "VariantConfig", "VariantTemplate",
-    "atari_preprocessing", "format_validation_error", "is_atari_id", "load_recipe", "recipe_from_data",
+    "atari_preprocessing", "env_from_data", "format_validation_error", "is_atari_id", "load_recipe", "recipe_from_data",
 ]

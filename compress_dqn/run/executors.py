@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import psutil
 
+from compress_dqn.envs.user_env import imported_modules, ray_runtime_env
 from compress_dqn.errors import UserError
 
 T = TypeVar("T")
@@ -128,10 +129,20 @@ def _map_ray(fn: Callable[..., T], args: Sequence[tuple[Any, ...]], n: int, addr
         options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
         if address is None:
             options["num_cpus"] = n  # a local instance sized like the local pool
+        # The environment's own modules (package.module:Id, env.wrappers) must import in every task:
+        # their folders on PYTHONPATH here, shipped to a cluster.
+        runtime_env = ray_runtime_env(remote=address is not None)
+        if runtime_env is not None:
+            options["runtime_env"] = runtime_env
         try:
             ray.init(address=address, **options)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+        except (ConnectionError, RuntimeError, ValueError, TypeError) as exc:
             where = address or "a local instance"
+            if runtime_env is not None and "py_modules" in runtime_env:
+                raise UserError(f"address: cannot join Ray at {where} with the environment's modules "
+                                f"({', '.join(imported_modules())}) shipped to it ({str(exc).splitlines()[0]}); check "
+                                "the address, install the modules on the cluster's nodes, or remove address to run "
+                                "Ray locally") from None
             raise UserError(f"address: cannot start or join Ray at {where} ({str(exc).splitlines()[0]}); "
                             "check the address, or remove it to start Ray locally") from None
     try:
@@ -140,8 +151,20 @@ def _map_ray(fn: Callable[..., T], args: Sequence[tuple[Any, ...]], n: int, addr
         index, pending = {ref: i for i, ref in enumerate(refs)}, list(refs)
         while pending:
             finished, pending = ray.wait(pending, num_returns=1)
-            done(index[finished[0]], ray.get(finished[0]))
-        return ray.get(refs)
+            done(index[finished[0]], _ray_result(ray, finished[0]))
+        return [_ray_result(ray, ref) for ref in refs]
     finally:
         if started_here:
             ray.shutdown()
+
+
+def _ray_result(ray: Any, ref: Any) -> Any:
+    """ray.get, with a task's UserError raised as itself (Ray's wrapper carries the remote traceback in
+    its text, which would be the user's one line)."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, UserError):
+            raise cause from None
+        raise

@@ -17,23 +17,25 @@ from compress_dqn.evaluation.figures import ReturnStats
 from compress_dqn.evaluation.measure import compare_with_litert, dir_bytes, gzip_bytes, measure_latency, measure_memory
 from compress_dqn.evaluation.play import evaluate
 from compress_dqn.export.loading import load_policy
-from compress_dqn.recipe.schema import EnvConfig
+from compress_dqn.recipe.schema import EnvConfig, env_from_data
 from compress_dqn.store.manifest import check_artifact
 
 
-def env_for_policy(policy: Policy, env_id: str) -> tuple[EnvConfig, EnvInfo]:
-    """env_id as the policy plays it: a policy trained on stacked frames (one more input axis than
-    the environment's observation, the last) gets that many frames stacked."""
-    env = EnvConfig(id=env_id)
+def env_for_policy(policy: Policy, env_id: str, overrides: tuple[str, ...] = ()) -> tuple[EnvConfig, EnvInfo]:
+    """env_id (with the env.* overrides: kwargs, time limit, wrappers) as the policy plays it: a policy
+    trained on stacked frames (one more input axis than the environment's observation, the last) gets
+    that many frames stacked."""
+    env = env_from_data({"id": env_id}, overrides)
     info = probe_env(env)
     shape = tuple(policy.obs_shape)
     if len(shape) == len(info.obs_shape) + 1 and shape[:-1] == info.obs_shape and shape[-1] > 1:
-        env = EnvConfig(id=env_id, frame_stack=shape[-1])
+        env = env.model_copy(update={"frame_stack": shape[-1]})
         info = probe_env(env)
     return env, info
 
 
-def evaluate_policy_file(path: Path, env_id: str, episodes: int, seed: int, runtime: str) -> ReturnStats:
+def evaluate_policy_file(path: Path, env_id: str, episodes: int, seed: int, runtime: str,
+                         overrides: tuple[str, ...] = ()) -> ReturnStats:
     """Greedy episodes of a .tflite file or SavedModel directory on seeds seed..seed+episodes-1;
     runtime "micro" plays a .tflite through the TFLite Micro interpreter."""
     check_artifact(path)
@@ -43,7 +45,7 @@ def evaluate_policy_file(path: Path, env_id: str, episodes: int, seed: int, runt
         policy: Any = MicroPolicy(path)
     else:
         policy = load_policy(path)
-    env, info = env_for_policy(policy, env_id)
+    env, info = env_for_policy(policy, env_id, overrides)
     check_compatible(policy, info.obs_shape, info.n_actions, env_id, str(path))
     return evaluate(policy if isinstance(policy, TFLitePolicy) else policy.act, env, episodes, seed)
 
