@@ -74,7 +74,7 @@ def onnx_disagreements(onnx_file: Path, policy: Path, env, seeds: list[int]) -> 
     import onnxruntime as ort
 
     from compress_dqn.envs.episodes import run_episodes
-    from compress_dqn.export.loading import load_policy
+    from compress_dqn.convert.loading import load_policy
 
     session, loaded, counts = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"]), load_policy(policy), [0, 0]
     inp = session.get_inputs()[0]
@@ -144,7 +144,7 @@ def main() -> None:
                         help="check RUN (or a tiny run built here when RUN is not given) on 2 episodes")
     args = parser.parse_args()
     from compress_dqn.envs.episodes import run_episodes
-    from compress_dqn.export.loading import load_policy
+    from compress_dqn.convert.loading import load_policy
     from compress_dqn.recipe.schema import load_recipe
 
     with tempfile.TemporaryDirectory() as tmp:

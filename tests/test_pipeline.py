@@ -152,9 +152,9 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
 def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path):
     import numpy as np
 
-    from compress_dqn.export.conversion import convert_tflite, export_saved_model
+    from compress_dqn.convert.conversion import convert_tflite, export_saved_model
     from compress_dqn.rl.networks import build_q_network
-    from compress_dqn.export.conversion import same_policy
+    from compress_dqn.convert.conversion import same_policy
 
     obs = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
     blobs = []

@@ -6,7 +6,7 @@ import pytest
 from compress_dqn.compress.build import build_variant
 from compress_dqn.compress.prune import kernel_sparsity
 from compress_dqn.errors import UserError
-from compress_dqn.export.conversion import export_saved_model
+from compress_dqn.convert.conversion import export_saved_model
 
 from conftest import variant
 

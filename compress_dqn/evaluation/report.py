@@ -18,7 +18,7 @@ from pathlib import Path
 
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation import findings as find
-from compress_dqn.evaluation import gpu_report
+from compress_dqn.evaluation.serving import section as gpu_section
 from compress_dqn.evaluation.figures import M0PLUS, M4F, ONE_PERCENT, AtOnePercent, Verdict
 from compress_dqn.evaluation.findings import Diagnosis, Findings, findings, pareto_front
 from compress_dqn.evaluation.plots import make_plots, verdict_color
@@ -436,7 +436,7 @@ def render_markdown(results: RunResults, plots: Sequence[str], diagnosed: Sequen
     lines.append("|" + "---|" * len(table))
     lines += ["| " + " | ".join(text for _, text in _cells(v, results)) + " |" for v in results.variants]
     lines.append("")
-    lines += [f"![{name}]({name})" for name in plots] + gpu_report.markdown(results)
+    lines += [f"![{name}]({name})" for name in plots] + gpu_section.markdown(results)
     lines += ["", "Notes:", ""] + [f"- {note}" for note in _notes(results)]
     return "\n".join(lines) + "\n"
 
@@ -475,7 +475,7 @@ figure {{ display: inline-block; margin: 0.5rem; }} img {{ max-width: 560px; }}
 <h1>compress-dqn report: {esc(results.env_id)}</h1>
 <ul class="headline">{head}</ul>
 {why}<div class="wide"><table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table></div>
-{images}{gpu_report.html_section(results)}
+{images}{gpu_section.html_section(results)}
 <h2>Notes</h2><ul>{notes}</ul>
 </body></html>
 """

@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation.figures import (AtOnePercent, CFigures, Comparison, Compression, LatencyBlock, MemoryBlock,
                                              MicroFigures, OpenRecord, Record, ReturnStats, SizeStats, Verdict)
-from compress_dqn.evaluation.serving_figures import ServingBench
+from compress_dqn.evaluation.serving.figures import ServingBench
 from compress_dqn.fileio import write_text_atomic
 
 SCHEMA_VERSION = 3
