@@ -71,7 +71,7 @@ def search(path: Path, env_id: str, out: Path, args: list[str], make_zip=None) -
 
 def agent_row(out: Path, line: float) -> dict:
     """One finished search: its winner against the baseline, gzip to gzip, and the seed-0 report's reasons."""
-    from compress_dqn.evaluation.findings import diagnoses
+    from compress_dqn.evaluation.diagnosis import diagnoses
     from compress_dqn.evaluation.reasons import reason_lines
     from compress_dqn.evaluation.results import load_results
 
@@ -110,7 +110,7 @@ def ptq_float_head(run: Path, episodes: int) -> dict:
 
     from compress_dqn.deploy.litert.policy import TFLitePolicy
     from compress_dqn.envs.episodes import play_side_by_side, random_returns
-    from compress_dqn.evaluation.findings import float_head_policy
+    from compress_dqn.evaluation.diagnosis import float_head_policy
     from compress_dqn.evaluation.results import load_results
     from compress_dqn.evaluation.verdicts import paired_difference
     from compress_dqn.fileio import load_dict

@@ -23,7 +23,7 @@ from compress_dqn.port.baseline import file_digest, load_model, load_transitions
 from compress_dqn.port.check import check_port
 from compress_dqn.port.run_dir import run_replay
 from compress_dqn.recipe.schema import EnvConfig, Recipe
-from compress_dqn.replay.buffer import replay_capacity
+from compress_dqn.replay.sizing import replay_capacity
 from compress_dqn.rl.networks import count_params
 from compress_dqn.rl.trainer import DQNTrainer
 from compress_dqn.run.context import RunContext, Stage, run_stages
