@@ -43,7 +43,7 @@ def test_a_clustered_student_is_distilled_in_float_then_clustered_with_its_own_s
 
 def test_a_clustered_students_build_cost_counts_its_distillation_and_its_clustered_steps():
     """A parallel build starts the costliest first: a clustered student pays for both phases."""
-    from compress_dqn.compress.build import STEP_COST, build_cost
+    from compress_dqn.compress.recovery import STEP_COST, build_cost
     from compress_dqn.recipe.schema import Recipe
 
     recipe = Recipe.model_validate({"env": {"id": "CartPole-v1"}})

@@ -355,7 +355,7 @@ def test_parallel_builds_start_the_costliest_first_counting_a_clustering_step_de
     """The demo's order: the student (50k steps), pqat-90-int8 (6k pruning + 3k pruning-preserving
     QAT steps), then cluster-16, whose 3k clustering steps cost more than the 6k steps of either
     pruning build; the post-training quantizations (no steps) last, in recipe order."""
-    from compress_dqn.compress.build import build_cost
+    from compress_dqn.compress.recovery import build_cost
     from compress_dqn.recipe.schema import load_recipe
 
     recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "cartpole.yaml")

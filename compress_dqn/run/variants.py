@@ -17,7 +17,8 @@ from typing import NamedTuple
 import numpy as np
 
 from compress_dqn._tf import set_seed, tf_keras
-from compress_dqn.compress.build import BuiltVariant, build_cost, build_variant, build_variant_per_teacher
+from compress_dqn.compress.build import BuiltVariant, build_variant, build_variant_per_teacher
+from compress_dqn.compress.recovery import build_cost
 from compress_dqn.compress.details import BuildDetails
 from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo
