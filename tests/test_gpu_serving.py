@@ -171,7 +171,7 @@ def _forms(tflite: Path, folder: Path) -> dict[str, Path]:
     written = {}
     for form in ("exact", "qdq"):
         out = folder / f"{tflite.parent.name}-{tflite.stem}.{form}.onnx"
-        written[export_onnx(tflite, out, ExportOptions(onnx_int8=form))["quantized"]] = out
+        written[export_onnx(tflite, out, ExportOptions(onnx_int8=form)).quantized] = out
     return written
 
 
