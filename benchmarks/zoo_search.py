@@ -14,7 +14,7 @@ as a user runs it, one after another, in its own interpreter:
 (`search` itself resumes one that stopped). Prints one JSON line per agent: the search's winner, its gzipped
 bytes beside the baseline's (gzip to gzip), the ratio, its verdict on each seed, whether it meets the line
 (--line, 20x, kept within tolerance), every candidate's outcome, and for an agent with no such winner the
-reasons its seed-0 report gives for the candidates that lost (evaluation.findings.diagnoses, measured on the
+reasons its seed-0 report gives for the candidates that lost (evaluation.diagnosis.diagnoses, measured on the
 held-out states); then a summary line. --smoke writes one tiny untrained QR-DQN zip and searches it with one
 8-unit student, a few fine-tune steps and 2 episodes: what the pipeline does, not what it finds.
 """
