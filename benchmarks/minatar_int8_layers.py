@@ -102,7 +102,7 @@ def smoke_policy(tmp: Path, seed: int) -> Path:
     graph all the same), split into advantage and value heads and exported as compress-dqn does."""
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.rewrites import split_value_advantage
-    from compress_dqn.export.conversion import convert_tflite, export_saved_model
+    from compress_dqn.convert.conversion import convert_tflite, export_saved_model
     from compress_dqn.rl.networks import build_q_network
 
     tf_keras.utils.set_random_seed(seed)

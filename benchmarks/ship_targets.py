@@ -63,8 +63,8 @@ def c_figures(policy: Path, env, seeds: list[int], name: str) -> dict:
             return theirs
 
         ref_returns = run_episodes(ref_checked, env, seeds)
-    return {"flash_ram": figures["mcu"], "integer_only": figures["integer_only"], "constants_bytes": figures["constants_bytes"],
-            "time_per_action": figures.get("time_per_action"), "returns_mean": float(np.mean(c_returns)),
+    return {"flash_ram": figures.mcu, "integer_only": figures.integer_only, "constants_bytes": figures.constants_bytes,
+            "time_per_action": figures.time_per_action, "returns_mean": float(np.mean(c_returns)),
             "litert_ref_returns_mean": float(np.mean(ref_returns)), "identical_episode_by_episode": c_returns == ref_returns,
             "differing_steps": differ[0]}
 
@@ -74,7 +74,7 @@ def onnx_disagreements(onnx_file: Path, policy: Path, env, seeds: list[int]) -> 
     import onnxruntime as ort
 
     from compress_dqn.envs.episodes import run_episodes
-    from compress_dqn.export.loading import load_policy
+    from compress_dqn.convert.loading import load_policy
 
     session, loaded, counts = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"]), load_policy(policy), [0, 0]
     inp = session.get_inputs()[0]
@@ -122,7 +122,7 @@ def variant_row(policy: Path, env, seeds: list[int], evaluate_returns: list[floa
     row["c"] = c_figures(policy, env, seeds, name)
     with tempfile.TemporaryDirectory() as tmp:
         onnx_file = Path(tmp) / f"{name}.onnx"
-        onnx_bytes = export_onnx(policy, onnx_file, ExportOptions())["bytes"]
+        onnx_bytes = export_onnx(policy, onnx_file, ExportOptions()).bytes
         played = _outsider("outsider_onnx_player.py", onnx_file, env.id, seeds[0], len(seeds))
         run_us = onnx_run_us(onnx_file)
         differing, steps = onnx_disagreements(onnx_file, policy, env, seeds)
@@ -144,7 +144,7 @@ def main() -> None:
                         help="check RUN (or a tiny run built here when RUN is not given) on 2 episodes")
     args = parser.parse_args()
     from compress_dqn.envs.episodes import run_episodes
-    from compress_dqn.export.loading import load_policy
+    from compress_dqn.convert.loading import load_policy
     from compress_dqn.recipe.schema import load_recipe
 
     with tempfile.TemporaryDirectory() as tmp:

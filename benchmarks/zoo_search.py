@@ -14,7 +14,7 @@ as a user runs it, one after another, in its own interpreter:
 (`search` itself resumes one that stopped). Prints one JSON line per agent: the search's winner, its gzipped
 bytes beside the baseline's (gzip to gzip), the ratio, its verdict on each seed, whether it meets the line
 (--line, 20x, kept within tolerance), every candidate's outcome, and for an agent with no such winner the
-reasons its seed-0 report gives for the candidates that lost (evaluation.findings.diagnoses, measured on the
+reasons its seed-0 report gives for the candidates that lost (evaluation.diagnosis.diagnoses, measured on the
 held-out states); then a summary line. --smoke writes one tiny untrained QR-DQN zip and searches it with one
 8-unit student, a few fine-tune steps and 2 episodes: what the pipeline does, not what it finds.
 """
@@ -71,7 +71,7 @@ def search(path: Path, env_id: str, out: Path, args: list[str], make_zip=None) -
 
 def agent_row(out: Path, line: float) -> dict:
     """One finished search: its winner against the baseline, gzip to gzip, and the seed-0 report's reasons."""
-    from compress_dqn.evaluation.findings import diagnoses
+    from compress_dqn.evaluation.diagnosis import diagnoses
     from compress_dqn.evaluation.reasons import reason_lines
     from compress_dqn.evaluation.results import load_results
 
@@ -110,7 +110,7 @@ def ptq_float_head(run: Path, episodes: int) -> dict:
 
     from compress_dqn.deploy.litert.policy import TFLitePolicy
     from compress_dqn.envs.episodes import play_side_by_side, random_returns
-    from compress_dqn.evaluation.findings import float_head_policy
+    from compress_dqn.evaluation.diagnosis import float_head_policy
     from compress_dqn.evaluation.results import load_results
     from compress_dqn.evaluation.verdicts import paired_difference
     from compress_dqn.fileio import load_dict

@@ -285,7 +285,7 @@ def evaluate(policy: Path, env_id: str, episodes: int, seed: int, runtime: str, 
 @_user_errors
 def report(run_dir: Path, gpu_files: tuple[Path, ...]) -> None:
     """Re-render results.csv, report.md, report.html and the plots from RUN_DIR/results.json."""
-    from compress_dqn.evaluation.gpu_report import attach
+    from compress_dqn.evaluation.serving.attach import attach
     from compress_dqn.evaluation.report import write_report
     from compress_dqn.store.layout import RunLayout
     from compress_dqn.store.manifest import verify as verify_run
@@ -340,7 +340,7 @@ def bench(policy: Path, calls: int, memory: bool, device: str | None, batches: s
           out: Path | None) -> None:
     """Measure one .tflite file or SavedModel directory: size, latency, inference memory; or an .onnx by batch on a device (JSON)."""
     if device is not None or policy.suffix == ".onnx":
-        from compress_dqn.evaluation.serving import bench_file
+        from compress_dqn.evaluation.serving.bench import bench_file
 
         if device is None:
             raise UserError(f"{policy}: an .onnx file is measured by batch on a device: add --device gpu (or cpu)")

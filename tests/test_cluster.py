@@ -1,7 +1,7 @@
 import numpy as np
 
 from compress_dqn.compress.build import build_variant
-from compress_dqn.export.conversion import export_policy, export_saved_model
+from compress_dqn.convert.conversion import convert_policy, export_saved_model
 
 from conftest import variant
 
@@ -32,7 +32,7 @@ def test_a_clustered_student_is_distilled_in_float_then_clustered_with_its_own_s
     assert details.unique_kernel_values["hidden_0"] <= 4
     assert details.qat.preserve == "clusters"
     # In the file, each output unit of the hidden layer still reads at most 4 distinct int8 weights.
-    export_policy(built.export_model, result.info, tmp_path, built, result.replay.sample_observations(100))
+    convert_policy(built.export_model, result.info, tmp_path, built, result.replay.sample_observations(100))
     from ai_edge_litert.interpreter import Interpreter
 
     interp = Interpreter(model_path=str(tmp_path / "policy.tflite"))
@@ -43,7 +43,7 @@ def test_a_clustered_student_is_distilled_in_float_then_clustered_with_its_own_s
 
 def test_a_clustered_students_build_cost_counts_its_distillation_and_its_clustered_steps():
     """A parallel build starts the costliest first: a clustered student pays for both phases."""
-    from compress_dqn.compress.build import STEP_COST, build_cost
+    from compress_dqn.compress.recovery import STEP_COST, build_cost
     from compress_dqn.recipe.schema import Recipe
 
     recipe = Recipe.model_validate({"env": {"id": "CartPole-v1"}})

@@ -101,7 +101,7 @@ def test_a_checkpoint_refused_names_the_checkpoint_and_says_the_last_one_is_inta
 
 def test_tensorflow_writers_word_their_refusals_the_same(tmp_path, monkeypatch):
     from compress_dqn._tf import tf
-    from compress_dqn.export import conversion
+    from compress_dqn.convert import conversion
     from compress_dqn.rl.networks import build_q_network
     from compress_dqn.rl.trainer import RunLog, RunOptions, TrainState
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from compress_dqn.errors import UserError
-from compress_dqn.export.conversion import convert_tflite, export_saved_model
+from compress_dqn.convert.conversion import convert_tflite, export_saved_model
 from compress_dqn.rl.networks import NumpyActor, build_q_network
 from compress_dqn.deploy.litert.policy import TFLitePolicy, check_compatible
-from compress_dqn.export.loading import load_policy
-from compress_dqn.export.saved_model import SavedModelPolicy
+from compress_dqn.convert.loading import load_policy
+from compress_dqn.convert.saved_model import SavedModelPolicy
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_tflite_policy_acts_without_tensorflow(exported):
     _, out = exported
     code = (
         "import sys, numpy as np\n"
-        "from compress_dqn.export.loading import load_policy\n"
+        "from compress_dqn.convert.loading import load_policy\n"
         "p = load_policy(sys.argv[1])\n"
         "a = p.act(np.zeros(4, np.float32))\n"
         "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"

@@ -89,7 +89,7 @@ def test_bench_device_cpu_serves_by_batch_without_tensorflow(tmp_path):
 
 
 def test_the_crossover_is_where_the_device_wins_from_on():
-    from compress_dqn.evaluation.serving_figures import BatchFigures, CpuRun, TimedCalls, crossover
+    from compress_dqn.evaluation.serving.figures import BatchFigures, CpuRun, TimedCalls, crossover
 
     def figures(batch: int, device: float, cpu: float) -> BatchFigures:
         return BatchFigures(batch=batch, eager=TimedCalls(p50_us=device * 5, calls=20), graph=TimedCalls(p50_us=device, calls=20),
@@ -102,7 +102,7 @@ def test_the_crossover_is_where_the_device_wins_from_on():
 
 def _gpu_bench(tmp_path: Path, policy: str) -> Path:
     """A bench file as a GPU machine writes one: the CPU device's figures, with the GPU's fields filled in."""
-    from compress_dqn.evaluation.serving import bench_on_device
+    from compress_dqn.evaluation.serving.bench import bench_on_device
 
     bench = bench_on_device(_tiny_onnx(tmp_path / f"{policy}.onnx"), "cpu", [1, 64], seconds=0.001, min_calls=3)
     bench.device, bench.context_bytes, bench.graph_note, bench.memory_note = "cuda", 651_000_000, None, None
@@ -171,7 +171,7 @@ def _forms(tflite: Path, folder: Path) -> dict[str, Path]:
     written = {}
     for form in ("exact", "qdq"):
         out = folder / f"{tflite.parent.name}-{tflite.stem}.{form}.onnx"
-        written[export_onnx(tflite, out, ExportOptions(onnx_int8=form))["quantized"]] = out
+        written[export_onnx(tflite, out, ExportOptions(onnx_int8=form)).quantized] = out
     return written
 
 
@@ -192,7 +192,7 @@ def test_the_interpreter_plays_conv_and_dynamic_range_exports(tmp_path):
     from compress_dqn.compress.quantize import converter_setup
     from compress_dqn.compress.rewrites import split_value_advantage
     from compress_dqn.deploy.tflite.outputs import with_float_q_values
-    from compress_dqn.export.conversion import convert_tflite, export_saved_model
+    from compress_dqn.convert.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
     tf_keras.utils.set_random_seed(0)

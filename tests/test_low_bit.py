@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from compress_dqn.compress.build import build_variant
-from compress_dqn.export.conversion import export_policy
+from compress_dqn.convert.conversion import convert_policy
 
 from conftest import variant
 
@@ -18,7 +18,7 @@ def test_a_low_bit_kernel_is_stored_exactly_at_its_bit_width_and_plays_as_traine
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import calibrate_ranges, converter_setup, qat_model
     from compress_dqn.compress.rewrites import flattened_dense_as_conv, split_value_advantage
-    from compress_dqn.export.conversion import convert_tflite, export_saved_model
+    from compress_dqn.convert.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
     from compress_dqn.rl.networks import q_from_outputs
 
@@ -62,7 +62,7 @@ def test_a_students_low_bit_dense_kernel_reaches_its_file(trained_tiny, tmp_path
     v = variant(recipe, student={"net_arch": [16, 16]}, fine_tune={"steps": 60},
                 quantize={"mode": "qat", "qat_steps": 20, "kernel_bits": {"hidden_0": 3}})
     built = build_variant(v, result.model, result.replay, recipe, result.info, quiet=True)
-    export_policy(built.export_model, result.info, tmp_path, built, result.replay.sample_observations(100))
+    convert_policy(built.export_model, result.info, tmp_path, built, result.replay.sample_observations(100))
     interp = Interpreter(model_path=str(tmp_path / "policy.tflite"))
     interp.allocate_tensors()
     kernels = {tuple(t["shape"]): interp.get_tensor(t["index"]) for t in interp.get_tensor_details()

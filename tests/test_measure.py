@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from compress_dqn.compress.quantize import converter_setup
-from compress_dqn.export.conversion import convert_tflite, export_saved_model
+from compress_dqn.convert.conversion import convert_tflite, export_saved_model
 from compress_dqn.fileio import write_bytes_atomic
 from compress_dqn.evaluation.measure import gzip_bytes, measure_latency, measure_memory
 from compress_dqn.rl.networks import build_q_network
-from compress_dqn.export.loading import load_policy
+from compress_dqn.convert.loading import load_policy
 from compress_dqn.recipe.schema import QuantizeConfig
 
 
@@ -105,7 +105,7 @@ def test_bench_cli_prints_json(artifacts):
 
 def test_gpu_measurement_is_none_without_a_gpu(artifacts):
     from compress_dqn._tf import tf
-    from compress_dqn.export.saved_model import gpu_note, measure_gpu
+    from compress_dqn.convert.saved_model import gpu_note, measure_gpu
 
     out, obs = artifacts
     if tf.config.list_physical_devices("GPU"):
@@ -118,7 +118,7 @@ def test_gpu_measurement_path_records_latency_and_peak(artifacts, monkeypatch):
     """The GPU branch's logic, run on CPU: device listing and allocator stats are faked, and soft
     device placement runs the ops on the CPU."""
     from compress_dqn._tf import tf
-    from compress_dqn.export.saved_model import measure_gpu
+    from compress_dqn.convert.saved_model import measure_gpu
 
     out, obs = artifacts
     calls = []

@@ -20,7 +20,7 @@ needs_tflm = pytest.mark.skipif(not micro.available(), reason="tflite-micro not 
 
 
 def _export(model, path: Path, configure=None) -> Path:
-    from compress_dqn.export.conversion import convert_tflite, export_saved_model
+    from compress_dqn.convert.conversion import convert_tflite, export_saved_model
 
     saved = export_saved_model(model, (4,), np.float32, path.with_suffix(".sm"))
     path.write_bytes(convert_tflite(saved, configure))
@@ -424,7 +424,7 @@ def _uint8_cnn(path: Path, quantize: str | None) -> Path:
     from compress_dqn.compress.quantize import converter_setup
     from compress_dqn.compress.rewrites import split_value_advantage
     from compress_dqn.deploy.tflite.outputs import with_float_q_values
-    from compress_dqn.export.conversion import convert_tflite, export_saved_model
+    from compress_dqn.convert.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
     tf_keras.utils.set_random_seed(0)

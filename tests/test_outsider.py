@@ -21,7 +21,7 @@ def tiny_run(tiny_variants_run):
 
 def _our_actions(policy: Path) -> list[list[int]]:
     """The actions compress-dqn's own loader takes on the same episodes (what evaluate plays)."""
-    from compress_dqn.export.loading import load_policy
+    from compress_dqn.convert.loading import load_policy
     from compress_dqn.envs.episodes import run_episodes
     from compress_dqn.recipe.schema import EnvConfig
 

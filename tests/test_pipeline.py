@@ -152,9 +152,9 @@ def test_variants_use_the_baselines_episode_seeds_undecided_ones_play_more_and_a
 def test_a_smaller_tflite_encoding_is_kept_only_if_it_loads_and_matches(tmp_path):
     import numpy as np
 
-    from compress_dqn.export.conversion import convert_tflite, export_saved_model
+    from compress_dqn.convert.conversion import convert_tflite, export_saved_model
     from compress_dqn.rl.networks import build_q_network
-    from compress_dqn.export.conversion import same_policy
+    from compress_dqn.convert.conversion import same_policy
 
     obs = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
     blobs = []
@@ -355,7 +355,7 @@ def test_parallel_builds_start_the_costliest_first_counting_a_clustering_step_de
     """The demo's order: the student (50k steps), pqat-90-int8 (6k pruning + 3k pruning-preserving
     QAT steps), then cluster-16, whose 3k clustering steps cost more than the 6k steps of either
     pruning build; the post-training quantizations (no steps) last, in recipe order."""
-    from compress_dqn.compress.build import build_cost
+    from compress_dqn.compress.recovery import build_cost
     from compress_dqn.recipe.schema import load_recipe
 
     recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "cartpole.yaml")

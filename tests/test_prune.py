@@ -6,7 +6,7 @@ import pytest
 from compress_dqn.compress.build import build_variant
 from compress_dqn.compress.prune import kernel_sparsity
 from compress_dqn.errors import UserError
-from compress_dqn.export.conversion import export_saved_model
+from compress_dqn.convert.conversion import export_saved_model
 
 from conftest import variant
 
@@ -79,7 +79,7 @@ def test_a_fused_phase_prunes_exactly_as_one_step_per_call(trained_tiny, method)
     as one fused call prunes the same weights as K calls (what fit() does), to float rounding:
     the TD update's fused graph may sum in another order (1 ulp seen)."""
     from compress_dqn._tf import set_seed
-    from compress_dqn.compress.build import fine_tune
+    from compress_dqn.compress.recovery import fine_tune
     from compress_dqn.compress.prune import prune_model, strip, update_pruning_step
     from compress_dqn.recipe.schema import PruneConfig
     from compress_dqn.replay.buffer import ReplayBuffer

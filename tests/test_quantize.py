@@ -5,7 +5,7 @@ import pytest
 
 from compress_dqn.compress.build import build_variant
 from compress_dqn.compress.build import dense_kernels
-from compress_dqn.export.conversion import export_policy
+from compress_dqn.convert.conversion import convert_policy
 from compress_dqn.deploy.tflite.graph_input import graph_normalization
 from compress_dqn.deploy.litert.policy import TFLitePolicy
 
@@ -16,7 +16,7 @@ def tflite_for(trained_tiny, tmp_path, **fields):
     recipe, result = trained_tiny
     built = build_variant(variant(recipe, **fields), result.model, result.replay, recipe, result.info, quiet=True)
     check = result.replay.sample_observations(100)
-    export_policy(built.export_model, result.info, tmp_path, built, check)  # as the pipeline does
+    convert_policy(built.export_model, result.info, tmp_path, built, check)  # as the pipeline does
     return tmp_path / "policy.tflite", built
 
 
@@ -255,7 +255,7 @@ def test_a_dense_layer_on_a_flattened_conv_output_becomes_an_equal_per_channel_c
     from compress_dqn._tf import tf_keras
     from compress_dqn.compress.quantize import calibrate_ranges, converter_setup, qat_model
     from compress_dqn.compress.rewrites import flattened_dense_as_conv, split_value_advantage
-    from compress_dqn.export.conversion import convert_tflite, export_saved_model
+    from compress_dqn.convert.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
     from compress_dqn.rl.networks import q_from_outputs
 

@@ -267,7 +267,7 @@ def test_runs_that_do_not_fit_are_refused_before_anything_is_written(tmp_path, m
 def test_saved_model_with_the_wrong_signature_or_shape_is_refused(tmp_path):
     from compress_dqn._tf import tf
     from compress_dqn.deploy.litert.policy import check_compatible
-    from compress_dqn.export.loading import load_policy
+    from compress_dqn.convert.loading import load_policy
 
     module = tf.Module()
     module.v = tf.Variable(1.0)
@@ -276,7 +276,7 @@ def test_saved_model_with_the_wrong_signature_or_shape_is_refused(tmp_path):
     with pytest.raises(UserError, match="serving_default"):
         load_policy(tmp_path / "other")
     with pytest.raises(UserError, match=r"shape \(4,\) but MinAtar/Breakout-v1 gives \(10, 10, 4\)"):
-        from compress_dqn.export.conversion import export_saved_model
+        from compress_dqn.convert.conversion import export_saved_model
         from compress_dqn.rl.networks import build_q_network
 
         export_saved_model(build_q_network((4,), 3, [8]), (4,), np.float32, tmp_path / "sm")

@@ -18,7 +18,8 @@ from compress_dqn.replay import buffer as replay
 from compress_dqn.replay import budget as replay_budget
 from compress_dqn.replay import index as replay_index
 from compress_dqn.errors import UserError
-from compress_dqn.replay.buffer import Batch, ReplayBuffer, capacity_for_budget
+from compress_dqn.replay.buffer import Batch, ReplayBuffer
+from compress_dqn.replay.sizing import capacity_for_budget
 
 N_ACTIONS = 5
 

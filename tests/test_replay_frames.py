@@ -16,7 +16,8 @@ import pytest
 from compress_dqn.replay import buffer as replay
 from compress_dqn.replay import budget as replay_budget
 from compress_dqn.errors import UserError
-from compress_dqn.replay.buffer import ReplayBuffer, capacity_for_budget
+from compress_dqn.replay.buffer import ReplayBuffer
+from compress_dqn.replay.sizing import capacity_for_budget
 
 K = 4
 FRAME = (3, 2)

@@ -16,8 +16,8 @@ import pytest
 from compress_dqn.errors import UserError
 from compress_dqn.recipe.schema import ReplayConfig, TrainConfig
 from compress_dqn.replay import packed
-from compress_dqn.replay.buffer import (ATARI_ROW_BYTES, ReplayBuffer, build_replay, load_replay, replay_bytes,
-                                        replay_capacity, replay_expectation, uncompressed_state)
+from compress_dqn.replay.buffer import ReplayBuffer, build_replay, load_replay, uncompressed_state
+from compress_dqn.replay.sizing import ATARI_ROW_BYTES, replay_bytes, replay_capacity, replay_expectation
 from test_replay_frames import K, N_ACTIONS, feed, make_stream
 
 BIG = (12, 8)

@@ -75,7 +75,7 @@ def _cnn_student(folder: Path, int8: bool = True) -> Path:
     from compress_dqn.compress.quantize import converter_setup
     from compress_dqn.compress.rewrites import split_value_advantage
     from compress_dqn.deploy.tflite.outputs import with_float_q_values
-    from compress_dqn.export.conversion import convert_tflite, export_saved_model
+    from compress_dqn.convert.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
     tf_keras.utils.set_random_seed(0)
@@ -136,7 +136,7 @@ def test_a_float_head_qat_student_in_c_plays_as_the_reference_kernels(tmp_path):
     from compress_dqn.deploy.c.source import generate_c
     from compress_dqn.deploy.c.measure import c_actor, compile_shared
     from compress_dqn.deploy.tflite.outputs import with_float_q_values
-    from compress_dqn.export.conversion import convert_tflite, export_saved_model
+    from compress_dqn.convert.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
     tf_keras.utils.set_random_seed(0)
@@ -170,7 +170,7 @@ def test_a_low_bit_kernel_student_in_c_and_onnx_plays_as_the_reference_kernels(t
     from compress_dqn.deploy.c.measure import c_actor, compile_shared
     from compress_dqn.deploy.tflite.outputs import with_float_q_values
     from compress_dqn.deploy.tflite.graph import read_policy_graph
-    from compress_dqn.export.conversion import convert_tflite, export_saved_model
+    from compress_dqn.convert.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
     tf_keras.utils.set_random_seed(0)
@@ -217,7 +217,7 @@ def _dynamic_range_file(folder: Path, name: str, layers: list, obs_shape: tuple,
     from compress_dqn.compress.quantize import converter_setup
     from compress_dqn.compress.rewrites import split_value_advantage
     from compress_dqn.deploy.tflite.outputs import with_float_q_values
-    from compress_dqn.export.conversion import convert_tflite, export_saved_model
+    from compress_dqn.convert.conversion import convert_tflite, export_saved_model
     from compress_dqn.recipe.schema import QuantizeConfig
 
     tf_keras.utils.set_random_seed(0)

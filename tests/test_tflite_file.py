@@ -37,13 +37,13 @@ class _Normalized:
 def test_the_run_export_decodes_and_packs_once(tmp_path, counts):
     from compress_dqn._tf import tf_keras
     from compress_dqn.deploy.tflite.graph_input import graph_normalization
-    from compress_dqn.export.conversion import export_policy
+    from compress_dqn.convert.conversion import convert_policy
     from compress_dqn.rl.networks import build_q_network
 
     tf_keras.utils.set_random_seed(0)
     model = build_q_network((4,), 3, [8])
     info = SimpleNamespace(obs_shape=(4,), obs_dtype=np.dtype(np.float32))
-    export_policy(model, info, tmp_path, _Normalized(model, 4))
+    convert_policy(model, info, tmp_path, _Normalized(model, 4))
     assert counts == {"decode": 1, "pack": 1}
     assert graph_normalization((tmp_path / "policy.tflite").read_bytes()) is not None  # the edits ran
 

@@ -11,7 +11,7 @@ import pytest
 
 from compress_dqn.compress.quantize import converter_setup
 from compress_dqn.errors import UserError
-from compress_dqn.export.conversion import convert_tflite, export_saved_model
+from compress_dqn.convert.conversion import convert_tflite, export_saved_model
 from compress_dqn.compress.rewrites import input_statistics, normalize_model_input, split_value_advantage
 from compress_dqn.rl.networks import build_q_network
 from compress_dqn.deploy.litert.policy import TFLitePolicy

@@ -258,7 +258,7 @@ def test_exploration_and_replay_sampling_draw_from_independent_streams():
 
 
 def test_td_fine_tunes_do_not_reuse_another_training_seeds_episodes():
-    from compress_dqn.compress.build import fine_tune_seed
+    from compress_dqn.compress.recovery import fine_tune_seed
 
     seeds = {fine_tune_seed(s, name) for s in range(4) for name in ("qat-int8", "prune-80")}
     assert len(seeds) == 8 and not seeds & set(range(5))

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from compress_dqn.evaluation.figures import Compression, Verdict
-from compress_dqn.evaluation.findings import (Diagnosis, action_gaps, diagnose, diagnoses, head_step, is_student,
-                                              post_training_int8)
+from compress_dqn.evaluation.diagnosis import Diagnosis, action_gaps, diagnose, diagnoses, head_step
+from compress_dqn.evaluation.findings import is_student, post_training_int8
 from compress_dqn.evaluation.reasons import reason_lines
 from compress_dqn.evaluation.report import render_html, render_markdown, write_report
 from compress_dqn.evaluation.results import load_results

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 
 class ExportOptions(BaseModel):
@@ -30,26 +30,18 @@ class ExportOptions(BaseModel):
 
 
 class ExportReport(BaseModel):
-    """What an export wrote, as the command prints it (its JSON keeps the keys earlier releases printed).
-
-    Reads like the dict earlier releases returned (`report["bytes"]`), for the scripts that index one.
-    Each target's record declares its fields (`policy` first) in the order earlier releases printed them."""
+    """What an export wrote, as the command prints it (`to_dict`). Each target's record declares its fields
+    (`policy` first) in the order the command prints them; scripts read that JSON by key, so a key is renamed
+    only with its readers."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
     omit_none: ClassVar[frozenset[str]] = frozenset()
-    """Keys printed only when they hold something (earlier releases left them out)."""
+    """Keys printed only when they hold something (absent from the JSON otherwise, not null)."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JsonValue]:
         """The JSON the command prints."""
         data = self.model_dump(mode="json", by_alias=True)
         return {k: v for k, v in data.items() if not (k in self.omit_none and v is None)}
-
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """dict.get over the printed keys."""
-        return self.to_dict().get(key, default)
 
 
 def policy_name(policy: Path) -> str:

@@ -1,10 +1,9 @@
 """Typed measurement blocks of results.json: returns, sizes, latency, memory, microcontroller figures (TFLite Micro's
 and the generated C policy's), comparisons.
 
-Each block is a pydantic record whose JSON is what a run wrote before the records existed (field
-aliases where a key is no Python name, such as `return`), so a results.json of an earlier release
-loads into them and saves back unchanged. A reader ignores keys a later release adds. This module
-never imports TensorFlow.
+Each block is a pydantic record whose JSON keys are results.json's (field aliases where a key is no
+Python name, such as `return`): the stored legacy files load into them and save back unchanged, and
+unknown keys are ignored (keys fixed by tests/test_legacy_files.py). This module never imports TensorFlow.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Gzip is where sparsity shows: a pruned TFLite file is no smaller until compresse
 batch-1 action latency (observation in, action out) after warm-up, the number that matters for
 an agent acting in a loop, plus batch-256 throughput. Inference memory is measured in a fresh
 subprocess per artifact that loads only its runtime (evaluation.memory_probe for TFLite,
-export.memory_probe for a SavedModel: the process boundary keeps TensorFlow out of this package).
+convert.saved_model_probe for a SavedModel: the process boundary keeps TensorFlow out of this package).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def _time_calls(call: Any, inputs: Any, n: int, budget_ns: float = float("inf"),
     return times
 
 
-PROBES = {"tflite": "compress_dqn.evaluation.memory_probe", "saved_model": "compress_dqn.export.memory_probe"}
+PROBES = {"tflite": "compress_dqn.evaluation.memory_probe", "saved_model": "compress_dqn.convert.saved_model_probe"}
 """The module each runtime's memory probe runs as (a process of its own: see measure_memory)."""
 
 

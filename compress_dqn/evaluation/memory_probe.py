@@ -1,7 +1,7 @@
 """Run as `python -m compress_dqn.evaluation.memory_probe PATH STEPS`: load one TFLite policy with LiteRT
 alone, act STEPS times, print JSON with the peak RSS. A fresh process per artifact, so the figure is
 that runtime's cost alone; this process never imports TensorFlow (a SavedModel's probe is
-compress_dqn.export.memory_probe, which reuses `probe`)."""
+compress_dqn.convert.saved_model_probe, which reuses `probe`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Why variants lost the return, in the report's words: for each losing variant what its held-out
-states measured (evaluation.findings.diagnoses: action gaps, an int8 Q-head's step, agreement on
+states measured (evaluation.diagnosis.diagnoses: action gaps, an int8 Q-head's step, agreement on
 decisive states, a float head emulated for post-training int8), then which variants held."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation import findings as find
-from compress_dqn.evaluation.findings import Diagnosis, diagnoses
+from compress_dqn.evaluation.diagnosis import Diagnosis, diagnoses
 from compress_dqn.evaluation.results import RunResults, VariantResult
 
 __all__ = ["REASONS_NOTE", "diagnosed_variants", "reason_lines"]
@@ -69,7 +69,7 @@ REASONS_NOTE = ("Measured on the held-out states with the run's TFLite files whe
 
 
 def diagnosed_variants(results: RunResults, run_dir: Path) -> list[Diagnosis]:
-    """The losing variants' diagnoses (findings.diagnoses); none where no variant lost, or where the files
+    """The losing variants' diagnoses (diagnosis.diagnoses); none where no variant lost, or where the files
     cannot be read (a copied results.json, a policy this LiteRT cannot run): the report is written without them."""
     if not any(find.loses_return(v) for v in results.variants[1:]):
         return []

@@ -2,8 +2,8 @@
 
 The headline a reader needs first: which variant is smallest (or fastest) while keeping the
 baseline's return, and by how much. What the headline says is computed in evaluation.findings;
-this module words it. The table's columns are one list (COLUMNS) that the markdown, the HTML page
-and the CSV all read. Pure data in, files out; no TensorFlow.
+this module words it. The table's columns are one list (columns.py's COLUMNS) that the markdown, the
+HTML page and the CSV all read. Pure data in, files out; no TensorFlow.
 """
 
 from __future__ import annotations
@@ -12,17 +12,19 @@ import base64
 import csv
 import html
 import io
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation import findings as find
-from compress_dqn.evaluation import gpu_report
-from compress_dqn.evaluation.figures import M0PLUS, M4F, ONE_PERCENT, AtOnePercent, Verdict
-from compress_dqn.evaluation.findings import Diagnosis, Findings, findings, pareto_front
+from compress_dqn.evaluation.columns import (COLUMNS, Column, at_one_short, at_one_state, csv_columns, kib,
+                                             percent, rows, table_columns)
+from compress_dqn.evaluation.figures import M0PLUS, M4F, ONE_PERCENT
+from compress_dqn.evaluation.diagnosis import Diagnosis
+from compress_dqn.evaluation.findings import Findings, findings, pareto_front
 from compress_dqn.evaluation.plots import make_plots, verdict_color
 from compress_dqn.evaluation.reasons import REASONS_NOTE, diagnosed_variants, reason_lines
+from compress_dqn.evaluation.serving import section as gpu_section
 from compress_dqn.evaluation.results import (RunResults, SearchSummary, SeedOutcome, SeedsResults, TrainFigures,
                                              VariantResult, load_results)
 from compress_dqn.evaluation.verdicts import keeps_return
@@ -31,166 +33,6 @@ from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 __all__ = ["COLUMNS", "Column", "NO_VARIANTS", "csv_columns", "headline", "kib", "pareto_front",
            "render_aggregate_markdown", "render_html", "render_markdown", "render_search_markdown", "rows", "table_columns",
            "write_report"]
-
-Value = float | int | str | tuple[float, float] | None
-
-
-@dataclass(frozen=True)
-class Column:
-    """One figure of a policy: its CSV column (`key`), its table column (`header`, at `table`: its place
-    there, as the table orders figures unlike the CSV), the value, and the table cell's text."""
-
-    key: str | None
-    """The CSV's column; None for a table cell that shows figures of other columns."""
-    value: Callable[[VariantResult, RunResults], Value]
-    header: str | None = None
-    """The table's header; None for a figure the CSV alone holds."""
-    table: int | None = None
-    cell: Callable[[VariantResult, RunResults], str] | None = None
-    """The cell's text; by default `fmt` of the value, '-' where it is missing."""
-    fmt: str = "{}"
-    colored: bool = False
-    """The HTML page colours the cell by the policy's verdict."""
-    shown: Callable[[RunResults], bool] | None = None
-    """Whether a run's table and CSV have the column; None: always. A figure that older runs lack
-    (the C policy's) is left out where no policy has it, so their reports re-render as they were."""
-
-    def shows(self, results: RunResults) -> bool:
-        return self.shown is None or self.shown(results)
-
-    def text(self, v: VariantResult, results: RunResults) -> str:
-        if self.cell is not None:
-            return self.cell(v, results)
-        value = self.value(v, results)
-        if value is None:
-            return "-"
-        return f"{value / 2**20:.0f}" if self.fmt == "mib" else self.fmt.format(value)
-
-
-def _ci_cell(v: VariantResult, results: RunResults) -> str:
-    """The difference's CI with as many decimals (1-3) as it takes to tell its ends from -margin."""
-    (lo, hi), margin = find.difference_ci(v), v.return_vs_baseline.margin if v.return_vs_baseline else None
-    digits = 1
-    while margin and digits < 3 and any(round(end, digits) == round(-margin, digits) for end in (lo, hi)):
-        digits += 1
-    return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
-
-
-def _episodes_cell(v: VariantResult, results: RunResults) -> str:
-    """Episodes played, and (for a variant) on how many the returns differed from the baseline's."""
-    differing = v.return_vs_baseline.episodes_differing if v.return_vs_baseline else None
-    return f"{v.episodes}" if differing is None else f"{v.episodes} ({differing})"
-
-
-def _opt(get: Callable[[VariantResult], Value]) -> Callable[[VariantResult, RunResults], Value]:
-    return lambda v, _results: get(v)
-
-
-def _has_at_one(results: RunResults) -> bool:
-    """Whether the run decided at a tolerance wider than 1%, so its verdicts also have one at 1%."""
-    return any(find.at_one_percent(v) is not None for v in results.variants)
-
-
-def _at_one_field(v: VariantResult, field: str) -> Value:
-    at = find.at_one_percent(v)
-    return None if at is None else getattr(at, field)
-
-
-def _percent(tolerance: float) -> str:
-    return f"{100 * tolerance:g}%"
-
-
-def _at_one_state(at: AtOnePercent, episodes: int) -> str:
-    """A verdict at 1% in a sentence: 'within 1% (12,800 episodes)', 'inconclusive (~40,000 episodes would decide it)'."""
-    if at.kind is Verdict.INCONCLUSIVE and at.episodes_to_decide:
-        return f"inconclusive (~{at.episodes_to_decide:,} episodes would decide it)"
-    return f"{at.verdict} ({episodes:,} episodes)"
-
-
-def _at_one_short(at: AtOnePercent) -> str:
-    """A verdict at 1% in a table cell: 'within 1%', 'inconclusive, ~40,000 to decide'."""
-    return at.verdict + (f", ~{at.episodes_to_decide:,} to decide" if at.episodes_to_decide else "")
-
-
-def kib(n: int) -> str:
-    """Bytes as a reader compares them with a part's datasheet: '236 B', '2.4 KB' (KB = 1,024 B)."""
-    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KB"
-
-
-def _c_cell(target: str) -> Callable[[VariantResult, RunResults], str]:
-    """'2.4 KB / 236 B': the C policy's flash / RAM on `target`, '-' where it has none."""
-    def cell(v: VariantResult, _results: RunResults) -> str:
-        figures = find.c_flash_ram(v, target)
-        return "-" if figures is None else f"{kib(figures[0])} / {kib(figures[1])}"
-    return cell
-
-
-def _c_bytes(target: str, which: int) -> Callable[[VariantResult, RunResults], Value]:
-    """The C policy's flash (which=0) or RAM (1) bytes on `target`; None where it has none."""
-    def value(v: VariantResult, _results: RunResults) -> Value:
-        figures = find.c_flash_ram(v, target)
-        return None if figures is None else figures[which]
-    return value
-
-
-COLUMNS: list[Column] = [
-    Column("name", _opt(lambda v: v.name), "variant", 0),
-    Column("return_mean", _opt(lambda v: v.returns.mean), "return", 1, fmt="{:.1f}"),
-    Column("return_std", _opt(lambda v: v.returns.std)),
-    Column("return_ci_low", _opt(lambda v: v.returns.ci95[0])),
-    Column("return_ci_high", _opt(lambda v: v.returns.ci95[1])),
-    Column("diff_mean", _opt(find.difference), "vs baseline", 2, fmt="{:+.1f}"),
-    Column(None, _opt(find.difference_ci), "CI of difference", 3, cell=_ci_cell),
-    Column("diff_ci_low", _opt(lambda v: find.difference_ci(v)[0])),
-    Column("diff_ci_high", _opt(lambda v: find.difference_ci(v)[1])),
-    Column("normalized_score", find.normalized_score, "normalized", 6, fmt="{:.1%}"),
-    Column("margin", _opt(lambda v: v.return_vs_baseline.margin if v.return_vs_baseline else None)),
-    Column("baseline_same_episodes", _opt(find.baseline_same_episodes)),
-    Column("episodes", _opt(lambda v: v.episodes), "episodes (differed)", 5, cell=_episodes_cell),
-    Column("episodes_differing", _opt(lambda v: v.return_vs_baseline.episodes_differing if v.return_vs_baseline else None)),
-    Column("verdict", _opt(lambda v: v.label), "verdict", 4, colored=True),
-    Column("episodes_to_decide", _opt(lambda v: find.to_decide(v.return_vs_baseline))),
-    Column("verdict_at_1pct", _opt(lambda v: _at_one_field(v, "verdict")), shown=_has_at_one),
-    Column("episodes_to_decide_at_1pct", _opt(lambda v: _at_one_field(v, "episodes_to_decide")), shown=_has_at_one),
-    Column("action_agreement", _opt(lambda v: v.action_agreement), "agreement", 7, fmt="{:.3f}"),
-    Column("action_agreement_decisive", _opt(lambda v: v.action_agreement_decisive), "decisive", 8, fmt="{:.3f}"),
-    Column(None, _opt(lambda v: f"{v.size.nonzero_params:,} / {v.size.params:,}"), "nonzero / params", 9),
-    Column("params", _opt(lambda v: v.size.params)),
-    Column("nonzero_params", _opt(lambda v: v.size.nonzero_params)),
-    Column("tflite_bytes", _opt(lambda v: v.size.tflite_bytes), "TFLite bytes", 10, fmt="{:,}"),
-    Column("tflite_gzip_bytes", _opt(lambda v: v.size.tflite_gzip_bytes), "gzipped", 11, fmt="{:,}"),
-    Column("saved_model_bytes", _opt(lambda v: v.size.saved_model_bytes)),
-    Column("tflite_p50_us", _opt(find.tflite_p50), "TFLite p50 us", 12, fmt="{:.1f}"),
-    Column("tflite_p99_us", _opt(find.tflite_p99)),
-    Column("saved_model_p50_us", _opt(find.saved_model_p50), "TF p50 us", 13, fmt="{:.0f}"),
-    Column("tflite_peak_rss", _opt(find.tflite_peak_rss), "TFLite RSS MiB", 14, fmt="mib"),
-    Column("saved_model_peak_rss", _opt(find.saved_model_peak_rss), "TF RSS MiB", 15, fmt="mib"),
-    Column("micro_flash_bytes", _opt(find.micro_flash)),
-    Column("micro_arena_bytes", _opt(find.micro_arena), "MCU arena B", 16, fmt="{:,}"),
-    Column(None, _c_bytes(M0PLUS, 0), "C M0+ flash / RAM", 17, cell=_c_cell(M0PLUS), shown=find.has_c_figures),
-    Column(None, _c_bytes(M4F, 0), "C M4F flash / RAM", 18, cell=_c_cell(M4F), shown=find.has_c_figures),
-    Column("c_m0plus_flash_bytes", _c_bytes(M0PLUS, 0), shown=find.has_c_figures),
-    Column("c_m0plus_ram_bytes", _c_bytes(M0PLUS, 1), shown=find.has_c_figures),
-    Column("c_m4f_flash_bytes", _c_bytes(M4F, 0), shown=find.has_c_figures),
-    Column("c_m4f_ram_bytes", _c_bytes(M4F, 1), shown=find.has_c_figures),
-]
-"""Every figure of the table and the CSV: the CSV holds those with a key in this order, the table
-those with a header in their `table` order (of each, those a run `shows`)."""
-
-
-def table_columns(results: RunResults) -> list[Column]:
-    """The table's columns for this run, in their table order."""
-    return sorted((c for c in COLUMNS if c.header is not None and c.shows(results)), key=lambda c: c.table)
-
-
-def csv_columns(results: RunResults) -> list[Column]:
-    """results.csv's columns for this run."""
-    return [c for c in COLUMNS if c.key is not None and c.shows(results)]
-
-
-def rows(results: RunResults) -> list[dict[str, Value]]:
-    """One flat row per policy, by CSV column (results.csv)."""
-    return [{c.key: c.value(v, results) for c in csv_columns(results)} for v in results.variants]
 
 
 def _times(ratio: float) -> str:
@@ -206,7 +48,7 @@ NO_VARIANTS = "No variants: the recipe lists none, so this run trained and evalu
 def _keeper_lines(found: Findings) -> list[str]:
     """The smallest and the fastest of the policies that keep the return, against the baseline."""
     base, small = found.baseline, found.smallest
-    within = f" within {_percent(found.wide_tolerance)} of its lead" if found.wide_tolerance else ""
+    within = f" within {percent(found.wide_tolerance)} of its lead" if found.wide_tolerance else ""
     at_one = find.at_one_percent(small)
     lines = [
         f"Smallest policy that keeps the baseline's return{within}: {small.name}, "
@@ -214,16 +56,16 @@ def _keeper_lines(found: Findings) -> list[str]:
         f"than the fp32 baseline's {base.size.tflite_gzip_bytes:,} gzipped bytes "
         f"({_times(base.size.tflite_bytes / small.size.tflite_bytes)} raw to raw), return {small.returns.mean:.1f} "
         f"vs the baseline's {find.baseline_same_episodes(small):.1f} on the same {small.episodes} episodes "
-        f"({small.label})" + (f"; at 1%: {_at_one_state(at_one, small.episodes)}." if at_one else ".")
+        f"({small.label})" + (f"; at 1%: {at_one_state(at_one, small.episodes)}." if at_one else ".")
     ]
     if found.speed is not None:
         fast = found.speed.fastest
         if found.speed.faster:
             fast_at_one = find.at_one_percent(fast)
-            fastest_within = f" (within {_percent(found.wide_tolerance)})" if found.wide_tolerance else ""
+            fastest_within = f" (within {percent(found.wide_tolerance)})" if found.wide_tolerance else ""
             lines.append(
                 f"Fastest{fastest_within}: {fast.name}"
-                + (f" (at 1%: {_at_one_short(fast_at_one)})" if fast_at_one else "")
+                + (f" (at 1%: {at_one_short(fast_at_one)})" if fast_at_one else "")
                 + f", {find.tflite_p50(fast):.1f} us per action (TFLite, batch 1, p50) vs "
                 f"{find.tflite_p50(base):.1f} us for the fp32 TFLite baseline and "
                 f"{find.saved_model_p50(base):.0f} us through TensorFlow."
@@ -252,9 +94,9 @@ def _winner_line(found: Findings) -> str:
                 f"seed): {found.search_winner}.")
     winner = found.search_winner_policy
     at_one = find.at_one_percent(winner) if winner is not None else None
-    return (f"Search winner (smallest by {found.search_objective} within {_percent(found.wide_tolerance)} of the "
+    return (f"Search winner (smallest by {found.search_objective} within {percent(found.wide_tolerance)} of the "
             f"baseline's lead on every training seed): {found.search_winner}"
-            + (f"; at 1% on this seed: {_at_one_state(at_one, winner.episodes)}." if at_one else "."))
+            + (f"; at 1% on this seed: {at_one_state(at_one, winner.episodes)}." if at_one else "."))
 
 
 def headline(results: RunResults) -> list[str]:
@@ -275,11 +117,11 @@ def headline(results: RunResults) -> list[str]:
     if found.smallest is not None:
         lines += _keeper_lines(found)
     else:
-        kept = f"No variant kept the baseline's return within {_percent(found.wide_tolerance)} of its lead" \
+        kept = f"No variant kept the baseline's return within {percent(found.wide_tolerance)} of its lead" \
             if found.wide_tolerance else "No variant kept the baseline's return"
         lines.append(f"{kept} (see the verdicts below)." if found.has_variants else NO_VARIANTS)
     if found.worse:
-        tolerance = f"the {_percent(found.wide_tolerance)} tolerance" if found.wide_tolerance else "the tolerance"
+        tolerance = f"the {percent(found.wide_tolerance)} tolerance" if found.wide_tolerance else "the tolerance"
         lines.append(f"Worse than {tolerance}: {', '.join(found.worse)}.")
     if found.undecided:
         names = [u.name + (f" (~{u.episodes_to_decide:,} would decide it)" if u.episodes_to_decide else "")
@@ -368,8 +210,8 @@ def _at_one_notes(results: RunResults) -> list[str]:
     margins = sorted(at.margin for _, at in states)
     margin = f"-{margins[0]:.2f}" + (f" to -{margins[-1]:.2f}" if margins[-1] - margins[0] >= 0.005 else "")
     return [f"At 1%: each verdict against a margin of 1% of the baseline's lead ({margin}) instead of "
-            f"{_percent(results.eval.tolerance)}, from the same CI on the same episodes (none played for it): "
-            + "; ".join(f"{v.name} {_at_one_state(at, v.episodes)}" for v, at in states) + "."]
+            f"{percent(results.eval.tolerance)}, from the same CI on the same episodes (none played for it): "
+            + "; ".join(f"{v.name} {at_one_state(at, v.episodes)}" for v, at in states) + "."]
 
 
 def _c_notes(results: RunResults) -> list[str]:
@@ -436,7 +278,7 @@ def render_markdown(results: RunResults, plots: Sequence[str], diagnosed: Sequen
     lines.append("|" + "---|" * len(table))
     lines += ["| " + " | ".join(text for _, text in _cells(v, results)) + " |" for v in results.variants]
     lines.append("")
-    lines += [f"![{name}]({name})" for name in plots] + gpu_report.markdown(results)
+    lines += [f"![{name}]({name})" for name in plots] + gpu_section.markdown(results)
     lines += ["", "Notes:", ""] + [f"- {note}" for note in _notes(results)]
     return "\n".join(lines) + "\n"
 
@@ -475,7 +317,7 @@ figure {{ display: inline-block; margin: 0.5rem; }} img {{ max-width: 560px; }}
 <h1>compress-dqn report: {esc(results.env_id)}</h1>
 <ul class="headline">{head}</ul>
 {why}<div class="wide"><table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table></div>
-{images}{gpu_report.html_section(results)}
+{images}{gpu_section.html_section(results)}
 <h2>Notes</h2><ul>{notes}</ul>
 </body></html>
 """
@@ -501,7 +343,7 @@ def render_aggregate_markdown(results: SeedsResults) -> str:
     ]
     for a in results.aggregate:
         at_one = a.per_seed_at_one_percent or [None] * len(a.per_seed_verdict)
-        verdicts = ", ".join(f"{v} ({n}" + (f"; at 1%: {_at_one_short(at)})" if at else ")")
+        verdicts = ", ".join(f"{v} ({n}" + (f"; at 1%: {at_one_short(at)})" if at else ")")
                              for v, n, at in zip(a.per_seed_verdict, a.per_seed_episodes, at_one))
         lines.append(
             f"| {a.name} | {a.iqm_return:.1f} | [{a.iqm_return_ci95[0]:.1f}, {a.iqm_return_ci95[1]:.1f}] | "
@@ -514,7 +356,7 @@ def render_aggregate_markdown(results: SeedsResults) -> str:
         wide = tolerance is not None and tolerance > ONE_PERCENT
         strict = [a.name for a in results.aggregate[1:]
                   if a.per_seed_at_one_percent and all(at and keeps_return(at.verdict) for at in a.per_seed_at_one_percent)]
-        lines += ["", f"Within {_percent(tolerance) + ' of the lead' if wide else 'tolerance'} on every seed: "
+        lines += ["", f"Within {percent(tolerance) + ' of the lead' if wide else 'tolerance'} on every seed: "
                   f"{', '.join(kept) if kept else 'none'}"
                   + (f"; within 1% on every seed, on the same episodes: {', '.join(strict) or 'none'}." if wide else ".")]
     elif not results.search:
@@ -533,7 +375,7 @@ def render_search_markdown(search: SearchSummary) -> list[str]:
               if search.winner else "**none** kept the return on every seed")
     if wide and search.winner:
         winner += _winner_at_one(search)
-    within = f"within {_percent(search.tolerance)} of the baseline's lead" if wide else "within tolerance"
+    within = f"within {percent(search.tolerance)} of the baseline's lead" if wide else "within tolerance"
     lines = [
         f"## Search: the smallest policy {within} on every seed",
         "",
@@ -557,7 +399,7 @@ def render_search_markdown(search: SearchSummary) -> list[str]:
 def _winner_at_one(search: SearchSummary) -> str:
     """'; at 1%: seed 0 within 1% (12,800 episodes), seed 1 inconclusive (~40,000 episodes would decide it)'."""
     winner = next((t for t in search.tried if t.name == search.winner), None)
-    states = [f"seed {seed} {_at_one_state(o.at_one_percent, o.episodes)}"
+    states = [f"seed {seed} {at_one_state(o.at_one_percent, o.episodes)}"
               for seed, o in (winner.per_seed.items() if winner else []) if o.at_one_percent is not None]
     return f"; at 1%: {', '.join(states)}" if states else ""
 
@@ -569,7 +411,7 @@ def _seed_verdict(outcome: SeedOutcome) -> str:
     if outcome.episodes_to_decide:
         text += f"; ~{outcome.episodes_to_decide:,} to decide"
     if outcome.at_one_percent is not None:
-        text += f"; at 1%: {_at_one_short(outcome.at_one_percent)}"
+        text += f"; at 1%: {at_one_short(outcome.at_one_percent)}"
     return text + ")"
 
 

@@ -1,8 +1,8 @@
 """Typed results of a run: what results.json holds, shared by the pipeline, the report, the seed aggregate and the search.
 
-Pydantic records whose aliases keep results.json's keys (`return`, `from`), so a file written by an
-earlier release (schema_version 2) loads and saves back unchanged; a key a later release adds is
-ignored by this reader. Version 3 added gpu_serving (GPU figures measured elsewhere, attached later). A file that is not a results file is refused in one line.
+Pydantic records whose aliases keep results.json's keys (`return`, `from`): a schema_version 2 file
+loads and saves back unchanged, and a key this reader does not know is ignored (both fixed by
+tests/test_legacy_files.py). Version 3 added gpu_serving (GPU figures measured elsewhere, attached later). A file that is not a results file is refused in one line.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation.figures import (AtOnePercent, CFigures, Comparison, Compression, LatencyBlock, MemoryBlock,
                                              MicroFigures, OpenRecord, Record, ReturnStats, SizeStats, Verdict)
-from compress_dqn.evaluation.serving_figures import ServingBench
+from compress_dqn.evaluation.serving.figures import ServingBench
 from compress_dqn.fileio import write_text_atomic
 
 SCHEMA_VERSION = 3

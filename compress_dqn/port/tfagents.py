@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tensorflow.core.framework.node_def_pb2 import NodeDef
 
 from compress_dqn.errors import UserError
 from compress_dqn.port.spec import Layer, PortedNet
@@ -96,7 +99,7 @@ def _variables(path: Path, label: str) -> list[tuple[str, np.ndarray]]:
     return [(name, np.asarray(value)) for _, name, value in sorted(found, key=lambda item: item[0])]
 
 
-def _graph_ops(path: Path, label: str) -> dict[str, Any]:
+def _graph_ops(path: Path, label: str) -> dict[str, NodeDef]:
     """Every node of the SavedModel's functions by name (the ops are read, not run)."""
     from tensorflow.core.protobuf import saved_model_pb2
 
@@ -105,7 +108,7 @@ def _graph_ops(path: Path, label: str) -> dict[str, Any]:
         model.ParseFromString((path / "saved_model.pb").read_bytes())
     except Exception as exc:  # protobuf's DecodeError and OSError
         raise UserError(f"{label}: saved_model.pb cannot be read ({str(exc)[:100]}); save the policy again") from None
-    nodes: dict[str, Any] = {}
+    nodes: dict[str, NodeDef] = {}
     for graph in model.meta_graphs:
         for function in graph.graph_def.library.function:
             for node in function.node_def:
@@ -144,7 +147,7 @@ def _layer_groups(variables: list[tuple[str, np.ndarray]], label: str) -> list[t
     return layers
 
 
-def _activation(scope: str, nodes: dict[str, Any], label: str) -> str:
+def _activation(scope: str, nodes: dict[str, NodeDef], label: str) -> str:
     ops = {node.op for name, node in nodes.items() if name.startswith(scope + "/")}
     other = sorted(ops & set(_OTHER_ACTIVATIONS))
     if other:
@@ -155,7 +158,7 @@ def _activation(scope: str, nodes: dict[str, Any], label: str) -> str:
     return _ACTIVATIONS[found[0]] if found else "linear"
 
 
-def _stride(scope: str, nodes: dict[str, Any], label: str) -> int:
+def _stride(scope: str, nodes: dict[str, NodeDef], label: str) -> int:
     """The Conv2D's stride, read from the graph (valid padding, NHWC, no dilation)."""
     conv = [node for name, node in nodes.items() if name.startswith(scope + "/") and node.op == "Conv2D"]
     if not conv:
@@ -171,7 +174,7 @@ def _stride(scope: str, nodes: dict[str, Any], label: str) -> int:
     return int(strides[1])
 
 
-def _preprocessing(layer_scopes: set[str], nodes: dict[str, Any], label: str) -> None:
+def _preprocessing(layer_scopes: set[str], nodes: dict[str, NodeDef], label: str) -> None:
     """Ops in the encoder outside its weight layers and flatten are a preprocessing layer's: refused."""
     for name in nodes:
         if not name.startswith(_ENCODER):

@@ -7,9 +7,9 @@ the network has.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, JsonValue, model_validator
 
 from compress_dqn.recipe import layer_names
 from compress_dqn.recipe.env import EnvConfig
@@ -122,6 +122,6 @@ class Recipe(StrictModel):
         width = max([self.train.eval_episodes if self.train.eval_interval else 0, *selecting])
         return self.eval.seed_range, SeedRange.of(self.train.eval_seed, width)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JsonValue]:
         """Plain data, as written to the run directory's recipe.yaml."""
         return self.model_dump(mode="json", by_alias=True)

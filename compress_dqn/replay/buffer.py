@@ -18,6 +18,7 @@ Row layout (``capacity`` rows in a :class:`~compress_dqn.replay.ring.Ring`)::
 :mod:`compress_dqn.replay.index` decides from ``flags`` which rows are sampleable transitions (an
 episode's final observation gets a row of its own that is never VALID) and draws them;
 :mod:`compress_dqn.replay.frames` rebuilds frame stacks from single-frame rows;
+:mod:`compress_dqn.replay.sizing` lays the rows out and sizes a recipe's buffer;
 :mod:`compress_dqn.replay.budget` refuses a buffer that would not fit in memory or on disk.
 """
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import os
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
@@ -36,17 +36,15 @@ import numpy.typing as npt
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.recipe.schema import ReplayConfig, TrainConfig
 from compress_dqn.errors import UserError
-from compress_dqn.replay.budget import check_bound, format_bytes, rows_for_budget
-from compress_dqn.replay.frames import Rows, frame_shape, pairs_at, stacks_at
+from compress_dqn.replay.budget import check_bound, format_bytes
+from compress_dqn.replay.frames import Rows, pairs_at, stacks_at
 from compress_dqn.replay.index import START, TERMINATED, TRUNCATED, VALID, TransitionIndex, next_rows
 from compress_dqn.replay import packed_state
-from compress_dqn.replay.packed import CODEC, PackedFrames, row_allowance, worst_case
+from compress_dqn.replay.packed import CODEC, PackedFrames
+from compress_dqn.replay import sizing
+from compress_dqn.replay.sizing import RowLayout, checked_layout, normalize_shape, packed_bound, positive_int, replay_capacity
 from compress_dqn.replay.ring import Ring
 from compress_dqn.replay.writer import TransitionWriter
-
-# Bytes a row took, compressed, in benchmarks/replay_memory.py's five Atari games (lowest, highest):
-# what validate quotes beside a compressed buffer's budget.
-ATARI_ROW_BYTES = (185, 566)
 
 __all__ = ["Batch", "ReplayBuffer", "VALID", "TERMINATED", "TRUNCATED", "START", "format_bytes"]
 
@@ -64,84 +62,6 @@ class Batch(NamedTuple):
     next_observations: np.ndarray  # (B, *obs_shape), the buffer's obs dtype
     terminated: np.ndarray  # (B,) float32
     discounts: np.ndarray | None = None  # (B,) float32 gamma**m * (1 - terminated), n-step batches only
-
-
-def _action_dtype(n_actions: int) -> np.dtype:
-    """Smallest unsigned dtype that holds actions 0 .. n_actions - 1."""
-    for dt in (np.uint8, np.uint16, np.uint32):
-        if n_actions - 1 <= np.iinfo(dt).max:
-            return np.dtype(dt)
-    raise ValueError(f"n_actions={n_actions} is too large (at most 2**32)")
-
-
-def _check_positive_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _normalize_shape(obs_shape: Any) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(d) for d in obs_shape)
-    except TypeError:
-        raise ValueError(f"obs_shape must be a tuple of ints, got {obs_shape!r}") from None
-    if any(d < 1 for d in shape):
-        raise ValueError(f"obs_shape dimensions must be >= 1, got {shape}")
-    return shape
-
-
-class FieldSpec(NamedTuple):
-    """One array of the ring: the shape of one row, and its dtype."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-    @property
-    def row_bytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
-
-
-class RowLayout(NamedTuple):
-    """The ring's arrays, in state_dict order: obs (or one frame), action, reward, flags."""
-
-    obs: FieldSpec
-    actions: FieldSpec
-    rewards: FieldSpec
-    flags: FieldSpec
-
-    def fields(self, frames: bool = True) -> dict[str, FieldSpec]:
-        """The arrays by name, as Ring takes them; without obs where compressed frames hold them apart."""
-        return {name: spec for name, spec in zip(self._fields, self) if frames or name != "obs"}
-
-    def row_bytes(self, frames: bool = True) -> int:
-        """Bytes one row costs in the ring (without obs: the fixed part beside compressed frames)."""
-        return sum(spec.row_bytes for spec in self.fields(frames).values())
-
-
-def _fields(frame: tuple[int, ...], obs_dtype: np.dtype, action_dtype: np.dtype) -> RowLayout:
-    """The ring's arrays. One place, so the ring and bytes_per_row cannot disagree."""
-    return RowLayout(
-        obs=FieldSpec(frame, obs_dtype),
-        actions=FieldSpec((), action_dtype),
-        rewards=FieldSpec((), np.dtype(np.float32)),
-        flags=FieldSpec((), np.dtype(np.uint8)),
-    )
-
-
-def _layout(
-    capacity: int, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int, k: int
-) -> RowLayout:
-    """The ring's fields for a buffer's checked arguments, refusing a capacity too small for one
-    transition's stacks before anything is allocated."""
-    frame = frame_shape(obs_shape, k)
-    if capacity < k + 1:
-        raise ValueError(
-            f"capacity={capacity} is too small for frame_stack={k}: one "
-            f"transition needs up to {k + 1} rows; use capacity >= {k + 1}"
-        )
-    return _fields(frame, np.dtype(obs_dtype), _action_dtype(n_actions))
 
 
 class ReplayBuffer:
@@ -173,11 +93,11 @@ class ReplayBuffer:
         seed: int | np.random.SeedSequence, *, frame_stack: int = 1, memmap_path: str | os.PathLike[str] | None = None,
         compress: str | None = None, memory: int | None = None,
     ) -> None:
-        self._capacity = _check_positive_int("capacity", capacity, 2)
-        self._n_actions = _check_positive_int("n_actions", n_actions, 1)
-        self._k = _check_positive_int("frame_stack", frame_stack, 1)
-        self._obs_shape = _normalize_shape(obs_shape)
-        fields = _layout(self._capacity, self._obs_shape, obs_dtype, self._n_actions, self._k)
+        self._capacity = positive_int("capacity", capacity, 2)
+        self._n_actions = positive_int("n_actions", n_actions, 1)
+        self._k = positive_int("frame_stack", frame_stack, 1)
+        self._obs_shape = normalize_shape(obs_shape)
+        fields = checked_layout(self._capacity, self._obs_shape, obs_dtype, self._n_actions, self._k)
         self._obs_dtype: np.dtype = fields.obs.dtype
         self._ring, self._packed = _storage(self._capacity, fields, self._k, memmap_path, compress, memory)
         self._obs: Rows = self._ring["obs"] if self._packed is None else self._packed
@@ -192,10 +112,7 @@ class ReplayBuffer:
         obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int, *, frame_stack: int = 1
     ) -> int:
         """Exact bytes one row costs (obs or one frame + action + reward + flags)."""
-        k = _check_positive_int("frame_stack", frame_stack, 1)
-        frame = frame_shape(_normalize_shape(obs_shape), k)
-        action_dtype = _action_dtype(_check_positive_int("n_actions", n_actions, 1))
-        return _fields(frame, np.dtype(obs_dtype), action_dtype).row_bytes()
+        return sizing.bytes_per_row(obs_shape, obs_dtype, n_actions, frame_stack=frame_stack)
 
     @property
     def nbytes(self) -> int:
@@ -404,49 +321,10 @@ def _storage(capacity: int, fields: RowLayout, k: int, memmap_path: Any, compres
         raise UserError(f"replay.compress: {compress!r} is not a codec this buffer has; use {CODEC!r} or null")
     if memmap_path is not None:
         raise UserError("replay: a compressed buffer lives in RAM; drop memmap_path or replay.compress")
-    bound = _packed_bound(capacity, fields) if memory is None else int(memory)
+    bound = packed_bound(capacity, fields) if memory is None else int(memory)
     check_bound(bound)
     ring = Ring(capacity, fields.fields(frames=False))
     return ring, PackedFrames(capacity, fields.obs.shape, fields.obs.dtype, bound, ring.nbytes, protect=k + 2)
-
-
-def _packed_bound(capacity: int, fields: RowLayout) -> int:
-    """The default bound of a compressed buffer: the most its rows can hold (no frame compressing),
-    so by default nothing is evicted and it samples exactly as the uncompressed buffer."""
-    return capacity * fields.row_bytes(frames=False) + worst_case(capacity, fields.obs.row_bytes)
-
-
-def capacity_for_budget(budget_bytes: int, obs_shape: tuple[int, ...], obs_dtype: npt.DTypeLike, n_actions: int, *,
-                        frame_stack: int = 1) -> int:
-    """Rows of a ReplayBuffer that fit in ``budget_bytes``; UserError if fewer than one transition
-    needs (2, or ``frame_stack + 1``)."""
-    row_bytes = ReplayBuffer.bytes_per_row(obs_shape, obs_dtype, n_actions, frame_stack=frame_stack)
-    return rows_for_budget(budget_bytes, row_bytes, max(2, int(frame_stack) + 1))
-
-
-def replay_capacity(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> int:
-    """Rows of the replay buffer: train.buffer_size, bounded by replay.memory (compressed, the
-    budget bounds bytes instead, by evicting the oldest rows: see packed.py)."""
-    if replay.memory is None or replay.compress is not None:
-        return train.buffer_size
-    return min(
-        train.buffer_size,
-        capacity_for_budget(
-            replay.memory, info.obs_shape, info.obs_dtype, info.n_actions, frame_stack=info.frame_stack
-        ),
-    )
-
-
-def replay_bytes(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> int:
-    """The most bytes the recipe's replay buffer may hold: its arrays, or compressed, its budget
-    (replay.memory, else the bound that never evicts: see _packed_bound)."""
-    capacity = replay_capacity(train, replay, info)
-    if replay.compress is not None and replay.memory is not None:
-        return int(replay.memory)
-    fields = _layout(capacity, _normalize_shape(info.obs_shape), info.obs_dtype, info.n_actions, info.frame_stack)
-    if replay.compress is None:
-        return capacity * fields.row_bytes()
-    return _packed_bound(capacity, fields)
 
 
 def build_replay(train: TrainConfig, replay: ReplayConfig, info: EnvInfo, seed: int | np.random.SeedSequence) -> ReplayBuffer:
@@ -456,20 +334,3 @@ def build_replay(train: TrainConfig, replay: ReplayConfig, info: EnvInfo, seed: 
                         memory=replay.memory if replay.compress is not None else None)
 
 
-def replay_expectation(train: TrainConfig, replay: ReplayConfig, info: EnvInfo) -> str | None:
-    """What a compressed buffer is expected to hold, for validate (None when uncompressed): the
-    bytes a row may average for all rows to fit its budget, and how many rows fit at the sizes
-    Atari frames measured (docs/replay-memory.md); past the budget the oldest rows are evicted."""
-    if replay.compress is None:
-        return None
-    capacity = replay_capacity(train, replay, info)
-    fields = _layout(capacity, _normalize_shape(info.obs_shape), info.obs_dtype, info.n_actions, info.frame_stack)
-    bound = replay_bytes(train, replay, info)
-    per_row = row_allowance(capacity, fields.obs.row_bytes, bound)
-    if bound >= _packed_bound(capacity, fields):
-        return f"replay: {replay.compress}-compressed, {capacity} rows within {format_bytes(bound, 1)}: all fit, whatever the frames"
-    held = [min(capacity, int(capacity * per_row / b)) for b in ATARI_ROW_BYTES]
-    expect = "all of them" if held[1] == capacity else f"{held[1]}-{held[0]} of them"
-    return (f"replay: {replay.compress}-compressed, {capacity} rows within {format_bytes(bound, 1)}: all fit while a row "
-            f"averages {max(0.0, per_row):.0f} B or less (past that the oldest are evicted); 84x84 Atari frames cost "
-            f"{ATARI_ROW_BYTES[0]}-{ATARI_ROW_BYTES[1]} B a row (docs/replay-memory.md): {expect} expected to fit")

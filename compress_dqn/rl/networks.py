@@ -129,7 +129,7 @@ INITIALIZERS = ("fan_in_uniform", "glorot_uniform")
 """Weight initializations a recipe can ask for (train.init)."""
 
 
-def _initializers(init: str, fan_in: int) -> dict[str, Any]:
+def _initializers(init: str, fan_in: int) -> dict[str, tf_keras.initializers.Initializer]:
     """Keras initializer arguments for one layer with `fan_in` inputs per output."""
     if init == "glorot_uniform":
         return {}

@@ -17,13 +17,13 @@ from compress_dqn.evaluation.measure import measure_size
 from compress_dqn.evaluation.play import evaluate
 from compress_dqn.evaluation.results import BaselineSource, TrainFigures
 from compress_dqn.evaluation.verdicts import summarize
-from compress_dqn.export.conversion import export_policy
+from compress_dqn.convert.conversion import convert_policy
 from compress_dqn.fileio import refused_writes, save_arrays
 from compress_dqn.port.baseline import file_digest, load_model, load_transitions, rollout
 from compress_dqn.port.check import check_port
 from compress_dqn.port.run_dir import run_replay
 from compress_dqn.recipe.schema import EnvConfig, Recipe
-from compress_dqn.replay.buffer import replay_capacity
+from compress_dqn.replay.sizing import replay_capacity
 from compress_dqn.rl.networks import count_params
 from compress_dqn.rl.trainer import DQNTrainer
 from compress_dqn.run.context import RunContext, Stage, run_stages
@@ -59,7 +59,7 @@ def _train_stage(ctx: RunContext) -> TrainFigures:
 def _export_stage(ctx: RunContext) -> ExportRecord:
     """A slim SavedModel and an fp32 TFLite file of the baseline."""
     files = ctx.layout.policy(BASELINE)
-    export_policy(ctx.model, ctx.info, files.folder)
+    convert_policy(ctx.model, ctx.info, files.folder)
     params, nonzero = count_params(ctx.model)
     size = measure_size(params, nonzero, files.tflite, files.saved_model)
     ctx.log(f"[baseline] exported: TFLite {size.tflite_bytes} bytes ({size.tflite_gzip_bytes} gzipped)")

@@ -14,7 +14,7 @@ from compress_dqn._tf import configure_device, configure_threads, tf_keras
 from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.errors import UserError
-from compress_dqn.evaluation.findings import action_gaps
+from compress_dqn.evaluation.diagnosis import action_gaps
 from compress_dqn.evaluation.ranges import EvalRanges
 from compress_dqn.fileio import load_dict
 from compress_dqn.port.run_dir import baseline_network

@@ -16,7 +16,7 @@ from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.evaluation.figures import (M4F, CFigures, CpuLatency, GpuLatency, LatencyBlock, MemoryBlock,
                                              MicroFigures)
 from compress_dqn.evaluation.measure import measure_latency, measure_memory
-from compress_dqn.export.saved_model import SavedModelPolicy, gpu_note, measure_gpu
+from compress_dqn.convert.saved_model import SavedModelPolicy, gpu_note, measure_gpu
 from compress_dqn.recipe.schema import Recipe
 from compress_dqn.run.context import RunContext, Stage
 from compress_dqn.store import stage_keys as keys

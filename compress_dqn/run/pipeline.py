@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from compress_dqn.evaluation.figures import Compression
-from compress_dqn.evaluation.gpu_report import attached
+from compress_dqn.evaluation.serving.attach import attached
 from compress_dqn.evaluation.report import write_report
 from compress_dqn.evaluation.results import EvalPlan, RandomFigures, RunResults, SearchMark, VariantResult, save_results
 from compress_dqn.evaluation.verdicts import paired_difference, summarize

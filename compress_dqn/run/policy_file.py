@@ -1,6 +1,6 @@
 """`evaluate` and `bench` on one policy file: loading it, fitting the environment to its input and
 drawing observations for it happen here, below the command line. A .tflite never imports
-TensorFlow on this path (export.loading loads a SavedModel's runtime only for a directory)."""
+TensorFlow on this path (convert.loading loads a SavedModel's runtime only for a directory)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.evaluation.figures import ReturnStats
 from compress_dqn.evaluation.measure import compare_with_litert, dir_bytes, gzip_bytes, measure_latency, measure_memory
 from compress_dqn.evaluation.play import evaluate
-from compress_dqn.export.loading import load_policy
+from compress_dqn.convert.loading import load_policy
 from compress_dqn.recipe.schema import EnvConfig, env_from_data
 from compress_dqn.store.manifest import check_artifact
 

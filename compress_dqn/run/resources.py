@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict
 from compress_dqn.envs.environment import EnvInfo, probe_env
 from compress_dqn.errors import UserError
 from compress_dqn.port.brought_data import brought_replay
-from compress_dqn.replay.buffer import ReplayBuffer, format_bytes, replay_capacity, replay_expectation
-from compress_dqn.replay.buffer import replay_bytes as replay_bytes_of
+from compress_dqn.replay.buffer import ReplayBuffer, format_bytes
+from compress_dqn.replay.sizing import replay_capacity, replay_expectation
+from compress_dqn.replay.sizing import replay_bytes as replay_bytes_of
 
 # TensorFlow, the environment and the interpreter, on top of the replay buffer and the networks.
 _PROCESS_OVERHEAD = 1 << 30

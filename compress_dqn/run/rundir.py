@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+from pydantic import JsonValue
 
 from compress_dqn.errors import UserError
 from compress_dqn.evaluation.results import RunResults, SeedsResults
@@ -126,7 +127,7 @@ def _check_manifest(run_dir: Path) -> None:
         manifest.unlink()
 
 
-def _drop_changed_variants(old: dict[str, Any], new: dict[str, Any], run_dir: Path,
+def _drop_changed_variants(old: dict[str, JsonValue], new: dict[str, JsonValue], run_dir: Path,
                            log: Callable[[str], None] | None) -> None:
     """Delete the folders of variants that the new recipe defines differently or no longer has,
     the search's candidates among them (a seed's run builds those too)."""
@@ -146,7 +147,7 @@ def _drop_changed_variants(old: dict[str, Any], new: dict[str, Any], run_dir: Pa
             f"rebuilt or dropped: {', '.join(dropped) or 'none'}")
 
 
-def _candidates(recipe: dict[str, Any]) -> dict[str, Any]:
+def _candidates(recipe: dict[str, JsonValue]) -> dict[str, JsonValue]:
     """The search's candidates as variant data by name ({} without a search)."""
     if not recipe.get("search"):
         return {}

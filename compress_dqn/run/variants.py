@@ -17,14 +17,15 @@ from typing import NamedTuple
 import numpy as np
 
 from compress_dqn._tf import set_seed, tf_keras
-from compress_dqn.compress.build import BuiltVariant, build_cost, build_variant, build_variant_per_teacher
+from compress_dqn.compress.build import BuiltVariant, build_variant, build_variant_per_teacher
+from compress_dqn.compress.recovery import build_cost
 from compress_dqn.compress.details import BuildDetails
 from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.evaluation.figures import CandidatesPick, Compression, ReturnStats
 from compress_dqn.evaluation.measure import measure_size
 from compress_dqn.evaluation.play import evaluate
-from compress_dqn.export.conversion import export_policy
+from compress_dqn.convert.conversion import convert_policy
 from compress_dqn.fileio import replace_dir
 from compress_dqn.recipe.schema import QatTeacher, Recipe, VariantConfig
 from compress_dqn.replay.buffer import ReplayBuffer, load_replay
@@ -113,7 +114,7 @@ def _seeded(variant: VariantConfig, ctx: RunContext) -> tf_keras.Model:
 
 
 def _exported(built: BuiltVariant, ctx: RunContext, out: PolicyFiles) -> BuildOutcome:
-    exported = export_policy(built.export_model, ctx.info, out.folder, built, ctx.heldout[:500])
+    exported = convert_policy(built.export_model, ctx.info, out.folder, built, ctx.heldout[:500])
     return BuildOutcome(built.params, built.nonzero_params, built.details, exported["sparse_format"])
 
 
@@ -277,7 +278,7 @@ def warm_build_worker() -> None:
     import compress_dqn.compress.build  # noqa: F401
     import compress_dqn.deploy.litert.policy  # noqa: F401
     import compress_dqn.evaluation.verdicts  # noqa: F401
-    import compress_dqn.export.conversion  # noqa: F401
+    import compress_dqn.convert.conversion  # noqa: F401
 
 
 @contextmanager

@@ -1,8 +1,8 @@
 """What each stage of a run records in stages.json, as typed records (`Stages.get(key, Record)`).
 
-The JSON of each record is what the stage wrote before the records existed (aliases where a key is
-no Python name, such as `return`), so a stages.json of an earlier release reads into them, and a
-reader ignores keys that a later release adds.
+Each record's JSON keys are stages.json's (aliases where a key is no Python name, such as `return`):
+the stored legacy stages.json files read into them and unknown keys are ignored (keys fixed by
+tests/test_legacy_files.py).
 """
 
 from __future__ import annotations

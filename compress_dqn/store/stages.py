@@ -1,7 +1,7 @@
 """stages.json: each finished stage's record, written atomically after every stage (the resume point).
 
 Stages write typed records (store/records.py) and readers ask for one by its type:
-`stages.get("export", ExportRecord)`; the JSON keeps the keys earlier releases wrote.
+`stages.get("export", ExportRecord)`; the JSON's keys are fixed by tests/test_legacy_files.py.
 """
 
 from __future__ import annotations

@@ -21,9 +21,10 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import numpy as np
+from pydantic import JsonValue
 
 from compress_dqn.deploy.c.source import CPolicy, default_name, generate_c
 from compress_dqn.deploy.base import ExportOptions, ExportReport
@@ -82,7 +83,40 @@ def _zig(args: list[str], cwd: Path) -> None:
         raise RuntimeError(f"zig cc {' '.join(args[:4])}...: {done.stderr.strip()[:400]}")
 
 
-def measure_target(p: CPolicy, target: str, folder: Path) -> dict[str, Any]:
+class TargetImage(TypedDict):
+    """One target's minimal image: its allocated bytes by section kind, stack, and the flash and RAM they sum to."""
+
+    text: int
+    rodata: int
+    data: int
+    bss: int
+    stack: int
+    flash_bytes: int
+    ram_bytes: int
+    flash_kb: float
+    ram_kb: float
+
+
+class McuImages(TypedDict, total=False):
+    """measure_mcu's answer: each target's image where measured, else the reason."""
+
+    measured: bool
+    reason: str
+    targets: dict[str, TargetImage]
+    counts: str
+
+
+class ActionTimes(TypedDict, total=False):
+    """time_per_action's answer: ns per action of the C (and of its dense form) and of LiteRT's invoke()."""
+
+    c_ns: float
+    dense_c_ns: float
+    litert_invoke_ns: float
+    c_compiler: str
+    counts: str
+
+
+def measure_target(p: CPolicy, target: str, folder: Path) -> TargetImage:
     """Build the minimal image for one target in folder; its section sizes, stack and flash/RAM totals."""
     _write(p, folder)
     flags = [*CORTEX_M_FLAGS[target], *_FLAGS]
@@ -122,7 +156,7 @@ def section_sizes(elf: Path) -> dict[str, int]:
     return sizes
 
 
-def measure_mcu(p: CPolicy) -> dict[str, Any]:
+def measure_mcu(p: CPolicy) -> McuImages:
     """Flash and RAM on each target; {"measured": False, "reason"} where zig or pyelftools is missing.
 
     The targets build at once, each in a folder of its own: every zig cc call is a process of its
@@ -195,7 +229,7 @@ def c_actor(lib: ctypes.CDLL, p: CPolicy) -> Any:
 
 
 def time_per_action(p: CPolicy, observations: np.ndarray, litert_path: Path, calls: int = 20000,
-                    dense: CPolicy | None = None) -> dict[str, Any]:
+                    dense: CPolicy | None = None) -> ActionTimes:
     """ns per action of the C policy (timed in C, -O2) and of LiteRT's bare invoke() on the same observations;
     dense_c_ns, that of its dense form, where dense is given (a policy whose C stores weights compressed)."""
     dtype = np.uint8 if p.obs_type == "uint8_t" else np.float32
@@ -249,9 +283,11 @@ class CExport(ExportReport):
     integer_only: bool
     constants_bytes: int
     form: str
-    mcu: dict[str, Any]
-    dense_mcu: dict[str, Any] | None = None
-    time_per_action: dict[str, Any] | None = None
+    mcu: dict[str, JsonValue]
+    """measure_mcu's McuImages, as printed."""
+    dense_mcu: dict[str, JsonValue] | None = None
+    time_per_action: dict[str, JsonValue] | None = None
+    """time_per_action's ActionTimes."""
 
 
 def export(policy: Path, out: Path | None = None, options: ExportOptions = ExportOptions(), timing: bool = True) -> CExport:

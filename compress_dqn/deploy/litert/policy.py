@@ -2,7 +2,7 @@
 
 `TFLitePolicy` runs on `ai_edge_litert` alone and never imports TensorFlow: a deployed TFLite
 policy should cost megabytes, not the ~700 MB of a TensorFlow process. The SavedModel runtime
-lives in compress_dqn.export.saved_model, a package that may import TensorFlow.
+lives in compress_dqn.convert.saved_model, a package that may import TensorFlow.
 """
 
 from __future__ import annotations

@@ -218,10 +218,6 @@ _TRANSLATE = {"FULLY_CONNECTED": _fc, "CONV_2D": _conv, "RESHAPE": _reshape, "SU
               "ARG_MAX": _argmax}
 
 
-def to_onnx(source: Any, int8: Int8Form = "exact") -> Any:
-    """The ONNX ModelProto of a .tflite policy (path or bytes)."""
-    return _translate(read_policy_graph(source, ("action", "q_values")), int8).model
-
 
 @dataclass
 class _Translation:

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
 
 from compress_dqn.errors import UserError
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 INTEGER_NOTE = ("float ops in float32 (TF32 off); MatMulInteger/ConvInteger exactly in float64; integer "
                 "requantization in int32/int64; QDQ as float ops on dequantized weights")
@@ -33,7 +36,36 @@ _DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool
 _STATIC = {"Reshape": (1,), "Pad": (1, 2, 3), "ReduceMin": (1,), "ReduceMax": (1,)}
 """Inputs read as Python values when the graph is loaded (shapes, pads, axes): a CUDA graph cannot read device memory."""
 
-Op = Callable[[list[Any], dict[str, Any]], Any]
+
+
+class Attributes(TypedDict, total=False):
+    """A node's ONNX attributes that an op reads (onnx.helper.get_attribute_value's values), and its inputs
+    read as Python values at load (_inN: input N, one of _STATIC's)."""
+
+    pads: list[int]
+    strides: list[int]
+    dilations: list[int]
+    kernel_shape: list[int]
+    group: int
+    transA: int
+    transB: int
+    alpha: float
+    beta: float
+    axis: int
+    axes: list[int]
+    keepdims: int
+    select_last_index: int
+    allowzero: int
+    fmod: int
+    mode: bytes
+    to: int
+    perm: list[int]
+    _in1: list[int]
+    _in2: float | int
+    _in3: list[int]
+
+
+Op = Callable[[list[Any], Attributes], Any]
 
 
 def _torch() -> Any:
@@ -52,7 +84,7 @@ def _exact_int32(x: Any) -> Any:
     return _torch().round(x).to(_torch().int32)
 
 
-def _conv2d(x: Any, w: Any, bias: Any, at: dict[str, Any]) -> Any:
+def _conv2d(x: Any, w: Any, bias: Any, at: Attributes) -> Any:
     """ONNX Conv geometry (pads begin..., end...) on torch's conv2d; x already in the product's dtype."""
     import torch.nn.functional as F
 
@@ -63,7 +95,7 @@ def _conv2d(x: Any, w: Any, bias: Any, at: dict[str, Any]) -> Any:
                     dilation=tuple(at.get("dilations", [1, 1])), groups=at.get("group", 1))
 
 
-def _gemm(a: list[Any], at: dict[str, Any]) -> Any:
+def _gemm(a: list[Any], at: Attributes) -> Any:
     x, w = a[0], a[1]
     x = x.t() if at.get("transA") else x
     w = w.t() if at.get("transB") else w
@@ -75,14 +107,14 @@ def _gemm(a: list[Any], at: dict[str, Any]) -> Any:
     return y
 
 
-def _matmul_integer(a: list[Any], at: dict[str, Any]) -> Any:
+def _matmul_integer(a: list[Any], at: Attributes) -> Any:
     x_zero = a[2] if len(a) > 2 else None
     if x_zero is not None and x_zero.dim() == 1:
         x_zero = x_zero.reshape(-1, 1)
     return _exact_int32(_centered(a[0], x_zero) @ _centered(a[1], a[3] if len(a) > 3 else None))
 
 
-def _conv_integer(a: list[Any], at: dict[str, Any]) -> Any:
+def _conv_integer(a: list[Any], at: Attributes) -> Any:
     w_zero = a[3] if len(a) > 3 else None
     if w_zero is not None and w_zero.dim() == 1:
         w_zero = w_zero.reshape(-1, 1, 1, 1)
@@ -98,7 +130,7 @@ def _along(v: Any, axis: int, rank: int) -> Any:
     return v.reshape(shape)
 
 
-def _quantize_linear(a: list[Any], at: dict[str, Any]) -> Any:
+def _quantize_linear(a: list[Any], at: Attributes) -> Any:
     torch = _torch()
     x, rank = a[0], a[0].dim()
     scale, zero = _along(a[1], at.get("axis", 1), rank), _along(a[2] if len(a) > 2 else None, at.get("axis", 1), rank)
@@ -108,7 +140,7 @@ def _quantize_linear(a: list[Any], at: dict[str, Any]) -> Any:
     return torch.clamp(y, info.min, info.max).to(dtype)
 
 
-def _dequantize_linear(a: list[Any], at: dict[str, Any]) -> Any:
+def _dequantize_linear(a: list[Any], at: Attributes) -> Any:
     torch = _torch()
     x, rank = a[0], a[0].dim()
     scale, zero = _along(a[1], at.get("axis", 1), rank), _along(a[2] if len(a) > 2 else None, at.get("axis", 1), rank)
@@ -116,28 +148,28 @@ def _dequantize_linear(a: list[Any], at: dict[str, Any]) -> Any:
     return centered.to(scale.dtype) * scale
 
 
-def _div(a: list[Any], at: dict[str, Any]) -> Any:
+def _div(a: list[Any], at: Attributes) -> Any:
     x, y = a
     if x.dtype.is_floating_point:
         return x / y
     return _torch().div(x, y, rounding_mode="trunc")
 
 
-def _mod(a: list[Any], at: dict[str, Any]) -> Any:
+def _mod(a: list[Any], at: Attributes) -> Any:
     return (_torch().fmod if at.get("fmod", 0) else _torch().remainder)(a[0], a[1])
 
 
-def _reshape(a: list[Any], at: dict[str, Any]) -> Any:
+def _reshape(a: list[Any], at: Attributes) -> Any:
     shape = [a[0].shape[i] if d == 0 and not at.get("allowzero", 0) else d for i, d in enumerate(at["_in1"])]
     return a[0].reshape(shape)
 
 
-def _flatten(a: list[Any], at: dict[str, Any]) -> Any:
+def _flatten(a: list[Any], at: Attributes) -> Any:
     axis = at.get("axis", 1) % max(a[0].dim(), 1)
     return a[0].reshape(int(np.prod(a[0].shape[:axis])), -1)
 
 
-def _pad(a: list[Any], at: dict[str, Any]) -> Any:
+def _pad(a: list[Any], at: Attributes) -> Any:
     import torch.nn.functional as F
 
     if at.get("mode", b"constant") not in (b"constant", "constant") or at.get("_in3") is not None:
@@ -149,30 +181,30 @@ def _pad(a: list[Any], at: dict[str, Any]) -> Any:
 
 
 def _reduce(name: str) -> Op:
-    def run(a: list[Any], at: dict[str, Any]) -> Any:
+    def run(a: list[Any], at: Attributes) -> Any:
         axes = at.get("axes", at.get("_in1"))
         fn = getattr(_torch(), name)
         return fn(a[0], dim=tuple(axes) if axes is not None else None, keepdim=bool(at.get("keepdims", 1)))
     return run
 
 
-def _argmax(a: list[Any], at: dict[str, Any]) -> Any:
+def _argmax(a: list[Any], at: Attributes) -> Any:
     if at.get("select_last_index", 0):
         raise UserError("ArgMax with select_last_index is not an op `export --target onnx` writes")
     return _torch().argmax(a[0], dim=at.get("axis", 0), keepdim=bool(at.get("keepdims", 1)))  # the first maximum
 
 
-def _cast(a: list[Any], at: dict[str, Any]) -> Any:
+def _cast(a: list[Any], at: Attributes) -> Any:
     return a[0].to(getattr(_torch(), _DTYPES[at["to"]]))
 
 
-def _clip(a: list[Any], at: dict[str, Any]) -> Any:
+def _clip(a: list[Any], at: Attributes) -> Any:
     low, high = (a[i] if len(a) > i else None for i in (1, 2))
     return _torch().clamp(a[0], min=low, max=high)
 
 
 def _variadic(name: str) -> Op:
-    def run(a: list[Any], at: dict[str, Any]) -> Any:
+    def run(a: list[Any], at: Attributes) -> Any:
         out = a[0]
         for other in a[1:]:
             out = getattr(_torch(), name)(out, other)
@@ -182,7 +214,7 @@ def _variadic(name: str) -> Op:
 
 def _call(name: str) -> Op:
     """An op that is one torch function of its inputs (unary, binary or Where)."""
-    def run(a: list[Any], at: dict[str, Any]) -> Any:
+    def run(a: list[Any], at: Attributes) -> Any:
         return getattr(_torch(), name)(*a)
     return run
 
@@ -233,15 +265,15 @@ class OnnxTorchPolicy:
         host = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         self.device = torch.device(device)
         self.values = {name: torch.from_numpy(np.array(v)).to(self.device) for name, v in host.items()}
-        self.nodes: list[tuple[Op, list[str], str, dict[str, Any]]] = []
+        self.nodes: list[tuple[Op, list[str], str, Attributes]] = []
         for node in graph.node:
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            attrs = cast(Attributes, {a.name: helper.get_attribute_value(a) for a in node.attribute})
             inputs = list(node.input)
             for i in _STATIC.get(node.op_type, ()):
                 if i < len(inputs) and inputs[i]:
                     if inputs[i] not in host:
                         raise UserError(f"{label}: {node.op_type}'s input {i} is computed; the exports hold it constant")
-                    attrs[f"_in{i}"] = host[inputs[i]].tolist()
+                    attrs[f"_in{i}"] = host[inputs[i]].tolist()  # type: ignore[literal-required]
                     inputs[i] = ""
             self.nodes.append((OPS[node.op_type], inputs, node.output[0], attrs))
         self.input = graph.input[0].name
@@ -251,7 +283,7 @@ class OnnxTorchPolicy:
         self.outputs = [o.name for o in graph.output]
         self.weights_bytes = sum(v.numel() * v.element_size() for v in self.values.values())
 
-    def run(self, x: Any) -> dict[str, Any]:
+    def run(self, x: Tensor) -> dict[str, Tensor]:
         """Every output of the graph for a batch of observations on the device."""
         env = {**self.values, self.input: x}
         for op, inputs, output, attrs in self.nodes:

@@ -73,10 +73,6 @@ def normalization_ops(model: TFLiteFile, normalization: Normalization) -> None:
     model.edited = True
 
 
-def with_normalization_ops(data: bytes, normalization: Normalization) -> bytes:
-    """The file's bytes with `normalization_ops` applied."""
-    return edit_bytes(data, normalization_ops, normalization)
-
 
 def _tensor(schema: Any, like: Any, name: bytes, buffer: int) -> Any:
     tensor = schema.TensorT()

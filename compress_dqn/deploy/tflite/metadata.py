@@ -41,10 +41,6 @@ def short_tensor_names(model: TFLiteFile) -> None:
     model.edited = True  # packed even where every name was short already, as exports always were
 
 
-def slim_tensor_names(data: bytes) -> bytes:
-    """The file's bytes with `short_tensor_names` applied."""
-    return edit_bytes(data, short_tensor_names)
-
 
 def set_metadata(model: TFLiteFile, name: str, payload: bytes) -> None:
     """Metadata entry `name` set to payload in place (replacing an entry of that name)."""
@@ -77,12 +73,6 @@ def drop_metadata(model: TFLiteFile, name: str) -> None:
     if model.edited:
         model.model.metadata = kept
 
-
-def without_metadata(data: bytes, name: str) -> bytes:
-    """The file's bytes without metadata entry `name` (its buffer left empty), or the bytes as they are."""
-    if name.encode() not in data:
-        return data
-    return edit_bytes(data, drop_metadata, name)
 
 
 def input_normalization(data: bytes, label: str = "<bytes>", features: int | None = None) -> Normalization | None:

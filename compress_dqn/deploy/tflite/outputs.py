@@ -86,9 +86,3 @@ def action_from_q_values(model: TFLiteFile) -> None:
 def with_float_q_values(data: bytes) -> bytes:
     """The file's bytes with `float_q_values` applied (the bytes themselves where it changes nothing)."""
     return edit_bytes(data, float_q_values)
-
-
-def action_from_float_q_values(data: bytes) -> bytes:
-    """The file's bytes with `action_from_q_values` applied (the bytes themselves where it changes nothing)."""
-    return edit_bytes(data, action_from_q_values)
-

@@ -124,7 +124,7 @@ class Conversion(Protocol):
     def converter(self, sparse: bool = False) -> Callable[[tf.lite.TFLiteConverter], None]: ...
 
 
-def export_policy(model: tf_keras.Model, info: EnvInfo, out: Path, built: Conversion | None = None,
+def convert_policy(model: tf_keras.Model, info: EnvInfo, out: Path, built: Conversion | None = None,
                   check_obs: np.ndarray | None = None) -> dict[str, bool]:
     """SavedModel + TFLite for one model (a BuiltVariant says how to convert; None: fp32).
 

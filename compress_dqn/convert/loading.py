@@ -13,7 +13,7 @@ def load_policy(path: str | Path, num_threads: int = 1) -> Policy:
     TensorFlow: `evaluate` and `bench` on one stay a LiteRT process of megabytes."""
     path = Path(path)
     if path.is_dir():
-        from compress_dqn.export.saved_model import SavedModelPolicy  # TensorFlow: only for a SavedModel
+        from compress_dqn.convert.saved_model import SavedModelPolicy  # TensorFlow: only for a SavedModel
 
         return SavedModelPolicy(path)
     if not path.exists():

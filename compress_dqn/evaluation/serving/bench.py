@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from compress_dqn.errors import UserError
-from compress_dqn.evaluation.serving_figures import BatchFigures, CpuRun, Machine, ServingBench, TimedCalls, crossover
+from compress_dqn.evaluation.serving.figures import BatchFigures, CpuRun, Machine, ServingBench, TimedCalls, crossover
 from compress_dqn.fileio import write_text_atomic
 
 DEFAULT_BATCHES = "1,64,1024,16384"
@@ -147,7 +147,7 @@ def bench_on_device(path: Path, device: str, batches: list[int], name: str | Non
                     min_calls: int = 20) -> ServingBench:
     """Serve the .onnx file at each batch size on `device` ("gpu" or "cpu") and on this machine's CPU runtimes."""
     from compress_dqn.deploy.onnx.torch_runtime import read_onnx
-    from compress_dqn.evaluation.device_runners import open_runner
+    from compress_dqn.evaluation.serving.runners import open_runner
 
     runtime = choose_runtime(device)
     path = Path(path)
