@@ -122,7 +122,7 @@ def zoo_env(path: Path, env_id: str, frame_stack: int) -> EnvConfig | None:
     if zoo.frame_stack not in (None, False, 0, 1):
         raise UserError(f"baseline.from: {path}: the RL Zoo config says frame_stack {zoo.frame_stack}; SB3's "
                         "VecFrameStack of flat observations (frames concatenated) is not reproduced")
-    kwargs: dict[str, Any] = dict(zoo.env_kwargs) if isinstance(zoo.env_kwargs, dict) else {}
+    kwargs: dict[str, JsonValue] = dict(zoo.env_kwargs) if isinstance(zoo.env_kwargs, dict) else {}
     wrappers: list[Any] = [{"class": name, "kwargs": dict(args)} if args else name for _, name, args in zoo.wrappers]
     try:
         return EnvConfig(id=env_id, kwargs=kwargs, wrappers=wrappers, frame_stack=frame_stack)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, JsonValue, model_validator
 
 from compress_dqn.recipe.values import Count, PositiveCount, StrictModel, count_from
 
@@ -74,12 +74,12 @@ class EnvConfig(StrictModel):
     BreakoutNoFrameskip-v4, or `package.module:Id` for an environment a module registers when imported
     (gymnasium's form; importing it runs its code, in every process that builds the environment).
     Discrete actions only."""
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments passed to gymnasium.make."""
+    kwargs: dict[str, JsonValue] = Field(default_factory=dict)
+    """Keyword arguments passed to gymnasium.make (recipe data: YAML scalars, lists and mappings)."""
     max_episode_steps: PositiveCount | None = None
     """Override the environment's time limit (episodes end truncated, and bootstrap). An environment
     registered without one gets 10000 steps (envs/user_env.DEFAULT_MAX_EPISODE_STEPS)."""
-    wrappers: list[str | dict[str, Any]] = Field(default_factory=list)
+    wrappers: list[str | dict[str, JsonValue]] = Field(default_factory=list)
     """gymnasium.Wrapper subclasses applied in order after gymnasium.make: `package.module:Class`, the
     RL Zoo's `package.module.Class`, or {class: NAME, kwargs: {...}}. Anything but a Wrapper subclass is
     refused before it is called."""
