@@ -56,7 +56,13 @@ def main() -> None:
     parser.add_argument("--variants", default="ptq-int8,student-32x32-qat-int8")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--smoke", action="store_true", help="300 SB3 steps, ptq-int8 alone, 2 episodes, nothing measured")
     args, extra = parser.parse_known_args()
+    if args.smoke:
+        args.steps, args.variants = 300, "ptq-int8"
+        extra += ["--episodes", "2", "--max-episodes", "2", "--rollout-steps", "300"] + [
+            a for s in ("eval.heldout_episodes=1", "measure.saved_model_memory=none", "measure.c_policy=none",
+                        "measure.micro=none") for a in ("--set", s)]
     kwargs = json.loads(args.kwargs)
     started = time.perf_counter()
     zip_path = args.out / "dqn.zip"

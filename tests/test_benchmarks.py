@@ -244,3 +244,18 @@ def test_keras3_cartpole_trains_in_keras3_and_compresses_its_keras_and_h5_files(
     assert keras_file["variants"][0]["name"] == "student-32x32-qat-int8" and keras_file["variants"][0]["tolerance"] == 0.01
     assert summary["summary"] and summary["ported"] == 2 and summary["student_verdict"] in (
         "within 1%", "worse", "better", "inconclusive")
+
+
+def test_your_environment_trains_sb3_on_a_package_id_and_compresses_it_on_a_pool(tmp_path):
+    """Smoke size: an SB3 DQN on the in-repository envpkg.corridor:Corridor-v0 (kwargs, time limit), compressed
+    with ptq-int8 through package:Id on a pool of 2 workers that import the module themselves."""
+    pytest.importorskip("stable_baselines3")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "your_environment.py"), "--smoke",
+                           "--env", "envpkg.corridor:Corridor-v0", "--kwargs", '{"length": 6}', "--max-episode-steps",
+                           "30", "--out", str(tmp_path / "corridor")], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    assert row["sb3_steps"] == 300 and row["kwargs"] == {"length": 6}
+    assert row["port_check"]["checked"] and row["port_check"]["max_abs_q_diff"] <= 1e-4
+    assert [p["name"] for p in row["policies"]] == ["baseline", "ptq-int8"]
