@@ -1,4 +1,4 @@
-"""The RL Zoo's classic-control DQN and QR-DQN agents through `compress-dqn search`: winner, ratio, verdict, and why not.
+"""The RL Zoo's classic-control DQN and QR-DQN agents through `compress-dqn search`: winner, ratio, verdict, why not.
 
     .venv/bin/python benchmarks/zoo_search.py --zoo /work/zoo --out runs/zoo-search
     .venv/bin/python benchmarks/zoo_search.py --out runs/zoo-search-smoke --smoke
@@ -13,10 +13,12 @@ as a user runs it, one after another, in its own interpreter:
 (LunarLander-v2 plays on LunarLander-v3). A directory that already holds a finished search is read, not rerun
 (`search` itself resumes one that stopped). Prints one JSON line per agent: the search's winner, its gzipped
 bytes beside the baseline's (gzip to gzip), the ratio, its verdict on each seed, whether it meets the line
-(--line, 20x, kept within tolerance), every candidate's outcome, and for an agent with no such winner the
-reasons its seed-0 report gives for the candidates that lost (evaluation.diagnosis.diagnoses, measured on the
-held-out states); then a summary line. --smoke writes one tiny untrained QR-DQN zip and searches it with one
-8-unit student, a few fine-tune steps and 2 episodes: what the pipeline does, not what it finds.
+(--line, 50x, kept within tolerance), every candidate's outcome with its build and play seconds, the search's
+time (its estimate after the first rung, then baselines, builds, plays and finishing), and for an agent with
+no such winner the reasons its seed-0 report gives for the candidates that lost (evaluation.diagnosis.diagnoses,
+measured on the held-out states); then a summary line. --smoke writes one tiny untrained QR-DQN zip and
+searches it with one 8-unit student, a few fine-tune steps and 2 episodes: what the pipeline does, not what it
+finds.
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ def agent_row(out: Path, line: float) -> dict:
     baseline_gzip = seed.baseline.size.tflite_gzip_bytes
     tried = [{"name": t.name, "outcome": t.outcome, "gzip_bytes": t.objective,
               "per_seed": {s: {"verdict": o.verdict, "episodes": o.episodes, "difference": round(o.difference, 2),
-                               "ci": [round(x, 2) for x in o.ci]} for s, o in t.per_seed.items()}}
+                               "ci": [round(x, 2) for x in o.ci], "build_seconds": o.build_seconds,
+                               "play_seconds": o.play_seconds} for s, o in t.per_seed.items()},
+              **({"note": t.note} if t.note else {})}
              for t in found.tried]
     winner = next((t for t in tried if t["name"] == found.winner), None)
     ratio = baseline_gzip / winner["gzip_bytes"] if winner and winner["gzip_bytes"] else None
@@ -94,7 +98,8 @@ def agent_row(out: Path, line: float) -> dict:
            "random_mean": round(seed.random.returns.mean, 2), "winner": found.winner,
            "winner_gzip_bytes": winner["gzip_bytes"] if winner else None,
            "ratio": round(ratio, 1) if ratio else None, "winner_per_seed": winner["per_seed"] if winner else None,
-           "meets_line": meets, "tried": tried, "search_seconds": round(found.cost.wall_seconds, 1)}
+           "meets_line": meets, "tried": tried, "search_seconds": round(found.cost.wall_seconds, 1),
+           "cost": found.cost.model_dump(exclude_none=True)}
     if not meets:
         row["reasons"] = reason_lines(seed, diagnoses(seed, seed_dir))
     return row
@@ -142,7 +147,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="ALGO/ENV pairs to run, e.g. qrdqn/CartPole-v1")
     parser.add_argument("--max-episodes", type=int, help="search's --max-episodes (its default where not given)")
     parser.add_argument("--set", action="append", default=[], dest="overrides", help="a recipe override for search")
-    parser.add_argument("--line", type=float, default=20.0, help="the size ratio a winner must reach (gzip to gzip)")
+    parser.add_argument("--line", type=float, default=50.0, help="the size ratio a winner must reach (gzip to gzip)")
     parser.add_argument("--smoke", action="store_true", help="one tiny generated QR-DQN zip, one tiny student")
     parser.add_argument("--ptq-float-head", nargs="*", metavar="RUN", help="finished compress runs with ptq-int8: "
                         "play it beside the same file with a float Q-head (emulated), instead of searching")

@@ -63,6 +63,85 @@ def test_bisection_finds_the_smallest_kept_rung_in_log_steps(tmp_path, monkeypat
     assert again == []
 
 
+def _scripted_units(verdicts: dict[int, str], played: list[str], sizes: dict[str, float]):
+    """map_units for the search's candidate units: each student width's verdict on its one seed, as written;
+    the objective is a made-up size. play_candidate itself runs, and names each outcome."""
+    def map_units(fn, units, executor, workers, address):
+        assert fn is search_module.candidate_unit
+        variant = units[0][2]
+        played.append(variant.name)
+        return [_outcome(verdicts[variant.student.net_arch[0]], sizes[variant.name])]
+    return map_units
+
+
+@pytest.mark.parametrize("verdicts, expected_played, winner", [
+    # Every student keeps the return but 16x16 stays undecided (the dice): the search still reaches 4x4.
+    ({64: "within 1%", 32: "within 1%", 16: "inconclusive", 8: "within 1%", 4: "within 1%"},
+     ["student-16x16-qat-int8", "student-8x8-qat-int8", "student-4x4-qat-int8"], 4),
+    # Undecided at 16x16, 8x8 worse: back up to the larger rungs, where 32x32 keeps it.
+    ({64: "within 1%", 32: "within 1%", 16: "inconclusive", 8: "worse", 4: "worse"},
+     ["student-16x16-qat-int8", "student-8x8-qat-int8", "student-64x64-qat-int8", "student-32x32-qat-int8"], 32),
+    # Undecided at 16x16 and 32x32, worse below: 64x64.
+    ({64: "better", 32: "inconclusive", 16: "inconclusive", 8: "worse", 4: "worse"},
+     ["student-16x16-qat-int8", "student-8x8-qat-int8", "student-64x64-qat-int8", "student-32x32-qat-int8"], 64),
+    # Nothing decided within: every rung above the lost ones is tried, and nothing wins.
+    ({64: "inconclusive", 32: "inconclusive", 16: "inconclusive", 8: "worse", 4: "worse"},
+     ["student-16x16-qat-int8", "student-8x8-qat-int8", "student-64x64-qat-int8", "student-32x32-qat-int8"], None),
+])
+def test_an_inconclusive_rung_does_not_bound_its_family(tmp_path, monkeypatch, verdicts, expected_played, winner):
+    """Only a rung decided worse stops the descent; the winner is the smallest rung decided within (or better),
+    and each undecided rung says what the search did about it. The first case fails on a bisection that takes
+    an inconclusive rung for a lost one (it would stop at 32x32)."""
+    recipe = load_recipe(TINY, [STUDENTS, "search.objective=params", "eval.max_episodes=5"])
+    (rungs,) = ladders(recipe, (4,), 2).values()
+    played: list[str] = []
+    sizes = {c.variant.name: c.estimated_bytes for c in rungs}
+    monkeypatch.setattr(search_module, "map_units", _scripted_units(verdicts, played, sizes))
+    plan = search_module._Plan([(0, recipe, "seed-0")], recipe, 1, True, lambda m: None)
+    log = SearchLog(tmp_path / "search.json")
+    bisect_family(rungs, plan, log, lambda: None)
+    assert played == expected_played
+    best = search_module._best(log.tried)
+    assert (best and best.name) == (winner and f"student-{winner}x{winner}-qat-int8")
+    notes = {t.name: t.note for t in SearchLog(tmp_path / "search.json").tried.values() if t.outcome == "inconclusive"}
+    assert notes and all(note.startswith("undecided after 5 episodes (the cap") for note in notes.values())
+    if winner == 4:
+        assert notes["student-16x16-qat-int8"].endswith("the smaller student-4x4-qat-int8 kept the return")
+    elif winner is None:
+        assert all(note.endswith("no rung of its family kept the return") for note in notes.values())
+    again: list[str] = []  # resumed from search.json: nothing is played again
+    monkeypatch.setattr(search_module, "map_units", _scripted_units(verdicts, again, sizes))
+    bisect_family(rungs, plan, SearchLog(tmp_path / "search.json"), lambda: None)
+    assert again == []
+
+
+def test_the_search_estimates_its_time_from_the_first_rung_and_reports_where_it_went():
+    from compress_dqn.evaluation.results import SearchCost
+    from compress_dqn.evaluation.search_section import render_search_markdown
+    from compress_dqn.run.search import SearchClock
+
+    recipe = load_recipe(TINY, [STUDENTS, "search.sparsities=[0.5, 0.9]"])
+    rungs = ladders(recipe, (4,), 2)
+    lines: list[str] = []
+    clock = SearchClock(rungs, lines.append, started=search_module.time.monotonic() - 30.0)
+    assert lines[0].startswith("[search] 7 rungs in 2 families") and "bisection plays about 5" in lines[0]
+    first = Tried(name="student-16x16-qat-int8", family="student", estimated_bytes=1.0, outcome="kept", seconds=60.0,
+                  per_seed={"0": _outcome("within 1%", 1.0).model_copy(update={"build_seconds": 45.0,
+                                                                                 "play_seconds": 15.0})})
+    clock.played(first)
+    clock.played(first)  # the estimate is made once
+    assert len(lines) == 2 and "build 45 s, play 15 s" in lines[1]
+    assert clock.estimate == pytest.approx(30.0 + 4 * 60.0, abs=1.0)  # the time so far, then 4 more rungs like it
+    search = search_module.SearchSummary(objective="gzip_bytes", tolerance=0.01, winner=first.name, winner_objective=1.0,
+                                         front=[first.name], tried=[first],
+                                         cost=SearchCost(wall_seconds=300.0, candidates_played=1, units=1,
+                                                         estimated_seconds=clock.estimate, baseline_seconds=20.0,
+                                                         build_seconds=45.0, play_seconds=15.0, finish_seconds=30.0))
+    text = "\n".join(render_search_markdown(search))
+    assert "300 s wall (estimated 270 s; baselines 20 s, builds 45 s, plays 15 s, finishing 30 s)" in text
+    assert "| 45 / 15 |" in text
+
+
 def test_a_rung_that_cannot_beat_the_best_is_skipped_unplayed_and_the_budget_stops_the_search(tmp_path, monkeypatch):
     recipe = load_recipe(TINY, [STUDENTS, "search.sparsities=[0.1, 0.5, 0.9]"])
     families = ladders(recipe, (4,), 2)

@@ -25,8 +25,8 @@ from compress_dqn.evaluation.findings import Findings, findings, pareto_front
 from compress_dqn.evaluation.plots import make_plots, verdict_color
 from compress_dqn.evaluation.reasons import REASONS_NOTE, diagnosed_variants, reason_lines
 from compress_dqn.evaluation.serving import section as gpu_section
-from compress_dqn.evaluation.results import (RunResults, SearchSummary, SeedOutcome, SeedsResults, TrainFigures,
-                                             VariantResult, load_results)
+from compress_dqn.evaluation.results import RunResults, SeedsResults, TrainFigures, VariantResult, load_results
+from compress_dqn.evaluation.search_section import render_search_markdown
 from compress_dqn.evaluation.verdicts import keeps_return
 from compress_dqn.fileio import write_bytes_atomic, write_text_atomic
 
@@ -364,55 +364,6 @@ def render_aggregate_markdown(results: SeedsResults) -> str:
     if results.search:
         lines += [""] + render_search_markdown(results.search)
     return "\n".join(lines) + "\n"
-
-
-def render_search_markdown(search: SearchSummary) -> list[str]:
-    """The search section: winner, front, every candidate with why it was kept or dropped, cost."""
-    unit = {"gzip_bytes": "gzipped bytes", "params": "nonzero parameters", "latency": "TFLite p50 us"}[search.objective]
-    cost = search.cost
-    wide = search.tolerance > ONE_PERCENT
-    winner = (f"**{search.winner}** ({search.winner_objective:,.0f} {unit}, median over seeds)"
-              if search.winner else "**none** kept the return on every seed")
-    if wide and search.winner:
-        winner += _winner_at_one(search)
-    within = f"within {percent(search.tolerance)} of the baseline's lead" if wide else "within tolerance"
-    lines = [
-        f"## Search: the smallest policy {within} on every seed",
-        "",
-        f"- Winner: {winner}.",
-        f"- Front (objective vs mean normalized score, among the kept candidates): {', '.join(search.front) or 'none'}.",
-        f"- Cost: {cost.wall_seconds:,.0f} s wall, {cost.candidates_played} candidates played, "
-        f"{cost.units} (seed, candidate) units.",
-        "",
-        "| candidate | family | estimated weight bytes | outcome | objective (median) | per-seed verdicts (episodes) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for t in search.tried:
-        verdicts = ", ".join(f"{seed}: {_seed_verdict(o)}" for seed, o in t.per_seed.items()) or "-"
-        objective = f"{t.objective:,.0f}" if t.objective is not None else "-"
-        lines.append(f"| {t.name} | {t.family} | {t.estimated_bytes:,.0f} | {t.outcome} | {objective} | {verdicts} |")
-    lines += ["", "Each ladder is bisected for its smallest rung that keeps the return (a candidate is dropped at its "
-              "first losing seed; a rung whose weights alone outweigh the best kept policy is skipped unplayed)."]
-    return lines
-
-
-def _winner_at_one(search: SearchSummary) -> str:
-    """'; at 1%: seed 0 within 1% (12,800 episodes), seed 1 inconclusive (~40,000 episodes would decide it)'."""
-    winner = next((t for t in search.tried if t.name == search.winner), None)
-    states = [f"seed {seed} {at_one_state(o.at_one_percent, o.episodes)}"
-              for seed, o in (winner.per_seed.items() if winner else []) if o.at_one_percent is not None]
-    return f"; at 1%: {', '.join(states)}" if states else ""
-
-
-def _seed_verdict(outcome: SeedOutcome) -> str:
-    """'within 1% (400)'; an open verdict also says about how many episodes would decide it, and beside a
-    tolerance wider than 1%, the verdict at 1% ('within 5% (400; at 1%: inconclusive, ~4,000 to decide)')."""
-    text = f"{outcome.verdict} ({outcome.episodes:,}"
-    if outcome.episodes_to_decide:
-        text += f"; ~{outcome.episodes_to_decide:,} to decide"
-    if outcome.at_one_percent is not None:
-        text += f"; at 1%: {at_one_short(outcome.at_one_percent)}"
-    return text + ")"
 
 
 def write_report(run_dir: Path) -> list[Path]:

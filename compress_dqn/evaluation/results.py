@@ -217,7 +217,7 @@ class SeedAggregate(Record):
 class SeedOutcome(Record):
     """One (seed, candidate) unit of a search: the candidate's paired verdict on that seed and its objective."""
 
-    omit_none: ClassVar[frozenset[str]] = frozenset({"at_one_percent"})
+    omit_none: ClassVar[frozenset[str]] = frozenset({"at_one_percent", "build_seconds", "play_seconds"})
     verdict: str
     """The verdict's label ("within 1%"); `kind` is the Verdict."""
     episodes: int
@@ -229,6 +229,11 @@ class SeedOutcome(Record):
     objective: float
     at_one_percent: AtOnePercent | None = None
     """Set where eval.tolerance is wider than 1%: the verdict at 1% on the same episodes (Comparison.at_one_percent)."""
+    build_seconds: float | None = None
+    """The candidate's build on this seed, its candidates' selection episodes included (its variant record's);
+    None in files written before it was kept."""
+    play_seconds: float | None = None
+    """The looks that decided its verdict on this seed, in the process that played them."""
 
     @property
     def kind(self) -> Verdict | None:
@@ -242,23 +247,42 @@ class SeedOutcome(Record):
 class Tried(Record):
     """What the search learned about one candidate."""
 
+    omit_none: ClassVar[frozenset[str]] = frozenset({"seconds", "note"})
     name: str
     family: str
     estimated_bytes: float
     outcome: str
-    """kept (within tolerance on every seed), lost (a seed ruled it out), or skipped: why."""
+    """kept (within tolerance on every seed), lost (a seed decided it worse), inconclusive (no seed decided it
+    worse, one left it undecided at the episode cap), or skipped: why. Files written before "inconclusive" was
+    told apart call such a candidate lost."""
     per_seed: dict[str, SeedOutcome] = Field(default_factory=dict)
     """By training seed (as text, the JSON's key)."""
     objective: float | None = None
     """Median over the seeds played of the measured objective."""
+    seconds: float | None = None
+    """Wall seconds the search spent on it (its builds and plays on every seed played)."""
+    note: str | None = None
+    """For an inconclusive rung: what the search did about it (run.search.bisect_family)."""
 
 
 class SearchCost(Record):
-    """What a search took."""
+    """What a search took, and where the time went."""
 
+    omit_none: ClassVar[frozenset[str]] = frozenset(
+        {"estimated_seconds", "baseline_seconds", "build_seconds", "play_seconds", "finish_seconds"})
     wall_seconds: float
     candidates_played: int
     units: int
+    estimated_seconds: float | None = None
+    """The whole search's wall time as estimated after its first rung was played (run.search.SearchClock)."""
+    baseline_seconds: float | None = None
+    """Each seed's baseline (trained, or brought and evaluated), before any candidate."""
+    build_seconds: float | None = None
+    """The candidates' builds, summed over seeds (their selection episodes included)."""
+    play_seconds: float | None = None
+    """The looks that decided the candidates' verdicts, summed over seeds."""
+    finish_seconds: float | None = None
+    """Each seed's run finished after the search: its listed variants, measures and report."""
 
 
 class SearchSummary(Record):

@@ -3,17 +3,21 @@
 The recipe's `search:` block names families of candidates (distilled students of decreasing
 width, the baseline pruned to increasing sparsity). Each family is a ladder ordered by size, and
 return is assumed not to grow as a rung shrinks, so the search bisects each ladder for its
-smallest rung that keeps the return: a kept rung sends it to the smaller half, a lost one to the
-larger half. A candidate is dropped as soon as one seed's paired verdict rules it out (later seeds
-are not played), and a rung whose estimated size cannot beat the best policy found so far is
-skipped unplayed. Every (seed, candidate) evaluation is a unit an executor runs on its own, so the
-local pool and Ray give the same results; search.json records finished candidates, and each
-seed's stages.json finished builds, so a killed search resumes without redoing them.
+smallest rung that keeps the return: a kept rung sends it to the smaller half, a rung decided
+worse to the larger half. A rung left undecided at the episode cap bounds nothing (its verdict is
+the dice's, not the policy's): the search goes on to the smaller rungs, each a fresh build, and
+comes back to the larger ones only if none of them keeps the return. A candidate is dropped as
+soon as one seed's paired verdict rules it out (later seeds are not played), and a rung whose
+estimated size cannot beat the best policy found so far is skipped unplayed. Every (seed,
+candidate) evaluation is a unit an executor runs on its own, so the local pool and Ray give the
+same results; search.json records finished candidates, and each seed's stages.json finished
+builds, so a killed search resumes without redoing them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -26,7 +30,7 @@ from compress_dqn.errors import UserError
 from compress_dqn.evaluation.findings import pareto_front
 from compress_dqn.evaluation.results import (SearchCost, SearchMark, SearchSummary, SeedOutcome, SeedsResults, Tried,
                                              load_results)
-from compress_dqn.evaluation.verdicts import paired_difference
+from compress_dqn.evaluation.verdicts import Verdict, paired_difference
 from compress_dqn.fileio import write_text_atomic
 from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig
 from compress_dqn.run.context import Stage, reopen_run, run_stages
@@ -42,8 +46,8 @@ from compress_dqn.store.layout import BASELINE, RunLayout
 from compress_dqn.store.manifest import PolicyFingerprint, run_fingerprint
 from compress_dqn.store.records import MeasureRecord, VariantRecord
 
-__all__ = ["Tried", "SeedOutcome", "SearchLog", "candidate_unit", "play_candidate", "bisect_family", "pareto_names",
-           "summary", "run_search", "search_fingerprint", "objective_value"]
+__all__ = ["Tried", "SeedOutcome", "SearchLog", "SearchClock", "candidate_unit", "play_candidate", "outcome_of",
+           "bisect_family", "pareto_names", "summary", "run_search", "search_fingerprint", "objective_value"]
 
 
 def objective_value(built: VariantRecord, measured: MeasureRecord | None, objective: str) -> float:
@@ -67,7 +71,10 @@ def candidate_unit(recipe: Recipe, seed_dir: str, variant: VariantConfig, quiet:
     if ctx.recipe.search.objective == "latency":
         stages.append(Stage(keys.measure(variant.name), lambda c: measure_stage(variant.name, c)))
     run_stages(ctx, stages)
+    started = time.perf_counter()
     played = decide(ctx, [variant.name], workers=look_workers)
+    play_seconds = round(time.perf_counter() - started, 1)
+    built = ctx.stages.get(keys.variant(variant.name), VariantRecord)
     episodes = played[variant.name]
     versus = paired_difference(episodes, played[BASELINE], ctx.recipe.eval.tolerance, played[RANDOM],
                                ctx.ranges.confidence)
@@ -77,9 +84,9 @@ def candidate_unit(recipe: Recipe, seed_dir: str, variant: VariantConfig, quiet:
     return SeedOutcome(verdict=versus.label, episodes=len(episodes), difference=versus.mean, ci=versus.ci,
                        margin=versus.margin, episodes_to_decide=versus.episodes_to_decide,
                        normalized_score=versus.normalized_score, at_one_percent=versus.at_one_percent,
-                       objective=objective_value(ctx.stages.get(keys.variant(variant.name), VariantRecord),
-                                                 ctx.stages.find(keys.measure(variant.name), MeasureRecord),
-                                                 ctx.recipe.search.objective))
+                       objective=objective_value(built, ctx.stages.find(keys.measure(variant.name), MeasureRecord),
+                                                 ctx.recipe.search.objective),
+                       build_seconds=built.compression.build_seconds, play_seconds=play_seconds)
 
 
 class SearchLog:
@@ -126,6 +133,7 @@ def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
     """Evaluate a candidate seed by seed (workers seeds at a time), stopping at the first seed
     whose verdict rules it out."""
     variant = candidate.variant
+    started = time.perf_counter()
     per_seed: dict[str, SeedOutcome] = {}
     for start in range(0, len(plan.seeds), plan.workers):
         chunk = plan.seeds[start:start + plan.workers]
@@ -138,12 +146,23 @@ def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
         per_seed.update({str(seed): outcome for (seed, _, _), outcome in zip(chunk, outcomes)})
         if not all(o.keeps_return for o in outcomes):
             break
-    kept = len(per_seed) == len(plan.seeds) and all(o.keeps_return for o in per_seed.values())
+    outcome = outcome_of(per_seed, len(plan.seeds))
+    seconds = round(time.perf_counter() - started, 1)
     verdicts = ", ".join(f"seed {s}: {o.verdict} ({o.episodes} ep)" for s, o in per_seed.items())
-    plan.log(f"[search] {candidate.variant.name}: {'kept' if kept else 'lost'} ({verdicts})")
+    plan.log(f"[search] {candidate.variant.name}: {outcome} ({verdicts}; {seconds:.0f} s)")
     return Tried(name=candidate.variant.name, family=candidate.family, estimated_bytes=candidate.estimated_bytes,
-                 outcome="kept" if kept else "lost", per_seed=per_seed,
+                 outcome=outcome, per_seed=per_seed, seconds=seconds,
                  objective=statistics.median(o.objective for o in per_seed.values()))
+
+
+def outcome_of(per_seed: dict[str, SeedOutcome], seeds: int) -> str:
+    """kept: within tolerance (or better) on every seed; lost: a seed decided it worse; inconclusive:
+    neither (a seed left it undecided at the episode cap)."""
+    if any(o.kind is Verdict.WORSE for o in per_seed.values()):
+        return "lost"
+    if len(per_seed) == seeds and all(o.keeps_return for o in per_seed.values()):
+        return "kept"
+    return "inconclusive"
 
 
 def _best(tried: dict[str, Tried]) -> Tried | None:
@@ -151,35 +170,119 @@ def _best(tried: dict[str, Tried]) -> Tried | None:
     return min(kept, key=lambda t: t.objective) if kept else None
 
 
-def bisect_family(rungs: list[Candidate], plan: _Plan, log: SearchLog, budget: Callable[[], str | None]) -> None:
-    """Smallest kept rung of one ladder (largest first), by bisection."""
-    lo, hi = 0, len(rungs) - 1
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        candidate = rungs[mid]
-        tried = log.tried.get(candidate.variant.name)
-        if tried is None:
-            best = _best(log.tried)
-            # Only the bytes objective has a bound to skip on: a rung whose weights, gzipped as
-            # tightly as int8 kernels have been seen to gzip, still outweigh the best kept policy
-            # cannot win, and the smaller half is where to look.
-            floor = candidate.estimated_bytes * GZIP_FLOOR
-            if best is not None and plan.recipe.search.objective == "gzip_bytes" and floor >= best.objective:
-                tried = log.record(Tried(name=candidate.variant.name, family=candidate.family,
-                                         estimated_bytes=candidate.estimated_bytes,
-                                         outcome=f"skipped: its weights alone ({candidate.estimated_bytes:,.0f} B, at "
-                                                 f"least ~{floor:,.0f} B gzipped) outweigh {best.name} "
-                                                 f"({best.objective:,.0f} B)"))
+def _try(candidate: Candidate, plan: _Plan, log: SearchLog, budget: Callable[[], str | None],
+         clock: SearchClock | None) -> Tried | None:
+    """A rung's outcome: from the log where it was tried, skipped where it cannot win, else played;
+    None where the budget is spent."""
+    tried = log.tried.get(candidate.variant.name)
+    if tried is not None:
+        return tried
+    best = _best(log.tried)
+    # Only the bytes objective has a bound to skip on: a rung whose weights, gzipped as
+    # tightly as int8 kernels have been seen to gzip, still outweigh the best kept policy
+    # cannot win, and the smaller half is where to look.
+    floor = candidate.estimated_bytes * GZIP_FLOOR
+    if best is not None and plan.recipe.search.objective == "gzip_bytes" and floor >= best.objective:
+        return log.record(Tried(name=candidate.variant.name, family=candidate.family,
+                                estimated_bytes=candidate.estimated_bytes,
+                                outcome=f"skipped: its weights alone ({candidate.estimated_bytes:,.0f} B, at "
+                                        f"least ~{floor:,.0f} B gzipped) outweigh {best.name} "
+                                        f"({best.objective:,.0f} B)"))
+    stop = budget()
+    if stop:
+        plan.log(f"[search] budget spent ({stop}): {candidate.variant.name} not played")
+        return None
+    tried = log.record(play_candidate(candidate, plan))
+    if clock is not None:
+        clock.played(tried)
+    return tried
+
+
+def bisect_family(rungs: list[Candidate], plan: _Plan, log: SearchLog, budget: Callable[[], str | None],
+                  clock: SearchClock | None = None) -> None:
+    """Smallest kept rung of one ladder (largest first), by bisection. A kept rung sends the search
+    to the smaller half, a rung decided worse to the larger half. An inconclusive rung bounds
+    nothing: the search goes on to the smaller half as past a kept one, and where no rung of the
+    family keeps the return in the end, it bisects the rungs larger than the largest inconclusive
+    one. So the family stops only at rungs decided worse, and its answer is the smallest rung
+    decided within the tolerance."""
+    names = [c.variant.name for c in rungs]
+    lo, hi, top = 0, len(rungs) - 1, len(rungs)
+    while True:
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            tried = _try(rungs[mid], plan, log, budget, clock)
+            if tried is None:
+                return
+            if tried.outcome == "lost":
+                hi = mid - 1
             else:
-                stop = budget()
-                if stop:
-                    plan.log(f"[search] budget spent ({stop}): {candidate.variant.name} not played")
-                    return
-                tried = log.record(play_candidate(candidate, plan))
-        if tried.outcome == "lost":
-            hi = mid - 1
+                lo = mid + 1
+        outcomes = [log.tried[n].outcome if n in log.tried else None for n in names]
+        undecided = [i for i, o in enumerate(outcomes) if o == "inconclusive"]
+        if "kept" in outcomes or not undecided or undecided[0] >= top:
+            break
+        top = undecided[0]
+        lo, hi = 0, top - 1
+    _note_undecided(names, plan, log)
+
+
+def _note_undecided(names: list[str], plan: _Plan, log: SearchLog) -> None:
+    """Say, for each inconclusive rung of a family, what the search did about it."""
+    tried = [log.tried[n] for n in names if n in log.tried]
+    kept = [t.name for t in tried if t.outcome == "kept"]
+    cap = plan.recipe.eval.max_episodes
+    for i, t in enumerate(tried):
+        if t.outcome != "inconclusive":
+            continue
+        episodes = max(o.episodes for o in t.per_seed.values())
+        more = (f"undecided after {episodes:,} episodes" +
+                (" (the cap, eval.max_episodes: raise it and rerun to decide it)" if cap and episodes >= cap else ""))
+        smaller = [n for n in kept if names.index(n) > names.index(t.name)]
+        if smaller:
+            then = f"the smaller {smaller[-1]} kept the return"
+        elif kept:
+            then = f"no smaller rung kept the return; the larger {kept[-1]} did"
         else:
-            lo = mid + 1
+            then = "no rung of its family kept the return"
+        log.record(t.model_copy(update={"note": f"{more}; passed over: the search went on to smaller rungs, "
+                                                f"and {then}"}))
+
+
+class SearchClock:
+    """Where a search's time goes, and its estimate: after the first rung is played, the rungs a
+    bisection of every ladder plays (ceil(log2(rungs + 1)) a family) times that rung's seconds (its
+    candidates' builds and its looks), on top of the time already spent."""
+
+    def __init__(self, rungs: dict[str, list[Candidate]], log: Callable[[str], None], started: float) -> None:
+        self.started, self.log = started, log
+        self.expected = sum(math.ceil(math.log2(len(family) + 1)) for family in rungs.values())
+        self.most = sum(len(family) for family in rungs.values())
+        self.baseline_seconds: float | None = None
+        self.estimate: float | None = None
+        counts = sorted({c.variant.candidates.count for f in rungs.values() for c in f if c.variant.candidates})
+        builds = f", each student the best of {'/'.join(map(str, counts))} builds" if counts else ""
+        log(f"[search] {self.most} rungs in {len(rungs)} families{builds}: bisection plays about {self.expected} "
+            f"(all {self.most} at most); the time estimate follows the first one")
+
+    def baselines_done(self) -> None:
+        self.baseline_seconds = round(time.monotonic() - self.started, 1)
+
+    def played(self, tried: Tried) -> None:
+        if self.estimate is not None or not tried.per_seed or tried.seconds is None:
+            return
+        elapsed = time.monotonic() - self.started
+        self.estimate = round(elapsed + max(self.expected - 1, 0) * tried.seconds, 1)
+        build = sum(o.build_seconds or 0.0 for o in tried.per_seed.values())
+        play = sum(o.play_seconds or 0.0 for o in tried.per_seed.values())
+        self.log(f"[search] estimate: ~{_minutes(self.estimate)} in all, before the seeds' runs are finished "
+                 f"({_minutes(elapsed)} so far; {tried.name} took {tried.seconds:.0f} s: build {build:.0f} s, "
+                 f"play {play:.0f} s; ~{self.expected} rungs by bisection, up to {self.most} if rungs stay "
+                 f"undecided: ~{_minutes(elapsed + max(self.most - 1, 0) * tried.seconds)})")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def pareto_names(tried: dict[str, Tried], seeds: int) -> list[str]:
@@ -202,10 +305,11 @@ def _budget(search: SearchConfig, log: SearchLog, started: float) -> Callable[[]
     return spent
 
 
-def summary(recipe: Recipe, log: SearchLog, seconds: float) -> SearchSummary:
+def summary(recipe: Recipe, log: SearchLog, seconds: float, clock: SearchClock | None = None) -> SearchSummary:
     """results.json's search object: the winner, the front, every candidate and why it was dropped."""
     best = _best(log.tried)
     played = [t for t in log.tried.values() if t.per_seed]
+    outcomes = [o for t in played for o in t.per_seed.values()]
     return SearchSummary(
         objective=recipe.search.objective,
         tolerance=recipe.eval.tolerance,
@@ -214,7 +318,10 @@ def summary(recipe: Recipe, log: SearchLog, seconds: float) -> SearchSummary:
         front=pareto_names(log.tried, len(recipe.seeds or [recipe.seed])),
         tried=list(log.tried.values()),
         cost=SearchCost(wall_seconds=round(seconds, 1), candidates_played=len(played),
-                        units=sum(len(t.per_seed) for t in played)),
+                        units=sum(len(t.per_seed) for t in played),
+                        estimated_seconds=clock and clock.estimate, baseline_seconds=clock and clock.baseline_seconds,
+                        build_seconds=round(sum(o.build_seconds or 0.0 for o in outcomes), 1),
+                        play_seconds=round(sum(o.play_seconds or 0.0 for o in outcomes), 1)),
     )
 
 
@@ -239,13 +346,15 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     plan = _Plan([(one.seed, one.recipe, str(one.layout.root)) for one in opened.seeds], recipe, workers,
                  opened.quiet, log)
     log(f"[search] training {len(plan.seeds)} baseline(s) on {recipe.executor}, {workers} at a time")
+    rungs = ladders(recipe, opened.info.obs_shape, opened.info.n_actions)
+    clock = SearchClock(rungs, log, started)
     map_units(baseline_unit, [(one, d, plan.quiet) for _, one, d in plan.seeds], recipe.executor, workers, recipe.address)
+    clock.baselines_done()
 
     search_log = SearchLog(opened.layout.search_log)
-    rungs = ladders(recipe, opened.info.obs_shape, opened.info.n_actions)
     for family in rungs.values():
-        bisect_family(family, plan, search_log, _budget(recipe.search, search_log, started))
-    found = summary(recipe, search_log, time.monotonic() - started)
+        bisect_family(family, plan, search_log, _budget(recipe.search, search_log, started), clock)
+    found = summary(recipe, search_log, time.monotonic() - started, clock)
     log(f"[search] winner: {found.winner or 'none within tolerance on every seed'}")
 
     by_name = {c.variant.name: c.variant for family in rungs.values() for c in family}
@@ -255,11 +364,24 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
         played = [by_name[t.name] for t in search_log.tried.values() if str(seed) in t.per_seed and t.name not in listed]
         one = one.model_copy(update={"variants": [*one.variants, *played]})
         units.append((one, seed_dir, plan.quiet, SearchMark(winner=found.winner, objective=recipe.search.objective)))
+    finishing = time.monotonic()
     runs = map_units(finish_unit, units, recipe.executor, workers, recipe.address)
     search = found.model_copy(update={"cost": found.cost.model_copy(
-        update={"wall_seconds": round(time.monotonic() - started, 1)})})
+        update={"wall_seconds": round(time.monotonic() - started, 1),
+                "finish_seconds": round(time.monotonic() - finishing, 1)})})
+    log(f"[search] {_cost_line(search.cost)}")
     results = write_seeds_results(recipe, run_dir, runs, workers, opened.threads, search)
     return RunOutcome(run_dir=run_dir, results=results, resumed=opened.resumed)
+
+
+def _cost_line(cost: SearchCost) -> str:
+    """'done in 5.2 min (estimated 4.8 min): baselines 40 s, builds 150 s, plays 90 s, finishing 30 s'."""
+    estimated = f" (estimated {_minutes(cost.estimated_seconds)})" if cost.estimated_seconds is not None else ""
+    parts = [(name, getattr(cost, key)) for name, key in (("baselines", "baseline_seconds"), ("builds", "build_seconds"),
+                                                          ("plays", "play_seconds"), ("finishing", "finish_seconds"))]
+    return (f"done in {_minutes(cost.wall_seconds)}{estimated}: "
+            + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in parts if seconds is not None)
+            + " (builds and plays summed over seeds)")
 
 
 class SearchFingerprint(NamedTuple):
