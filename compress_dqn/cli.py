@@ -195,7 +195,7 @@ def _students(text: str) -> list[Any]:
 @main.command()
 @_byo_options
 @click.option("--objective", type=click.Choice(["gzip_bytes", "params", "latency"]), default="gzip_bytes", show_default=True)
-@click.option("--students", default="64x64,32x32,16x16,8x8", show_default=True,
+@click.option("--students", default="64x64,48x48,32x32,16x16,8x8", show_default=True,
               help="Students to try: hidden widths (32x32), conv layers first for images (c8k3-32); '' for none.")
 @click.option("--sparsities", default="0.8,0.9,0.95", show_default=True, help="Pruning targets to try ('' for none).")
 @click.option("--tolerance", type=click.FloatRange(0, 1, min_open=True), default=0.01, show_default=True,

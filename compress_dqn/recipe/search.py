@@ -27,7 +27,7 @@ class SearchConfig(StrictModel):
     """What "smallest" means: the gzipped .tflite bytes, the nonzero parameters, or the TFLite
     batch-1 p50 latency on this machine."""
     students: list[list[PositiveCount] | StudentConfig] = Field(
-        default_factory=lambda: [[64, 64], [32, 32], [16, 16], [8, 8]])
+        default_factory=lambda: [[64, 64], [48, 48], [32, 32], [16, 16], [8, 8]])
     """Students to try (distilled from the baseline): hidden widths, an MLP on the flattened
     observation ([32, 32]), or a network with conv layers for images ({conv: [{filters: 8,
     kernel: 3}], net_arch: [32]}); [] leaves students out."""
