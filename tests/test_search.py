@@ -152,14 +152,16 @@ def test_a_rung_that_cannot_beat_the_best_is_skipped_unplayed_and_the_budget_sto
     bisect_family(families["student"], _Plan(recipe), log, lambda: None)
     best = search_module._best(log.tried)
     assert best.name == "student-8x8-qat-int8"
-    # The baseline is [16, 16]: pruned 10% or 50%, its int8 weights gzipped at GZIP_FLOOR still
-    # outweigh an 8x8 int8 student (112 B); pruned 90% (122 B) they might not, so that rung plays.
+    # The baseline is [16, 16]: pruned 10% or 50%, its int8 weights gzipped at GZIP_FLOOR, and where
+    # they are (hidden_1's mask: 256 x H(0.5) bits), still outweigh an 8x8 int8 student (112 B);
+    # pruned 90% (122 B, and 15 B of mask) they might not, so that rung plays.
     monkeypatch.setattr(search_module, "play_candidate", lambda c, plan: (played.append(c.variant.name), Tried(
         name=c.variant.name, family=c.family, estimated_bytes=c.estimated_bytes, outcome="lost",
         per_seed={"0": _outcome("worse", 1e9)}, objective=1e9))[1])
     bisect_family(families["prune"], _Plan(recipe), log, lambda: None)
     outcomes = {t.name: t.outcome for t in log.tried.values() if t.family == "prune"}
-    assert outcomes["prune-50-int8"].startswith("skipped: its weights alone (224 B, at least ~112 B gzipped)")
+    assert outcomes["prune-50-int8"].startswith(
+        "skipped: its weights alone (224 B and 32 B of where they are, at least ~144 B gzipped)")
     assert outcomes["prune-90-int8"] == "lost" and [n for n in played if n.startswith("prune")] == ["prune-90-int8"]
 
     budget_log = SearchLog(tmp_path / "budget.json")

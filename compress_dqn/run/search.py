@@ -35,7 +35,7 @@ from compress_dqn.fileio import write_text_atomic
 from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig
 from compress_dqn.run.context import Stage, reopen_run, run_stages
 from compress_dqn.run.executors import cpu_count, map_units
-from compress_dqn.run.ladders import GZIP_FLOOR, Candidate, candidate_variants, ladders
+from compress_dqn.run.ladders import Candidate, candidate_variants, ladders
 from compress_dqn.run.looks import RANDOM, decide
 from compress_dqn.run.measuring import measure_stage
 from compress_dqn.run.rundir import RunOutcome
@@ -178,16 +178,17 @@ def _try(candidate: Candidate, plan: _Plan, log: SearchLog, budget: Callable[[],
     if tried is not None:
         return tried
     best = _best(log.tried)
-    # Only the bytes objective has a bound to skip on: a rung whose weights, gzipped as
-    # tightly as int8 kernels have been seen to gzip, still outweigh the best kept policy
-    # cannot win, and the smaller half is where to look.
-    floor = candidate.estimated_bytes * GZIP_FLOOR
+    # Only the bytes objective has a bound to skip on: a rung whose weights (and where a pruned
+    # one's are), gzipped as tightly as int8 kernels have been seen to gzip, still outweigh the
+    # best kept policy cannot win, and the smaller half is where to look.
+    floor = candidate.floor_bytes
     if best is not None and plan.recipe.search.objective == "gzip_bytes" and floor >= best.objective:
+        weights = f"{candidate.estimated_bytes:,.0f} B" + (
+            f" and {candidate.position_bytes:,.0f} B of where they are" if candidate.position_bytes else "")
         return log.record(Tried(name=candidate.variant.name, family=candidate.family,
                                 estimated_bytes=candidate.estimated_bytes,
-                                outcome=f"skipped: its weights alone ({candidate.estimated_bytes:,.0f} B, at "
-                                        f"least ~{floor:,.0f} B gzipped) outweigh {best.name} "
-                                        f"({best.objective:,.0f} B)"))
+                                outcome=f"skipped: its weights alone ({weights}, at least ~{floor:,.0f} B gzipped) "
+                                        f"outweigh {best.name} ({best.objective:,.0f} B)"))
     stop = budget()
     if stop:
         plan.log(f"[search] budget spent ({stop}): {candidate.variant.name} not played")
