@@ -405,6 +405,7 @@ def search_fingerprint(run_dir: Path) -> SearchFingerprint:
     found = results.search
     return SearchFingerprint(
         found.winner, found.front,
-        [t.model_dump(mode="json", include={"name", "outcome", "per_seed", "objective"}) for t in found.tried],
+        [t.model_dump(mode="json", include={"name", "outcome", "per_seed", "objective"},
+                      exclude={"per_seed": {"__all__": {"build_seconds", "play_seconds"}}}) for t in found.tried],
         {str(seed): run_fingerprint(layout.seed(seed).root) for seed in results.seeds},
     )
