@@ -6,7 +6,7 @@ from compress_dqn.evaluation.columns import at_one_short, at_one_state, percent
 from compress_dqn.evaluation.figures import ONE_PERCENT
 from compress_dqn.evaluation.results import SearchCost, SearchSummary, SeedOutcome, Tried
 
-__all__ = ["render_search_markdown"]
+__all__ = ["render_search_markdown", "time_parts"]
 
 
 def render_search_markdown(search: SearchSummary) -> list[str]:
@@ -44,13 +44,18 @@ def render_search_markdown(search: SearchSummary) -> list[str]:
     return lines
 
 
-def _cost_parts(cost: SearchCost) -> str:
-    """' (estimated 300 s; baselines 40 s, builds 150 s, plays 90 s, finishing 30 s)', for what was recorded."""
-    parts = [f"{name} {seconds:,.0f} s" for name, seconds in (
+def time_parts(cost: SearchCost) -> list[str]:
+    """['baselines 40 s', 'builds 150 s', 'plays 90 s', 'finishing 30 s'], for what was recorded
+    (the report's cost line and the search's last log line)."""
+    return [f"{name} {seconds:,.0f} s" for name, seconds in (
         ("baselines", cost.baseline_seconds), ("builds", cost.build_seconds), ("plays", cost.play_seconds),
         ("finishing", cost.finish_seconds)) if seconds is not None]
+
+
+def _cost_parts(cost: SearchCost) -> str:
+    """' (estimated 300 s; baselines 40 s, builds 150 s, plays 90 s, finishing 30 s)', for what was recorded."""
     estimated = [f"estimated {cost.estimated_seconds:,.0f} s"] if cost.estimated_seconds is not None else []
-    inner = "; ".join(x for x in (", ".join(estimated), ", ".join(parts)) if x)
+    inner = "; ".join(x for x in (", ".join(estimated), ", ".join(time_parts(cost))) if x)
     return f" ({inner})" if inner else ""
 
 

@@ -30,6 +30,7 @@ from compress_dqn.errors import UserError
 from compress_dqn.evaluation.findings import pareto_front
 from compress_dqn.evaluation.results import (SearchCost, SearchMark, SearchSummary, SeedOutcome, SeedsResults, Tried,
                                              load_results)
+from compress_dqn.evaluation.search_section import time_parts
 from compress_dqn.evaluation.verdicts import Verdict, paired_difference
 from compress_dqn.fileio import write_text_atomic
 from compress_dqn.recipe.schema import Recipe, SearchConfig, VariantConfig
@@ -378,10 +379,7 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
 def _cost_line(cost: SearchCost) -> str:
     """'done in 5.2 min (estimated 4.8 min): baselines 40 s, builds 150 s, plays 90 s, finishing 30 s'."""
     estimated = f" (estimated {_minutes(cost.estimated_seconds)})" if cost.estimated_seconds is not None else ""
-    parts = [(name, getattr(cost, key)) for name, key in (("baselines", "baseline_seconds"), ("builds", "build_seconds"),
-                                                          ("plays", "play_seconds"), ("finishing", "finish_seconds"))]
-    return (f"done in {_minutes(cost.wall_seconds)}{estimated}: "
-            + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in parts if seconds is not None)
+    return (f"done in {_minutes(cost.wall_seconds)}{estimated}: " + ", ".join(time_parts(cost))
             + " (builds and plays summed over seeds)")
 
 
