@@ -15,6 +15,8 @@ from compress_dqn.run.search import SearchLog, SeedOutcome, Tried, bisect_family
 from conftest import MINATAR, NO_TF_MEMORY, TINY
 
 STUDENTS = "search.students=[[64, 64], [32, 32], [16, 16], [8, 8], [4, 4]]"
+ONE_FORM = "search.student.fallback=null"
+"""A student rung in its QAT form only: what the bisection tests script."""
 
 
 def _fake_player(smallest_kept: int, played: list[str], sizes: dict[str, float]):
@@ -46,7 +48,7 @@ class _Plan:
     (4, ["student-16x16-qat-int8", "student-8x8-qat-int8", "student-4x4-qat-int8"]),
 ])
 def test_bisection_finds_the_smallest_kept_rung_in_log_steps(tmp_path, monkeypatch, smallest_kept, expected_played):
-    recipe = load_recipe(TINY, [STUDENTS, "search.objective=params"])
+    recipe = load_recipe(TINY, [STUDENTS, ONE_FORM, "search.objective=params"])
     (rungs,) = ladders(recipe, (4,), 2).values()
     assert [c.variant.name for c in rungs][0] == "student-64x64-qat-int8"  # largest first
     played: list[str] = []
@@ -92,7 +94,7 @@ def test_an_inconclusive_rung_does_not_bound_its_family(tmp_path, monkeypatch, v
     """Only a rung decided worse stops the descent; the winner is the smallest rung decided within (or better),
     and each undecided rung says what the search did about it. The first case fails on a bisection that takes
     an inconclusive rung for a lost one (it would stop at 32x32)."""
-    recipe = load_recipe(TINY, [STUDENTS, "search.objective=params", "eval.max_episodes=5"])
+    recipe = load_recipe(TINY, [STUDENTS, ONE_FORM, "search.objective=params", "eval.max_episodes=5"])
     (rungs,) = ladders(recipe, (4,), 2).values()
     played: list[str] = []
     sizes = {c.variant.name: c.estimated_bytes for c in rungs}
@@ -113,6 +115,46 @@ def test_an_inconclusive_rung_does_not_bound_its_family(tmp_path, monkeypatch, v
     monkeypatch.setattr(search_module, "map_units", _scripted_units(verdicts, again, sizes))
     bisect_family(rungs, plan, SearchLog(tmp_path / "search.json"), lambda: None)
     assert again == []
+
+
+def _scripted_forms(verdicts: dict[str, str], played: list[str], sizes: dict[str, float]):
+    """map_units for candidate units: each rung name's verdict on its one seed, as written (worse where unwritten)."""
+    def map_units(fn, units, executor, workers, address):
+        variant = units[0][2]
+        played.append(variant.name)
+        return [_outcome(verdicts.get(variant.name, "worse"), sizes[variant.name])]
+    return map_units
+
+
+@pytest.mark.parametrize("kept, expected_played, winner", [
+    # QAT int8 keeps the return down to 32x32 only, weight-only int8 down to 8x8: past 32x32 each rung plays
+    # its second form, and the family's answer is the weight-only 8x8.
+    (["student-64x64-qat-int8", "student-32x32-qat-int8", "student-16x16-weight-only", "student-8x8-weight-only"],
+     ["student-16x16-qat-int8", "student-16x16-weight-only", "student-8x8-qat-int8", "student-8x8-weight-only",
+      "student-4x4-qat-int8", "student-4x4-weight-only"], "student-8x8-weight-only"),
+    # Every QAT rung keeps it: no second form is built.
+    (["student-16x16-qat-int8", "student-8x8-qat-int8", "student-4x4-qat-int8"],
+     ["student-16x16-qat-int8", "student-8x8-qat-int8", "student-4x4-qat-int8"], "student-4x4-qat-int8"),
+    # Neither form keeps 16x16: back to the larger rungs, where 32x32 keeps it in QAT int8.
+    (["student-64x64-qat-int8", "student-32x32-qat-int8"],
+     ["student-16x16-qat-int8", "student-16x16-weight-only", "student-64x64-qat-int8", "student-32x32-qat-int8"],
+     "student-32x32-qat-int8"),
+])
+def test_a_rung_not_kept_in_int8_plays_its_weight_only_form(tmp_path, monkeypatch, kept, expected_played, winner):
+    """The student template's fallback (weight-only int8 by default) is built only where the QAT form is not kept,
+    and a rung counts as the better of its two forms."""
+    recipe = load_recipe(TINY, [STUDENTS, "search.objective=params"])
+    (rungs,) = ladders(recipe, (4,), 2).values()
+    second = rungs[2].fallback.variant
+    assert second.name == "student-16x16-weight-only" and second.quantize.mode == "weight_only"
+    assert second.fine_tune == rungs[2].variant.fine_tune and second.candidates == rungs[2].variant.candidates
+    sizes = {f.variant.name: f.estimated_bytes for c in rungs for f in (c, c.fallback)}
+    played: list[str] = []
+    monkeypatch.setattr(search_module, "map_units", _scripted_forms(dict.fromkeys(kept, "within 1%"), played, sizes))
+    plan = search_module._Plan([(0, recipe, "seed-0")], recipe, 1, True, lambda m: None)
+    bisect_family(rungs, plan, SearchLog(tmp_path / "search.json"), lambda: None)
+    assert played == expected_played
+    assert search_module._best(SearchLog(tmp_path / "search.json").tried).name == winner
 
 
 def test_the_search_estimates_its_time_from_the_first_rung_and_reports_where_it_went():
@@ -143,7 +185,7 @@ def test_the_search_estimates_its_time_from_the_first_rung_and_reports_where_it_
 
 
 def test_a_rung_that_cannot_beat_the_best_is_skipped_unplayed_and_the_budget_stops_the_search(tmp_path, monkeypatch):
-    recipe = load_recipe(TINY, [STUDENTS, "search.sparsities=[0.1, 0.5, 0.9]"])
+    recipe = load_recipe(TINY, [STUDENTS, ONE_FORM, "search.sparsities=[0.1, 0.5, 0.9]"])
     families = ladders(recipe, (4,), 2)
     played: list[str] = []
     sizes = {c.variant.name: c.estimated_bytes for c in families["student"]}

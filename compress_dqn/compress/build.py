@@ -69,6 +69,11 @@ class BuiltVariant:
         """Whether the TFLite file is converted from tflite_model() rather than export_model."""
         return self.input_normalization is not None or bool(self.quantize and self.quantize.action_head)
 
+    @property
+    def weight_only(self) -> bool:
+        """Whether the file's kernels are stored in int8 after a float conversion (quantize.mode weight_only)."""
+        return self.quantize is not None and self.quantize.mode == "weight_only"
+
     def tflite_model(self) -> tf_keras.Model:
         """The model the TFLite file is converted from: normalization folded in where there is one."""
         if self.normalized_model is not None:

@@ -180,7 +180,8 @@ def converter_setup(
 
     def configure(converter: tf.lite.TFLiteConverter) -> None:
         optimizations = []
-        if cfg is not None:
+        # weight_only converts in float: deploy.tflite.weight_only stores the kernels afterwards.
+        if cfg is not None and cfg.mode != "weight_only":
             optimizations.append(tf.lite.Optimize.DEFAULT)
             if cfg.mode == "float16":
                 converter.target_spec.supported_types = [tf.float16]

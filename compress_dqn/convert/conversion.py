@@ -25,6 +25,7 @@ from compress_dqn.deploy.litert.policy import TFLitePolicy
 from compress_dqn.deploy.tflite.file import TFLiteFile
 from compress_dqn.deploy.tflite.metadata import short_tensor_names
 from compress_dqn.deploy.tflite.reader import SIGNATURE
+from compress_dqn.deploy.tflite.weight_only import int8_weight_only
 from compress_dqn.envs.environment import EnvInfo
 from compress_dqn.envs.normalization import Normalization
 from compress_dqn.errors import UserError
@@ -120,6 +121,8 @@ class Conversion(Protocol):
 
     @property
     def converts_own_model(self) -> bool: ...
+    @property
+    def weight_only(self) -> bool: ...
     def tflite_model(self) -> tf_keras.Model: ...
     def converter(self, sparse: bool = False) -> Callable[[tf.lite.TFLiteConverter], None]: ...
 
@@ -130,7 +133,8 @@ def convert_policy(model: tf_keras.Model, info: EnvInfo, out: Path, built: Conve
 
     Both take raw observations. The TFLite file is converted from built.tflite_model(), which
     takes normalized observations where the variant has an input normalization (the file gets it
-    back as ops in front of its input: graph_input.carry_normalization), and chooses the
+    back as ops in front of its input: graph_input.carry_normalization), stores its kernels in int8
+    where it is weight-only (deploy.tflite.weight_only), and chooses the
     action on its own head where it has one (quantize.action_head). With built.try_sparse_format,
     the TFLite sparse weight format is kept only if it is smaller AND the runtime loads it and
     computes the same Q-values (XNNPACK cannot prepare every sparse layout).
@@ -146,6 +150,8 @@ def convert_policy(model: tf_keras.Model, info: EnvInfo, out: Path, built: Conve
 
         def convert(sparse: bool) -> bytes:  # decoded once, every edit in place, packed once
             model = converted(source, built.converter(sparse) if built is not None else None)
+            if built is not None and built.weight_only:
+                int8_weight_only(model)
             if built is not None and built.input_normalization is not None:
                 carry_normalization(model, built.input_normalization)
             float_q_values(model)  # argmax(q_values) is the action (deploy.tflite.outputs)

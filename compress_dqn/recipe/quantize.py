@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from compress_dqn.recipe.values import LearningRate, PositiveCount, QatTeacher, StrictModel, count_from
 
-QuantizeMode = Literal["dynamic", "float16", "int8", "int16x8", "qat"]
+QuantizeMode = Literal["dynamic", "float16", "int8", "int16x8", "qat", "weight_only"]
 QUANTIZE_MODES = get_args(QuantizeMode)
 
 MODE_ONLY: dict[str, tuple[str, ...]] = {
@@ -45,7 +45,9 @@ class QuantizeConfig(StrictModel):
 
     mode: QuantizeMode
     """dynamic: int8 weights; float16: fp16 weights; int8: full integer (calibrated on replay
-    observations); int16x8: int16 activations, int8 weights; qat: tfmot quantize_model + fine-tune."""
+    observations); int16x8: int16 activations, int8 weights; qat: tfmot quantize_model + fine-tune;
+    weight_only: every kernel in int8 (the output layer's in float16), widened to float at load, the
+    activations float (deploy.tflite.weight_only: where int8 activations cost a small student the return)."""
     calibration_samples: PositiveCount = 1000
     """Replay observations in the representative dataset (int8, int16x8)."""
     int8_io: bool = False

@@ -36,7 +36,7 @@ class VariantTemplate(StrictModel):
     def variant(self, **varied: Any) -> VariantConfig:
         """The variant a rung is: these settings and what it varies (a student, a prune target), unnamed."""
         try:
-            return VariantConfig.model_validate({**self.model_dump(), "name": "rung", **varied})
+            return VariantConfig.model_validate({**self.model_dump(exclude={"fallback"}), "name": "rung", **varied})
         except ValidationError as exc:
             raise ValueError(format_validation_error(exc, limit=1)) from None
 
@@ -64,10 +64,30 @@ class StudentTemplate(VariantTemplate):
     quantize: QuantizeConfig | None = Field(default_factory=lambda: QuantizeConfig(**SEARCH_QAT))
     """int8 after a quantization-aware fine-tune (its own steps, a smaller step size); null: float students."""
 
+    fallback: QuantizeConfig | None = Field(default_factory=lambda: QuantizeConfig(mode="weight_only"))
+    """Where a rung quantized as `quantize` loses the return or stays undecided, the same student is
+    built again quantized this way before the bisection moves on (the same distillation and
+    candidates), and the rung counts as the better of the two. By default weight-only int8 (float
+    activations): on the RL Zoo's DQN Acrobot every int8-activation student lost the return and
+    the weight-only one kept it (docs/zoo-search.md). A rung whose first form keeps the return
+    builds no second one. null: none."""
+
     def rung(self, student: StudentConfig) -> VariantConfig:
         return self.variant(student=student)
 
+    def fallback_rung(self, student: StudentConfig) -> VariantConfig | None:
+        """The student quantized as `fallback`, or None where there is no fallback or it is `quantize`'s mode."""
+        if (self.fallback is None or self.quantize is None or self.quantize.mode == self.fallback.mode
+                or self.cluster is not None):  # clusters survive quantization through their QAT only
+            return None
+        candidates = self.candidates and self.candidates.model_copy(update={"qat_teachers": None})
+        return self.variant(student=student, quantize=self.fallback.model_dump(),
+                            candidates=candidates and candidates.model_dump())
+
     def _check(self) -> None:
+        if self.fallback is not None and self.fallback.is_qat:
+            raise ValueError("fallback: quantization-aware int8 is what the students are built as first; give a "
+                             "post-training mode (weight_only, dynamic, float16) or null")
         qat = self.quantize is not None and self.quantize.is_qat
         if self.cluster is not None and not qat:
             raise ValueError("cluster: clustered students keep their clusters through quantization-aware int8; "
@@ -75,6 +95,7 @@ class StudentTemplate(VariantTemplate):
         if qat and self.quantize.kernel_bits and self.cluster is not None:
             raise ValueError(f"quantize.kernel_bits: {LOW_BIT_WITHOUT_CLUSTERING}; remove cluster or kernel_bits")
         self.rung(StudentConfig(net_arch=[1]))
+        self.fallback_rung(StudentConfig(net_arch=[1]))
 
 
 class PrunedTemplate(VariantTemplate):

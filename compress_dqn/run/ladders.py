@@ -17,7 +17,7 @@ import numpy as np
 
 from compress_dqn.recipe.schema import Recipe, SearchConfig, StudentConfig, VariantConfig
 
-_BYTES_PER_WEIGHT = {"qat": 1, "int8": 1, "dynamic": 1, "int16x8": 1, "float16": 2, None: 4}
+_BYTES_PER_WEIGHT = {"qat": 1, "int8": 1, "dynamic": 1, "int16x8": 1, "weight_only": 1, "float16": 2, None: 4}
 GZIP_FLOOR = 0.5
 """The least a weight byte has been seen to take gzipped: QAT'd int8 conv kernels do not fill a
 byte each (a MinAtar student's 16.8k int8 weights gzipped to 10.1 KB, docs/minatar.md), so an
@@ -45,6 +45,10 @@ class Candidate:
         pruned 90% and 95%, then int8, gzipped to 20,478 B and 14,940 B against floors of 7,558 B
         and 4,399 B (docs/zoo-search.md)."""
         return self.estimated_bytes * GZIP_FLOOR + self.position_bytes
+
+    fallback: Candidate | None = None
+    """The same rung in another form (a student's search.student.fallback), played where this one
+    is not kept; the rung counts as the better of the two."""
 
 
 def layer_weights(conv: list[Any], widths: list[int], obs_shape: tuple[int, ...], n_actions: int) -> dict[str, int]:
@@ -84,6 +88,8 @@ def _estimate(variant: VariantConfig, train: Any, obs_shape: tuple[int, ...], n_
     total = sum(w * per_weight[name] for name, w in weights.items())
     if variant.quantize and variant.quantize.float_head:  # the output layer's weights stay fp32
         total += weights["q_values"] * (_BYTES_PER_WEIGHT[None] - _BYTES_PER_WEIGHT[mode])
+    if mode == "weight_only":  # its output layer's in float16 (deploy.tflite.weight_only)
+        total += weights["q_values"] * (_BYTES_PER_WEIGHT["float16"] - _BYTES_PER_WEIGHT[mode])
     return float(total)
 
 
@@ -138,7 +144,8 @@ def variant_name(variant: VariantConfig) -> str:
         parts += ["float-heads"] * quantize.float_head + ["eq"] * quantize.equalize
         parts += ["self"] * (quantize.qat_teacher == "float")
     elif quantize:
-        parts.append(quantize.mode if parts else f"ptq-{quantize.mode}")
+        mode = quantize.mode.replace("_", "-")
+        parts.append(mode if parts else f"ptq-{mode}")
     return "-".join(parts)
 
 
@@ -160,18 +167,33 @@ def _families(search: SearchConfig) -> dict[str, list[VariantConfig]]:
             "quantize": [_named(v) for v in quantized]}
 
 
+def _fallbacks(search: SearchConfig) -> dict[str, VariantConfig]:
+    """Each student rung's second form by the rung's name, where the template has one."""
+    out = {}
+    for entry in search.students:
+        second = search.student.fallback_rung(_student(entry))
+        if second is not None:
+            out[variant_name(search.student.rung(_student(entry)))] = _named(second)
+    return out
+
+
 def candidate_variants(search: SearchConfig) -> list[VariantConfig]:
     """Every candidate the search may build, as the variant it is built as."""
-    return [v for variants in _families(search).values() for v in variants]
+    return [v for variants in _families(search).values() for v in variants] + list(_fallbacks(search).values())
 
 
 def ladders(recipe: Recipe, obs_shape: tuple[int, ...], n_actions: int) -> dict[str, list[Candidate]]:
     """Each family's candidates, largest first (by estimated weight bytes)."""
-    families = _families(recipe.search)
+    families, second = _families(recipe.search), _fallbacks(recipe.search)
     out = {}
+
+    def candidate(family: str, v: VariantConfig) -> Candidate:
+        return Candidate(family, v, _estimate(v, recipe.train, tuple(obs_shape), n_actions),
+                         _position_bytes(v, recipe.train, tuple(obs_shape), n_actions),
+                         candidate(family, second[v.name]) if v.name in second else None)
+
     for family, variants in families.items():
-        rungs = [Candidate(family, v, _estimate(v, recipe.train, tuple(obs_shape), n_actions),
-                           _position_bytes(v, recipe.train, tuple(obs_shape), n_actions)) for v in variants]
+        rungs = [candidate(family, v) for v in variants]
         if rungs:
             out[family] = sorted(rungs, key=lambda c: -c.estimated_bytes)
     return out

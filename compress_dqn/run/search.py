@@ -200,51 +200,81 @@ def _try(candidate: Candidate, plan: _Plan, log: SearchLog, budget: Callable[[],
     return tried
 
 
+_RANK = {"lost": 0, "inconclusive": 1, "kept": 3}
+"""How a rung's two forms compare: a kept one wins; a skipped one (it cannot beat the best) ranks 2."""
+
+
+def _rank(tried: Tried) -> int:
+    return _RANK.get(tried.outcome, 2)
+
+
+def _try_rung(candidate: Candidate, plan: _Plan, log: SearchLog, budget: Callable[[], str | None],
+              clock: SearchClock | None) -> Tried | None:
+    """A rung's outcome: its first form's, or where that is not kept and the rung has a second form
+    (Candidate.fallback), the better of the two. None where the budget is spent."""
+    tried = _try(candidate, plan, log, budget, clock)
+    if tried is None or candidate.fallback is None or tried.outcome not in ("lost", "inconclusive"):
+        return tried
+    second = _try(candidate.fallback, plan, log, budget, clock)
+    return None if second is None else max((tried, second), key=_rank)
+
+
+def _rung_outcome(candidate: Candidate, log: SearchLog) -> str | None:
+    """The better outcome of a rung's forms in the log, or None where neither was tried."""
+    forms = [log.tried.get(c.variant.name) for c in (candidate, candidate.fallback) if c is not None]
+    tried = [t for t in forms if t is not None]
+    return max(tried, key=_rank).outcome if tried else None
+
+
 def bisect_family(rungs: list[Candidate], plan: _Plan, log: SearchLog, budget: Callable[[], str | None],
                   clock: SearchClock | None = None) -> None:
     """Smallest kept rung of one ladder (largest first), by bisection. A kept rung sends the search
-    to the smaller half, a rung decided worse to the larger half. An inconclusive rung bounds
-    nothing: the search goes on to the smaller half as past a kept one, and where no rung of the
-    family keeps the return in the end, it bisects the rungs larger than the largest inconclusive
-    one. So the family stops only at rungs decided worse, and its answer is the smallest rung
-    decided within the tolerance."""
-    names = [c.variant.name for c in rungs]
+    to the smaller half, a rung decided worse to the larger half; a rung with a second form
+    (Candidate.fallback) plays it where the first is not kept, and counts as the better of the two.
+    An inconclusive rung bounds nothing: the search goes on to the smaller half as past a kept one,
+    and where no rung of the family keeps the return in the end, it bisects the rungs larger than
+    the largest inconclusive one. So the family stops only at rungs decided worse, and its answer
+    is the smallest rung decided within the tolerance."""
     lo, hi, top = 0, len(rungs) - 1, len(rungs)
     while True:
         while lo <= hi:
             mid = (lo + hi) // 2
-            tried = _try(rungs[mid], plan, log, budget, clock)
+            tried = _try_rung(rungs[mid], plan, log, budget, clock)
             if tried is None:
                 return
             if tried.outcome == "lost":
                 hi = mid - 1
             else:
                 lo = mid + 1
-        outcomes = [log.tried[n].outcome if n in log.tried else None for n in names]
+        outcomes = [_rung_outcome(c, log) for c in rungs]
         undecided = [i for i, o in enumerate(outcomes) if o == "inconclusive"]
         if "kept" in outcomes or not undecided or undecided[0] >= top:
             break
         top = undecided[0]
         lo, hi = 0, top - 1
-    _note_undecided(names, plan, log)
+    _note_undecided(rungs, plan, log)
 
 
-def _note_undecided(names: list[str], plan: _Plan, log: SearchLog) -> None:
-    """Say, for each inconclusive rung of a family, what the search did about it."""
-    tried = [log.tried[n] for n in names if n in log.tried]
-    kept = [t.name for t in tried if t.outcome == "kept"]
+def _note_undecided(rungs: list[Candidate], plan: _Plan, log: SearchLog) -> None:
+    """Say, for each inconclusive form of a family's rungs, what the search did about it."""
+    forms = [(i, c) for i, rung in enumerate(rungs) for c in (rung, rung.fallback) if c is not None]
+    tried = [(i, log.tried[c.variant.name]) for i, c in forms if c.variant.name in log.tried]
+    kept = [(i, t.name) for i, t in tried if t.outcome == "kept"]
     cap = plan.recipe.eval.max_episodes
-    for i, t in enumerate(tried):
+    for at, t in tried:
         if t.outcome != "inconclusive":
             continue
         episodes = max(o.episodes for o in t.per_seed.values())
         more = (f"undecided after {episodes:,} episodes" +
                 (" (the cap, eval.max_episodes: raise it and rerun to decide it)" if cap and episodes >= cap else ""))
-        smaller = [n for n in kept if names.index(n) > names.index(t.name)]
-        if smaller:
+        same = [n for i, n in kept if i == at]
+        smaller = [n for i, n in kept if i > at]
+        if same:
+            then = f"its other form {same[0]} kept the return"
+        elif smaller:
             then = f"the smaller {smaller[-1]} kept the return"
         elif kept:
-            then = f"no smaller rung kept the return; the larger {kept[-1]} did"
+            then = f"no smaller rung kept the return; the larger {kept[-1][1]} did"
         else:
             then = "no rung of its family kept the return"
         log.record(t.model_copy(update={"note": f"{more}; passed over: the search went on to smaller rungs, "
@@ -259,13 +289,15 @@ class SearchClock:
     def __init__(self, rungs: dict[str, list[Candidate]], log: Callable[[str], None], started: float) -> None:
         self.started, self.log = started, log
         self.expected = sum(math.ceil(math.log2(len(family) + 1)) for family in rungs.values())
-        self.most = sum(len(family) for family in rungs.values())
+        seconds = sum(1 for family in rungs.values() for c in family if c.fallback is not None)
+        self.most = sum(len(family) for family in rungs.values()) + seconds
         self.baseline_seconds: float | None = None
         self.estimate: float | None = None
         counts = sorted({c.variant.candidates.count for f in rungs.values() for c in f if c.variant.candidates})
         builds = f", each student the best of {'/'.join(map(str, counts))} builds" if counts else ""
-        log(f"[search] {self.most} rungs in {len(rungs)} families{builds}: bisection plays about {self.expected} "
-            f"(all {self.most} at most); the time estimate follows the first one")
+        forms = f", a rung not kept builds its second form (up to {seconds})" if seconds else ""
+        log(f"[search] {self.most - seconds} rungs in {len(rungs)} families{builds}{forms}: bisection plays about "
+            f"{self.expected} (all {self.most} at most); the time estimate follows the first one")
 
     def baselines_done(self) -> None:
         self.baseline_seconds = round(time.monotonic() - self.started, 1)
@@ -359,7 +391,7 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     found = summary(recipe, search_log, time.monotonic() - started, clock)
     log(f"[search] winner: {found.winner or 'none within tolerance on every seed'}")
 
-    by_name = {c.variant.name: c.variant for family in rungs.values() for c in family}
+    by_name = {f.variant.name: f.variant for family in rungs.values() for c in family for f in (c, c.fallback) if f}
     units = []
     listed = {v.name for v in recipe.variants}  # a candidate listed as a variant too is built once
     for seed, one, seed_dir in plan.seeds:

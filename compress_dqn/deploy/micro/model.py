@@ -190,7 +190,7 @@ def failure_reason(lines: list[str], exc: Exception) -> str:
         detail = re.sub(r"^\S+\.cc:\d+ ", "", detail)
         hint = ""
         if "filter type" in detail or "DEQUANTIZE" == op:
-            hint = " (dynamic-range and float16 models do not run on TFLM: use quantize: {mode: int8} or fp32)"
+            hint = " (dynamic-range, weight-only and float16 models do not run on TFLM: use quantize: {mode: int8} or fp32)"
         return f"TFLite Micro cannot prepare op {op}: {detail}{hint}".rstrip(": ")
     return text[-1] if text else str(exc).splitlines()[0]
 
