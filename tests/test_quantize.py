@@ -322,3 +322,42 @@ def test_equalizing_the_units_that_feed_float_heads_keeps_the_q_values_and_gives
     rung = VariantConfig(name="x", prune={"sparsity": 0.95},
                          quantize={"mode": "qat", "float_head": True, "equalize": True})
     assert variant_name(rung) == "prune-95-qat-int8-float-heads-eq"  # a search keys its builds by this name
+
+
+def test_weight_only_stores_every_kernel_in_int8_and_computes_in_float(trained_tiny, tmp_path):
+    """weight_only: every kernel int8 with a scale per unit, the output layers' float16, each behind a DEQUANTIZE;
+    the file is smaller than dynamic range's (which keeps kernels under 1,024 weights in float32: all of these),
+    plays the float model's actions, and the C and ONNX exports read its widened kernels."""
+    import gzip
+
+    from compress_dqn.deploy.tflite.file import TFLiteFile
+    from compress_dqn.deploy.tflite.graph import read_policy_graph
+
+    path, built = tflite_for(trained_tiny, tmp_path / "weight-only", quantize={"mode": "weight_only"})
+    dynamic, _ = tflite_for(trained_tiny, tmp_path / "dynamic", quantize={"mode": "dynamic"})
+    model = TFLiteFile.read(path)
+    schema, graph = model.schema, model.graph
+    kinds = {int(op.outputs[0]): (model.builtin(op), [graph.tensors[int(i)] for i in op.inputs]) for op in graph.operators}
+    layers = [op for op in graph.operators if model.builtin(op) == schema.BuiltinOperator.FULLY_CONNECTED]
+    stored = []
+    for op in layers:
+        kind, (constant,) = kinds[int(op.inputs[1])]  # the kernel is computed, by a DEQUANTIZE of one constant
+        assert kind == schema.BuiltinOperator.DEQUANTIZE and graph.tensors[int(op.inputs[1])].type == schema.TensorType.FLOAT32
+        stored.append(constant.type)
+        if constant.type == schema.TensorType.INT8:
+            assert len(constant.quantization.scale) == constant.shape[0] and not np.any(constant.quantization.zeroPoint)
+    assert stored.count(schema.TensorType.FLOAT16) == 2 and stored.count(schema.TensorType.INT8) == len(layers) - 2
+    kernel_bytes = sum(len(model.model.buffers[t.buffer].data) for t in graph.tensors
+                       if t.type in (schema.TensorType.INT8, schema.TensorType.FLOAT16) and t.buffer)
+    weights = sum(k.size for k in dense_kernels(built.export_model).values())
+    assert kernel_bytes < 1.3 * weights  # a byte a weight (two in the small output layers), not float32's four
+    assert len(gzip.compress(path.read_bytes())) < len(gzip.compress(dynamic.read_bytes()))
+    assert agreement(path, trained_tiny) > 0.95
+    _, result = trained_tiny
+    obs = result.replay.gather(result.replay.sample_indices(200)).observations
+    q = TFLitePolicy(path).q_values(obs)
+    assert np.allclose(q, result.model(obs).numpy(), atol=0.02 * np.abs(q).max())  # float arithmetic on rounded weights
+    read = read_policy_graph(path)
+    assert [op.kind for op in read.ops].count("FULLY_CONNECTED") == len(layers)
+    assert all(op.inputs[1].value is not None and op.inputs[1].value.dtype == np.float32
+               for op in read.ops if op.kind == "FULLY_CONNECTED")

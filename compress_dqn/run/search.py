@@ -289,14 +289,14 @@ class SearchClock:
     def __init__(self, rungs: dict[str, list[Candidate]], log: Callable[[str], None], started: float) -> None:
         self.started, self.log = started, log
         self.expected = sum(math.ceil(math.log2(len(family) + 1)) for family in rungs.values())
-        seconds = sum(1 for family in rungs.values() for c in family if c.fallback is not None)
-        self.most = sum(len(family) for family in rungs.values()) + seconds
+        second_forms = sum(1 for family in rungs.values() for c in family if c.fallback is not None)
+        self.most = sum(len(family) for family in rungs.values()) + second_forms
         self.baseline_seconds: float | None = None
         self.estimate: float | None = None
         counts = sorted({c.variant.candidates.count for f in rungs.values() for c in f if c.variant.candidates})
         builds = f", each student the best of {'/'.join(map(str, counts))} builds" if counts else ""
-        forms = f", a rung not kept builds its second form (up to {seconds})" if seconds else ""
-        log(f"[search] {self.most - seconds} rungs in {len(rungs)} families{builds}{forms}: bisection plays about "
+        forms = f", a rung not kept builds its second form (up to {second_forms})" if second_forms else ""
+        log(f"[search] {self.most - second_forms} rungs in {len(rungs)} families{builds}{forms}: bisection plays about "
             f"{self.expected} (all {self.most} at most); the time estimate follows the first one")
 
     def baselines_done(self) -> None:
