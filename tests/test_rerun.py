@@ -128,7 +128,8 @@ def test_a_changed_search_keeps_the_baseline_and_rebuilds_only_candidates_it_red
     assert (run_dir / "variants" / "student-8-qat-int8").exists()
     assert not (run_dir / "variants" / "student-16-qat-int8").exists() and not (run_dir / "search.json").exists()
     assert set(json.loads((run_dir / "stages.json").read_text())) == {"train", "variant:student-8-qat-int8"}
-    assert logs[-1].endswith("new: student-4-qat-int8; rebuilt or dropped: student-16-qat-int8")  # not rungs never built
+    # not rungs never built (student-16's weight-only form), and the new rung's second form with it
+    assert logs[-1].endswith("new: student-4-qat-int8, student-4-weight-only; rebuilt or dropped: student-16-qat-int8")
     assert prepare_run_dir(load_recipe(TINY, ["search.students=[[8], [4]]", "search.qat_steps=99"]), run_dir)
     assert not (run_dir / "variants" / "student-8-qat-int8").exists()  # its QAT changed
     with pytest.raises(UserError, match="train.gamma"):

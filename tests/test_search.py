@@ -148,6 +148,9 @@ def test_a_rung_not_kept_in_int8_plays_its_weight_only_form(tmp_path, monkeypatc
     second = rungs[2].fallback.variant
     assert second.name == "student-16x16-weight-only" and second.quantize.mode == "weight_only"
     assert second.fine_tune == rungs[2].variant.fine_tune and second.candidates == rungs[2].variant.candidates
+    for first in ("float16", "dynamic"):  # float activations already: no second form
+        floats = load_recipe(TINY, [STUDENTS, f"search.student.quantize={{mode: {first}}}"])
+        assert all(c.fallback is None for c in ladders(floats, (4,), 2)["student"])
     sizes = {f.variant.name: f.estimated_bytes for c in rungs for f in (c, c.fallback)}
     played: list[str] = []
     monkeypatch.setattr(search_module, "map_units", _scripted_forms(dict.fromkeys(kept, "within 1%"), played, sizes))

@@ -21,7 +21,7 @@ class _Normalized:
     """A float conversion behind an input normalization: every edit of the export path runs on it
     (short tensor names, normalization ops in the graph, float q_values, the action from q_values)."""
 
-    converts_own_model, try_sparse_format = True, False
+    converts_own_model, try_sparse_format, weight_only = True, False, False
 
     def __init__(self, model, features: int) -> None:
         self.model = model

@@ -50,6 +50,9 @@ class VariantTemplate(StrictModel):
         return self
 
 
+INTEGER_ACTIVATIONS = ("qat", "int8", "int16x8")
+"""The quantization modes that round activations to a fixed integer range: where a student's
+`fallback` form is built."""
 SEARCH_QAT = {"mode": "qat", "qat_steps": 5_000, "qat_learning_rate": 1e-4}
 """The search's QAT unless told otherwise: a quarter of the students' distillation, at a tenth of its step size."""
 PRUNE_DENSE = [layer_names.hidden(0), layer_names.OUTPUT]
@@ -65,19 +68,21 @@ class StudentTemplate(VariantTemplate):
     """int8 after a quantization-aware fine-tune (its own steps, a smaller step size); null: float students."""
 
     fallback: QuantizeConfig | None = Field(default_factory=lambda: QuantizeConfig(mode="weight_only"))
-    """Where a rung quantized as `quantize` loses the return or stays undecided, the same student is
-    built again quantized this way before the bisection moves on (the same distillation and
-    candidates), and the rung counts as the better of the two. By default weight-only int8 (float
-    activations): on the RL Zoo's DQN Acrobot every int8-activation student lost the return and
-    the weight-only one kept it (docs/zoo-search.md). A rung whose first form keeps the return
-    builds no second one. null: none."""
+    """Where a rung quantized as `quantize` with integer activations (qat, int8, int16x8) loses the
+    return or stays undecided, the same student is built again quantized this way before the
+    bisection moves on (the same distillation and candidates), and the rung counts as the better of
+    the two. By default weight-only int8 (float activations): on the RL Zoo's MountainCar and Acrobot
+    agents, students that lost the return or stayed undecided in QAT int8 kept it weight-only (QR-DQN
+    MountainCar's 16x16, DQN Acrobot's 64x64: docs/zoo-search.md). A rung whose first form keeps the
+    return builds no second one. null: none (every student full-integer, as TFLite Micro needs)."""
 
     def rung(self, student: StudentConfig) -> VariantConfig:
         return self.variant(student=student)
 
     def fallback_rung(self, student: StudentConfig) -> VariantConfig | None:
-        """The student quantized as `fallback`, or None where there is no fallback or it is `quantize`'s mode."""
-        if (self.fallback is None or self.quantize is None or self.quantize.mode == self.fallback.mode
+        """The student quantized as `fallback`, or None where there is no fallback, where `quantize`
+        leaves the activations float (nothing for a second form to undo) or clusters it."""
+        if (self.fallback is None or self.quantize is None or self.quantize.mode not in INTEGER_ACTIVATIONS
                 or self.cluster is not None):  # clusters survive quantization through their QAT only
             return None
         candidates = self.candidates and self.candidates.model_copy(update={"qat_teachers": None})
