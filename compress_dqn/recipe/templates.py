@@ -6,7 +6,7 @@ for its settings (run.ladders.variant_name). The templates' defaults are the sea
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -27,6 +27,9 @@ class VariantTemplate(StrictModel):
     this variant with what its family varies, named for its settings (run.ladders.variant_name). A
     key given replaces that key's default whole."""
 
+    FAMILY_KEYS: ClassVar[tuple[str, ...]] = ()
+    """Keys of how a family plays its rungs, not of the variant a rung is."""
+
     fine_tune: FineTuneConfig | None = None
     quantize: QuantizeConfig | None = None
     cluster: ClusterConfig | None = None
@@ -36,7 +39,7 @@ class VariantTemplate(StrictModel):
     def variant(self, **varied: Any) -> VariantConfig:
         """The variant a rung is: these settings and what it varies (a student, a prune target), unnamed."""
         try:
-            return VariantConfig.model_validate({**self.model_dump(exclude={"fallback"}), "name": "rung", **varied})
+            return VariantConfig.model_validate({**self.model_dump(exclude=set(self.FAMILY_KEYS)), "name": "rung", **varied})
         except ValidationError as exc:
             raise ValueError(format_validation_error(exc, limit=1)) from None
 
@@ -66,6 +69,8 @@ class StudentTemplate(VariantTemplate):
     """The distillation."""
     quantize: QuantizeConfig | None = Field(default_factory=lambda: QuantizeConfig(**SEARCH_QAT))
     """int8 after a quantization-aware fine-tune (its own steps, a smaller step size); null: float students."""
+
+    FAMILY_KEYS: ClassVar[tuple[str, ...]] = ("fallback",)
 
     fallback: QuantizeConfig | None = Field(default_factory=lambda: QuantizeConfig(mode="weight_only"))
     """Where a rung quantized as `quantize` with integer activations (qat, int8, int16x8) loses the

@@ -170,10 +170,10 @@ def _families(search: SearchConfig) -> dict[str, list[VariantConfig]]:
 def _fallbacks(search: SearchConfig) -> dict[str, VariantConfig]:
     """Each student rung's second form by the rung's name, where the template has one."""
     out = {}
-    for entry in search.students:
-        second = search.student.fallback_rung(_student(entry))
+    for student in map(_student, search.students):
+        second = search.student.fallback_rung(student)
         if second is not None:
-            out[variant_name(search.student.rung(_student(entry)))] = _named(second)
+            out[variant_name(search.student.rung(student))] = _named(second)
     return out
 
 

@@ -39,6 +39,13 @@ class TFLiteFile:
         """The file's bytes: packed once after edits, or the source bytes where no edit changed anything."""
         return pack(self.model, len(self.source) + extra) if self.edited else self.source
 
+    def add_buffer(self, data: bytes) -> int:
+        """A new buffer holding `data`; returns its index (what a constant tensor or metadata entry names)."""
+        buffer = self.schema.BufferT()
+        buffer.data = np.frombuffer(data, dtype=np.uint8)
+        self.model.buffers.append(buffer)
+        return len(self.model.buffers) - 1
+
     @property
     def graph(self) -> Any:
         """The first (a policy's only) subgraph."""

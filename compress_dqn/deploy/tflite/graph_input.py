@@ -55,8 +55,8 @@ def normalization_ops(model: TFLiteFile, normalization: Normalization) -> None:
     first = len(graph.tensors)  # inner tensors named by index, as tflite_metadata.short_tensor_names does
     raw = _tensor(schema, x, x.name, buffer=0)
     centered = _tensor(schema, x, f"t{first + 1}".encode(), buffer=0)
-    mean_t = _constant(schema, fb, mean, f"t{first + 2}".encode())
-    std_t = _constant(schema, fb, std, f"t{first + 3}".encode())
+    mean_t = _constant(model, mean, f"t{first + 2}".encode())
+    std_t = _constant(model, std, f"t{first + 3}".encode())
     x.name = f"t{x_index}".encode()
     graph.tensors += [raw, centered, mean_t, std_t]
     raw_i, centered_i, mean_i, std_i = range(first, first + 4)
@@ -82,13 +82,10 @@ def _tensor(schema: Any, like: Any, name: bytes, buffer: int) -> Any:
     return tensor
 
 
-def _constant(schema: Any, model: Any, values: np.ndarray, name: bytes) -> Any:
-    buffer = schema.BufferT()
-    buffer.data = np.frombuffer(values.astype("<f4").tobytes(), dtype=np.uint8)
-    model.buffers.append(buffer)
-    tensor = schema.TensorT()
-    tensor.shape, tensor.type, tensor.name = np.array([values.size], np.int32), schema.TensorType.FLOAT32, name
-    tensor.buffer = len(model.buffers) - 1
+def _constant(model: TFLiteFile, values: np.ndarray, name: bytes) -> Any:
+    tensor = model.schema.TensorT()
+    tensor.shape, tensor.type, tensor.name = np.array([values.size], np.int32), model.schema.TensorType.FLOAT32, name
+    tensor.buffer = model.add_buffer(values.astype("<f4").tobytes())
     return tensor
 
 

@@ -46,12 +46,9 @@ def set_metadata(model: TFLiteFile, name: str, payload: bytes) -> None:
     """Metadata entry `name` set to payload in place (replacing an entry of that name)."""
     schema, fb = model.schema, model.model
     fb.metadata = [m for m in (fb.metadata or []) if (m.name.decode() if isinstance(m.name, bytes) else m.name) != name]
-    buffer = schema.BufferT()
-    buffer.data = np.frombuffer(payload, dtype=np.uint8)
-    fb.buffers.append(buffer)
     entry = schema.MetadataT()
     entry.name = name
-    entry.buffer = len(fb.buffers) - 1
+    entry.buffer = model.add_buffer(payload)
     fb.metadata.append(entry)
     model.edited = True
 

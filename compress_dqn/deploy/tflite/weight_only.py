@@ -26,10 +26,10 @@ DEQUANTIZE_VERSION = {"int8": 5, "float16": 3}
 """The DEQUANTIZE version LiteRT's op versioning gives an int8 input with a scale per channel, and a float16 one."""
 
 
-def int8_weight_only(model: TFLiteFile) -> dict[str, int]:
+def int8_weight_only(model: TFLiteFile) -> None:
     """Store each float32 constant kernel of a FULLY_CONNECTED or CONV_2D in int8 behind a DEQUANTIZE,
-    an output layer's in float16 (in place). Returns how many kernels each got; biases, sparse-format
-    kernels and a kernel two layers share stay as they are."""
+    an output layer's in float16 (in place). Biases, sparse-format kernels and a kernel two layers
+    share stay as they are."""
     schema, graph = model.schema, model.graph
     layers = {schema.BuiltinOperator.FULLY_CONNECTED, schema.BuiltinOperator.CONV_2D}
     readers: dict[int, list[Any]] = {}
@@ -37,7 +37,7 @@ def int8_weight_only(model: TFLiteFile) -> dict[str, int]:
         for i in op.inputs:
             if i >= 0:
                 readers.setdefault(int(i), []).append(op)
-    widen, stored = [], {"int8": 0, "float16": 0}
+    widen = []
     for op in graph.operators:
         if model.builtin(op) not in layers or len(op.inputs) < 2 or op.inputs[1] < 0:
             continue
@@ -49,12 +49,9 @@ def int8_weight_only(model: TFLiteFile) -> dict[str, int]:
             continue
         values = np.frombuffer(np.asarray(data, np.uint8).tobytes(), "<f4").reshape(tuple(kernel.shape))
         output = not any(model.builtin(r) in layers for r in readers.get(int(op.outputs[0]), []))
-        form = "float16" if output else "int8"
-        widen.append(_behind_dequantize(model, index, values, form))
-        stored[form] += 1
+        widen.append(_behind_dequantize(model, index, values, "float16" if output else "int8"))
     graph.operators = widen + list(graph.operators)  # each widened before the layers that read it
     model.edited = model.edited or bool(widen)
-    return stored
 
 
 def _behind_dequantize(model: TFLiteFile, index: int, values: np.ndarray, form: str) -> Any:
@@ -73,10 +70,7 @@ def _behind_dequantize(model: TFLiteFile, index: int, values: np.ndarray, form: 
         constant.quantization.quantizedDimension = 0
     else:
         stored, constant.type = values.astype("<f2"), schema.TensorType.FLOAT16
-    buffer = schema.BufferT()
-    buffer.data = np.frombuffer(stored.tobytes(), np.uint8)
-    model.model.buffers.append(buffer)
-    constant.buffer = len(model.model.buffers) - 1
+    constant.buffer = model.add_buffer(stored.tobytes())
     graph.tensors.append(constant)
     if sum(t.buffer == kernel.buffer for t in graph.tensors) == 1:  # the converter may share equal constants
         model.model.buffers[kernel.buffer].data = None
