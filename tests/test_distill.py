@@ -112,6 +112,42 @@ def test_the_student_plays_and_the_teacher_labels_what_it_visits(trained_tiny):
     assert all(row.tobytes() in played_rows for row in obs[:, 16:].reshape(-1, 4))  # the second half: played states
 
 
+def test_a_costly_per_call_student_plays_its_states_side_by_side(trained_tiny):
+    """A Keras student (a QAT one in a build) plays SIDE_BY_SIDE episodes at once, one call a step
+    for all of them; its states are labelled with the teacher's Q-values and its episodes go on at
+    the next play."""
+    from compress_dqn.compress.distill import SIDE_BY_SIDE, StudentStates
+    from compress_dqn.envs.environment import make_env_from, seed_env
+    from compress_dqn.rl.networks import KerasActor, make_actor
+
+    recipe, result = trained_tiny
+    student, teacher = KerasActor(result.model), make_actor(result.model)
+    calls = []
+    counted = student.q_values
+    student.q_values = lambda obs: calls.append(len(obs)) or counted(obs)
+    played = StudentStates(recipe.env, 3, steps=100, plays=2, obs_shape=result.info.obs_shape,
+                           n_actions=result.info.n_actions)
+    played.collect(student, teacher)
+    assert calls == [SIDE_BY_SIDE] * (100 // SIDE_BY_SIDE) + [100 % SIDE_BY_SIDE]
+    lanes = [obs.copy() for _, obs in played.lanes]
+    played.collect(student, teacher)
+    played.close()
+    assert played.size == 200 and len(played.lanes) == SIDE_BY_SIDE
+    np.testing.assert_allclose(played.teacher_q[:200], teacher.q_values(played.states[:200]), rtol=1e-5, atol=1e-5)
+    assert len(np.unique(played.states[:SIDE_BY_SIDE], axis=0)) == SIDE_BY_SIDE  # episodes of their own seeds
+    # The second play starts where each lane's episode stood at the end of the first.
+    np.testing.assert_array_equal(played.states[100:100 + SIDE_BY_SIDE], np.stack(lanes))
+    # The first lane is the environment a cheap student plays alone, seeded as it is: every
+    # SIDE_BY_SIDE-th row is its greedy episode.
+    env = make_env_from(recipe.env)
+    obs, rows = seed_env(env, 3), []
+    for _ in range(100 // SIDE_BY_SIDE + 1):
+        rows.append(obs)
+        obs, _, terminated, truncated, _ = env.step(teacher.act(obs))
+        obs = env.reset()[0] if terminated or truncated else obs
+    np.testing.assert_allclose(played.states[:100:SIDE_BY_SIDE], np.stack(rows), rtol=1e-6)
+
+
 def test_a_linear_schedule_ends_the_fine_tune_at_rest(trained_tiny):
     from compress_dqn.compress.distill import Distiller, build_student
     from compress_dqn.recipe.schema import FineTuneConfig, StudentConfig

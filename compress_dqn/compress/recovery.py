@@ -77,9 +77,12 @@ def fine_tune(
     select_from: int = 0,
 ) -> FineTune:
     """Recover return after compression: distillation to the baseline, or more TD learning.
-    label names the progress; seed_label (default: label) seeds the fine-tune's environment;
+    wrapped: the model carries pruning or clustering wrappers (trained without XLA); label names
+    the progress; seed_label (default: label) seeds the fine-tune's environment;
     select_from: the first gradient step whose weights a selection may keep."""
-    # tfmot wrappers update masks/quantizer ranges with tf.cond and assign ops; keep them out of XLA.
+    # tfmot's pruning and clustering wrappers update masks and centroids with tf.cond and assign
+    # ops: they stay out of XLA (wrapped). QAT's fake-quant wrappers compile: on a 32x32 student,
+    # 2,000 steps gave the same weights and ranges to 1e-5, at 0.16 ms a step against 1.1 ms.
     convolutional = any(isinstance(layer, tf_keras.layers.Conv2D) for layer in model.submodules)
     jit = use_xla(recipe.train.jit_compile, convolutional) and not wrapped
     selection = None
