@@ -147,7 +147,12 @@ def test_a_rung_not_kept_in_int8_plays_its_weight_only_form(tmp_path, monkeypatc
     (rungs,) = ladders(recipe, (4,), 2).values()
     second = rungs[2].fallback.variant
     assert second.name == "student-16x16-weight-only" and second.quantize.mode == "weight_only"
-    assert second.fine_tune == rungs[2].variant.fine_tune and second.candidates == rungs[2].variant.candidates
+    assert second.fine_tune == rungs[2].variant.fine_tune and second.candidates is rungs[2].variant.candidates is None
+    # With candidates, more draws where the first form left the rung at the margin: 6 builds by default, or as told.
+    for told, count in ([], 6), (["search.student.fallback_candidates=4"], 4):
+        picked = load_recipe(TINY, [STUDENTS, "search.student.candidates={count: 3}", *told])
+        (rung,) = [c for c in ladders(picked, (4,), 2)["student"] if c.variant.name == "student-16x16-qat-int8"]
+        assert rung.fallback.variant.candidates == rung.variant.candidates.model_copy(update={"count": count})
     for first in ("float16", "dynamic"):  # float activations already: no second form
         floats = load_recipe(TINY, [STUDENTS, f"search.student.quantize={{mode: {first}}}"])
         assert all(c.fallback is None for c in ladders(floats, (4,), 2)["student"])

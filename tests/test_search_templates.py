@@ -342,7 +342,7 @@ def test_the_search_block_holds_what_varies_and_one_template_a_family():
                                               "quantized_baseline", "max_candidates", "max_seconds"}
     assert not OLD_KEYS & set(SearchConfig.model_fields)
     variant_keys = set(VariantConfig.model_fields) - {"name"}
-    family_keys = {"student": {"fallback"}}  # how the family plays its rungs, not a variant's setting
+    family_keys = {"student": {"fallback", "fallback_candidates"}}  # how the family plays its rungs, not a variant's setting
     for template in ("student", "pruned", "quantized_baseline"):
         annotation = SearchConfig.model_fields[template].annotation
         model = annotation if isinstance(annotation, type) else annotation.__args__[0]

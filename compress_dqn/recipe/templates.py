@@ -14,7 +14,7 @@ from compress_dqn.recipe import layer_names
 from compress_dqn.recipe.quantize import LOW_BIT_WITHOUT_CLUSTERING, QuantizeConfig
 from compress_dqn.recipe.techniques import CandidatesConfig, ClusterConfig, FineTuneConfig, PruneSettings, StudentConfig
 from compress_dqn.recipe.validation_errors import format_validation_error
-from compress_dqn.recipe.values import StrictModel
+from compress_dqn.recipe.values import StrictModel, count_from
 from compress_dqn.recipe.variant import VariantConfig
 
 
@@ -70,7 +70,7 @@ class StudentTemplate(VariantTemplate):
     quantize: QuantizeConfig | None = Field(default_factory=lambda: QuantizeConfig(**SEARCH_QAT))
     """int8 after a quantization-aware fine-tune (its own steps, a smaller step size); null: float students."""
 
-    FAMILY_KEYS: ClassVar[tuple[str, ...]] = ("fallback",)
+    FAMILY_KEYS: ClassVar[tuple[str, ...]] = ("fallback", "fallback_candidates")
 
     fallback: QuantizeConfig | None = Field(default_factory=lambda: QuantizeConfig(mode="weight_only"))
     """Where a rung quantized as `quantize` with integer activations (qat, int8, int16x8) loses the
@@ -80,6 +80,11 @@ class StudentTemplate(VariantTemplate):
     agents, students that lost the return or stayed undecided in QAT int8 kept it weight-only (QR-DQN
     MountainCar's 16x16, DQN Acrobot's 64x64: docs/zoo-search.md). A rung whose first form keeps the
     return builds no second one. null: none (every student full-integer, as TFLite Micro needs)."""
+    fallback_candidates: count_from(2) = 6
+    """Builds the second form picks from (where the template has candidates). More than the first
+    form's: a rung gets there at the margin, where the builds' spread decides, and a build without
+    QAT costs less. DQN Acrobot's weight-only 48x48 was undecided as the best of 3 and within 1% as
+    the best of 6 (docs/zoo-search.md)."""
 
     def rung(self, student: StudentConfig) -> VariantConfig:
         return self.variant(student=student)
@@ -90,7 +95,8 @@ class StudentTemplate(VariantTemplate):
         if (self.fallback is None or self.quantize is None or self.quantize.mode not in INTEGER_ACTIVATIONS
                 or self.cluster is not None):  # clusters survive quantization through their QAT only
             return None
-        candidates = self.candidates and self.candidates.model_copy(update={"qat_teachers": None})
+        candidates = self.candidates and self.candidates.model_copy(
+            update={"qat_teachers": None, "count": self.fallback_candidates})
         return self.variant(student=student, quantize=self.fallback.model_dump(),
                             candidates=candidates and candidates.model_dump())
 
