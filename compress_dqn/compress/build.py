@@ -222,8 +222,7 @@ def _quantization_aware(variant: VariantConfig, model: tf_keras.Model, recipe: R
     qat = quantize.qat_model(plain, preserve, quantize.FLOAT_HEADS if q.float_head else (), q.kernel_bits)
     quantize.calibrate_ranges(qat, plain, seen)
     trained = qat if normalization is None else quantize.behind_normalization(qat, normalization)
-    # PQAT and CQAT keep their pruning and clustering wrappers' updates (recovery.fine_tune: no XLA).
-    details.qat = fine_tune(trained, qat_fine_tune(variant), recipe, teacher, replay, wrapped=preserve is not None,
+    details.qat = fine_tune(trained, qat_fine_tune(variant), recipe, teacher, replay, wrapped=True,
                             label=f"{variant.name}/qat", quiet=quiet)
     details.qat.preserve = preserve
     if preserve == "sparsity":

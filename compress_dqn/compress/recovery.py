@@ -77,12 +77,13 @@ def fine_tune(
     select_from: int = 0,
 ) -> FineTune:
     """Recover return after compression: distillation to the baseline, or more TD learning.
-    wrapped: the model carries pruning or clustering wrappers (trained without XLA); label names
-    the progress; seed_label (default: label) seeds the fine-tune's environment;
+    wrapped: the model carries tfmot's wrappers (pruning, clustering, QAT: trained without XLA);
+    label names the progress; seed_label (default: label) seeds the fine-tune's environment;
     select_from: the first gradient step whose weights a selection may keep."""
-    # tfmot's pruning and clustering wrappers update masks and centroids with tf.cond and assign
-    # ops: they stay out of XLA (wrapped). QAT's fake-quant wrappers compile: on a 32x32 student,
-    # 2,000 steps gave the same weights and ranges to 1e-5, at 0.16 ms a step against 1.1 ms.
+    # tfmot's wrappers stay out of XLA. QAT's fake-quant ones compile and run 7x faster a step,
+    # but XLA rounds the quantizer's range ends its own way: a kernel's largest weight, which sets
+    # the range, lost its straight-through gradient, and DQN MountainCar's QAT 32x32 students
+    # compiled averaged -17 against -6 (6 builds each, 200 paired episodes; docs/zoo-search.md).
     convolutional = any(isinstance(layer, tf_keras.layers.Conv2D) for layer in model.submodules)
     jit = use_xla(recipe.train.jit_compile, convolutional) and not wrapped
     selection = None
