@@ -169,8 +169,9 @@ class StudentStates:
 
     def collect(self, student: NumpyActor | KerasActor, teacher: NumpyActor | KerasActor) -> None:
         """Play the student greedily for one play's environment steps (across episodes); label the
-        states. A student whose every call costs about the same at any batch (a Keras model:
-        a QAT student) plays SIDE_BY_SIDE episodes at once, one call a step for all of them."""
+        states. A student whose every call costs about the same at any batch (a Keras model: a
+        QAT or pruning-wrapped student) plays SIDE_BY_SIDE episodes at once, one call a step for
+        all of them."""
         steps = min(self.steps, len(self.states) - self.size)
         start = self.size
         if isinstance(student, KerasActor):
