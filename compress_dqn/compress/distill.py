@@ -211,7 +211,7 @@ class StudentStates:
         return self.states[rows], self.teacher_q[rows]
 
     def close(self) -> None:
-        for env in {id(env): env for env, _ in [(self.env, None), *self.lanes]}.values():
+        for env in [self.env, *(env for env, _ in self.lanes[1:])]:  # lanes[0] plays self.env
             env.close()
 
 
