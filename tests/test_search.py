@@ -271,6 +271,41 @@ def test_a_chunk_with_fewer_seeds_than_workers_plays_its_looks_on_the_spare_ones
         assert calls == expected
 
 
+def test_a_single_seed_search_builds_every_rung_in_one_pool_started_once(monkeypatch):
+    """One seed on 2 workers, rungs with candidates: one pool, started before the baseline and
+    shut down after the last rung, builds every rung's candidates; each rung's unit runs in the
+    search's process with it. Several seeds, Ray, one worker or no candidates start none."""
+    from compress_dqn.run import variants as variants_module
+    from compress_dqn.run.search import _Plan as Plan, play_candidate
+
+    started, shut = [], []
+
+    class Pool:
+        def shutdown(self, *args, **kwargs):
+            shut.append(self)
+
+    monkeypatch.setattr(variants_module, "start_local_pool", lambda workers, warm: started.append(workers) or Pool())
+    best_of_3 = "search.student.candidates={count: 3}"
+    recipe = load_recipe(TINY, [STUDENTS, best_of_3, "workers=2"])
+    forms = [f.variant for rung in ladders(recipe, (4,), 2)["student"] for f in (rung, rung.fallback) if f]
+    assert all(v.candidates for v in forms)  # each student built 3 times (its weight-only form 6)
+    for seeds, workers, told, to_build in ((3, 2, [], forms), (1, 2, ["executor=ray"], forms), (1, 1, [], forms),
+                                          (1, 2, [], [v.model_copy(update={"candidates": None}) for v in forms])):
+        with variants_module.search_build_pool(load_recipe(TINY, [STUDENTS, best_of_3, *told]), seeds, workers,
+                                               to_build) as none:
+            assert none is None
+    with variants_module.search_build_pool(recipe, 1, 2, forms) as pool:
+        assert started == [2] and not shut
+        units = []
+        monkeypatch.setattr(search_module, "candidate_unit",
+                            lambda *args, pool=None: units.append((args[-1], pool)) or _outcome("within 1%", 1.0))
+        monkeypatch.setattr(search_module, "map_units", lambda *args, **kwargs: pytest.fail("a rung started a pool"))
+        plan = Plan([(0, recipe, "seed-0")], recipe, 1, True, lambda m: None, pool)
+        for rung in ladders(recipe, (4,), 2)["student"][:3]:
+            assert play_candidate(rung, plan).outcome == "kept"
+    assert units == [(2, pool)] * 3 and shut == [pool]  # each rung's looks on both workers, its builds in the pool
+
+
 @pytest.mark.slow
 def test_a_unit_playing_its_looks_on_two_workers_computes_what_one_worker_does(tmp_path, monkeypatch):
     """One seed on two workers: the candidate's unit plays its looks (5 -> 10 -> 20 episodes,

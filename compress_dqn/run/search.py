@@ -20,6 +20,7 @@ import json
 import math
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -41,7 +42,7 @@ from compress_dqn.run.looks import RANDOM, decide
 from compress_dqn.run.measuring import measure_stage
 from compress_dqn.run.rundir import RunOutcome
 from compress_dqn.run.seeds import baseline_unit, finish_unit, open_seeds, write_seeds_results
-from compress_dqn.run.variants import variant_stage
+from compress_dqn.run.variants import search_build_pool, variant_stage
 from compress_dqn.store import stage_keys as keys
 from compress_dqn.store.layout import BASELINE, RunLayout
 from compress_dqn.store.manifest import PolicyFingerprint, run_fingerprint
@@ -61,14 +62,14 @@ def objective_value(built: VariantRecord, measured: MeasureRecord | None, object
 
 
 def candidate_unit(recipe: Recipe, seed_dir: str, variant: VariantConfig, quiet: bool,
-                   look_workers: int = 1) -> SeedOutcome:
+                   look_workers: int = 1, pool: ProcessPoolExecutor | None = None) -> SeedOutcome:
     """One (seed, candidate) unit: build the candidate from that seed's baseline, evaluate it
     sequentially until its verdict is decided, and return its verdict and objective. Any executor
     can run it (pydantic records travel pickled); finished steps are stages of the seed's run.
     look_workers: processes that play its looks (the episodes, hence the verdict, are the same
-    for any number)."""
+    for any number); pool: the search's build pool, where the unit runs in the search's process."""
     ctx = reopen_run(recipe, Path(seed_dir), quiet=quiet, log=(lambda _: None) if quiet else print)
-    stages = [Stage(keys.variant(variant.name), lambda c: variant_stage(variant, c, candidate_workers=look_workers))]
+    stages = [Stage(keys.variant(variant.name), lambda c: variant_stage(variant, c, look_workers, pool))]
     if ctx.recipe.search.objective == "latency":
         stages.append(Stage(keys.measure(variant.name), lambda c: measure_stage(variant.name, c)))
     run_stages(ctx, stages)
@@ -128,6 +129,7 @@ class _Plan:
     workers: int
     quiet: bool
     log: Callable[[str], None]
+    pool: ProcessPoolExecutor | None = None  # a single seed's build pool, kept across rungs
 
 
 def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
@@ -143,7 +145,10 @@ def play_candidate(candidate: Candidate, plan: _Plan) -> Tried:
         # does not start a pool of its own.
         look_workers = max(1, (plan.recipe.workers or cpu_count()) // len(chunk)) if plan.recipe.executor == "local" else 1
         units = [(recipe, seed_dir, variant, plan.quiet, look_workers) for _, recipe, seed_dir in chunk]
-        outcomes = map_units(candidate_unit, units, plan.recipe.executor, plan.workers, plan.recipe.address)
+        if plan.pool is not None:  # one seed: its unit runs here and builds in the search's pool
+            outcomes = [candidate_unit(*units[0], pool=plan.pool)]
+        else:
+            outcomes = map_units(candidate_unit, units, plan.recipe.executor, plan.workers, plan.recipe.address)
         per_seed.update({str(seed): outcome for (seed, _, _), outcome in zip(chunk, outcomes)})
         if not all(o.keeps_return for o in outcomes):
             break
@@ -377,21 +382,24 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     _check_names(recipe)
     opened = open_seeds(recipe, run_dir, quiet)
     workers, run_dir = opened.workers, opened.layout.root
-    plan = _Plan([(one.seed, one.recipe, str(one.layout.root)) for one in opened.seeds], recipe, workers,
-                 opened.quiet, log)
-    log(f"[search] training {len(plan.seeds)} baseline(s) on {recipe.executor}, {workers} at a time")
     rungs = ladders(recipe, opened.info.obs_shape, opened.info.n_actions)
-    clock = SearchClock(rungs, log, started)
-    map_units(baseline_unit, [(one, d, plan.quiet) for _, one, d in plan.seeds], recipe.executor, workers, recipe.address)
-    clock.baselines_done()
+    forms = [f.variant for family in rungs.values() for c in family for f in (c, c.fallback) if f]
+    with search_build_pool(recipe, len(opened.seeds), recipe.workers or cpu_count(), forms) as pool:
+        plan = _Plan([(one.seed, one.recipe, str(one.layout.root)) for one in opened.seeds], recipe, workers,
+                     opened.quiet, log, pool)
+        log(f"[search] training {len(plan.seeds)} baseline(s) on {recipe.executor}, {workers} at a time")
+        clock = SearchClock(rungs, log, started)
+        map_units(baseline_unit, [(one, d, plan.quiet) for _, one, d in plan.seeds], recipe.executor, workers,
+                  recipe.address)
+        clock.baselines_done()
 
-    search_log = SearchLog(opened.layout.search_log)
-    for family in rungs.values():
-        bisect_family(family, plan, search_log, _budget(recipe.search, search_log, started), clock)
+        search_log = SearchLog(opened.layout.search_log)
+        for family in rungs.values():
+            bisect_family(family, plan, search_log, _budget(recipe.search, search_log, started), clock)
     found = summary(recipe, search_log, time.monotonic() - started, clock)
     log(f"[search] winner: {found.winner or 'none within tolerance on every seed'}")
 
-    by_name = {f.variant.name: f.variant for family in rungs.values() for c in family for f in (c, c.fallback) if f}
+    by_name = {v.name: v for v in forms}
     units = []
     listed = {v.name for v in recipe.variants}  # a candidate listed as a variant too is built once
     for seed, one, seed_dir in plan.seeds:

@@ -299,3 +299,23 @@ def build_pool(ctx: RunContext, workers: int) -> Iterator[ProcessPoolExecutor | 
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
+
+
+@contextmanager
+def search_build_pool(recipe: Recipe, seeds: int, workers: int, rungs: list[VariantConfig]
+                      ) -> Iterator[ProcessPoolExecutor | None]:
+    """The local pool that builds a single-seed search's candidates, rung after rung: started once,
+    while the baseline trains or is read, where each rung would otherwise start a pool of fresh
+    processes (TensorFlow's import, the run reopened and tfmot's code converted again: seconds a
+    rung). None where no rung builds candidates side by side in this process's pool: several
+    seeds (each seed's unit is a worker of its own), Ray, one worker, or no rung with candidates."""
+    if recipe.executor != "local" or seeds != 1 or workers <= 1 or not any(v.candidates for v in rungs):
+        yield None
+        return
+    pool = start_local_pool(workers, warm_build_worker)
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
