@@ -292,13 +292,8 @@ def build_pool(ctx: RunContext, workers: int) -> Iterator[ProcessPoolExecutor | 
     if ctx.recipe.executor != "local" or workers <= 1 or len(todo) <= 1:
         yield None
         return
-    pool = start_local_pool(min(workers, len(todo)), warm_build_worker)
-    try:
+    with _shut_down_after(start_local_pool(min(workers, len(todo)), warm_build_worker)) as pool:
         yield pool
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
 
 
 @contextmanager
@@ -312,7 +307,13 @@ def search_build_pool(recipe: Recipe, seeds: int, workers: int, rungs: list[Vari
     if recipe.executor != "local" or seeds != 1 or workers <= 1 or not any(v.candidates for v in rungs):
         yield None
         return
-    pool = start_local_pool(workers, warm_build_worker)
+    with _shut_down_after(start_local_pool(workers, warm_build_worker)) as pool:
+        yield pool
+
+
+@contextmanager
+def _shut_down_after(pool: ProcessPoolExecutor) -> Iterator[ProcessPoolExecutor]:
+    """`pool` until the block ends: then shut down, its queued units cancelled where the block raised."""
     try:
         yield pool
     except BaseException:
