@@ -384,7 +384,9 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
     workers, run_dir = opened.workers, opened.layout.root
     rungs = ladders(recipe, opened.info.obs_shape, opened.info.n_actions)
     forms = [f.variant for family in rungs.values() for c in family for f in (c, c.fallback) if f]
-    with search_build_pool(recipe, len(opened.seeds), recipe.workers or cpu_count(), forms) as pool:
+    search_log = SearchLog(opened.layout.search_log)
+    unplayed = [v for v in forms if v.name not in search_log.tried]  # a resumed search needs no pool for the rest
+    with search_build_pool(recipe, len(opened.seeds), recipe.workers or cpu_count(), unplayed) as pool:
         plan = _Plan([(one.seed, one.recipe, str(one.layout.root)) for one in opened.seeds], recipe, workers,
                      opened.quiet, log, pool)
         log(f"[search] training {len(plan.seeds)} baseline(s) on {recipe.executor}, {workers} at a time")
@@ -393,7 +395,6 @@ def run_search(recipe: Recipe, run_dir: Path, quiet: bool = False, log: Callable
                   recipe.address)
         clock.baselines_done()
 
-        search_log = SearchLog(opened.layout.search_log)
         for family in rungs.values():
             bisect_family(family, plan, search_log, _budget(recipe.search, search_log, started), clock)
     found = summary(recipe, search_log, time.monotonic() - started, clock)
