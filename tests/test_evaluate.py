@@ -182,8 +182,15 @@ def test_iqm_and_stratified_bootstrap():
     assert stratified_bootstrap_ci(np.full((5, 1), 7.0)) == (7.0, 7.0)
     # Runs are resampled within each task: a task's values never leak into another's column.
     seen = []
-    stratified_bootstrap_ci(scores, statistic=lambda m: seen.append(m.copy()) or 0.0, resamples=20)
-    assert all(set(m[:, 0]) <= {1, 2, 3, 4} and set(m[:, 1]) <= {10, 20, 30, 40} for m in seen)
+    stratified_bootstrap_ci(scores, statistic=lambda m: seen.append(m.copy()) or np.zeros(len(m)), resamples=20)
+    (stack,) = seen
+    assert stack.shape == (20, 4, 2)
+    assert set(stack[:, :, 0].ravel()) <= {1, 2, 3, 4} and set(stack[:, :, 1].ravel()) <= {10, 20, 30, 40}
+    # All resamples drawn at once are the ones drawn one at a time, each statistic that resample's iqm.
+    rng, one_at_a_time = np.random.default_rng(0), []
+    for _ in range(2000):
+        one_at_a_time.append(iqm(np.take_along_axis(scores, rng.integers(0, 4, size=(4, 2)), axis=0)))
+    assert stratified_bootstrap_ci(scores) == tuple(float(q) for q in np.quantile(one_at_a_time, [0.025, 0.975]))
 
 
 def test_iqm_is_rliables_aggregate_iqm():

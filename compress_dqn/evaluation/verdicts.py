@@ -15,7 +15,7 @@ from compress_dqn.errors import UserError
 from compress_dqn.evaluation.figures import ONE_PERCENT, AtOnePercent, Comparison, ReturnStats, Verdict, keeps_return
 
 __all__ = ["Comparison", "ReturnStats", "Verdict", "keeps_return", "bootstrap_ci", "summarize", "looks", "sequential_plan",
-           "paired_difference", "episodes_to_decide", "iqm", "stratified_bootstrap_ci", "ONE_PERCENT", "AtOnePercent"]
+           "paired_difference", "episodes_to_decide", "iqm", "iqm_each", "stratified_bootstrap_ci", "ONE_PERCENT", "AtOnePercent"]
 
 
 def bootstrap_ci(values: np.ndarray, confidence: float = 0.95, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
@@ -161,20 +161,29 @@ def iqm(scores: np.ndarray) -> float:
     return float(trim_mean(np.asarray(scores, dtype=np.float64), proportiontocut=0.25, axis=None))
 
 
+def iqm_each(resampled: np.ndarray) -> np.ndarray:
+    """iqm of each (runs, tasks) matrix in a stack of them, in one call (2,000 calls of iqm, one a
+    resample, took ~0.5 s a CI in scipy's per-call overhead; the values are the same)."""
+    from scipy.stats import trim_mean
+
+    flat = np.asarray(resampled, dtype=np.float64).reshape(len(resampled), -1)
+    return np.asarray(trim_mean(flat, proportiontocut=0.25, axis=1), dtype=np.float64)
+
+
 def stratified_bootstrap_ci(
-    scores: np.ndarray, statistic=iqm, resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+    scores: np.ndarray, statistic=iqm_each, resamples: int = 2000, confidence: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
     """Percentile CI of a statistic of a (runs, tasks) score matrix, resampling runs with
-    replacement independently within each task (rliable's StratifiedBootstrap)."""
+    replacement independently within each task (rliable's StratifiedBootstrap). `statistic` maps a
+    (resamples, runs, tasks) stack to one value per resample."""
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim == 1:
         scores = scores[:, None]
     runs, tasks = scores.shape
     rng = np.random.default_rng(seed)
-    values = np.empty(resamples)
-    for i in range(resamples):
-        picks = rng.integers(0, runs, size=(runs, tasks))
-        values[i] = statistic(np.take_along_axis(scores, picks, axis=0))
+    # One draw of every resample's picks: the same stream, in the same order, as one draw a resample.
+    picks = rng.integers(0, runs, size=(resamples, runs, tasks))
+    values = statistic(np.take_along_axis(np.broadcast_to(scores, (resamples, runs, tasks)), picks, axis=1))
     alpha = (1.0 - confidence) / 2.0
     lo, hi = np.quantile(values, [alpha, 1.0 - alpha])
     return float(lo), float(hi)
