@@ -73,7 +73,7 @@ class _Emitter:
         """A static const array of the values; its C name."""
         name = f"{self.name}_{tag}"
         flat = np.asarray(values).ravel()
-        text = ", ".join(_c_literal(v, ctype) for v in flat)
+        text = ", ".join(_c_literals(flat, ctype))
         self.constants.append(f"static const {ctype} {name}[{max(flat.size, 1)}] = {{{text}}};")
         self.constants_bytes += flat.size * np.dtype(_NP[ctype]).itemsize
         return name
@@ -89,6 +89,16 @@ class _Emitter:
 
 _NP = {"float": np.float32, "int8_t": np.int8, "uint8_t": np.uint8, "int32_t": np.int32, "uint64_t": np.uint64,
        "int16_t": np.int16}
+
+
+def _c_literals(flat: np.ndarray, ctype: str) -> list[str]:
+    """_c_literal of each value, through Python numbers in one conversion (a large layer's kernel
+    is a million values: one numpy scalar each took seconds)."""
+    if ctype == "float":
+        return [f"{v.hex()}f" for v in flat.astype(np.float32).astype(np.float64).tolist()]
+    if ctype == "uint64_t":
+        return [f"UINT64_C({v})" for v in flat.astype(np.uint64).tolist()]
+    return [str(v) for v in flat.astype(np.int64).tolist()]
 
 
 def _c_literal(value: Any, ctype: str) -> str:
