@@ -288,7 +288,8 @@ def test_a_run_starts_its_build_workers_before_training_and_builds_in_them(tmp_p
     real_start = variants.start_local_pool
 
     def start(n, warm):
-        started.append(real_start(n, warm))
+        assert warm is variants.warm_build_worker  # the workers' TensorFlow import
+        started.append(real_start(n, int))  # a real pool, without the 5 s import the order does not need
         events.append(("start", n))
         return started[-1]
 
