@@ -195,12 +195,18 @@ def test_decisive_states_are_the_half_with_the_larger_action_gaps():
     assert decisive_states(q).tolist() == [False, True, True, False]
 
 
-def _rerun_on_a_copy(recipe, finished: Path, out: Path) -> None:
-    """Run a recipe that changes only the variants on a copy of a finished run: its baseline stages are
-    reused (a rerun builds only what changed), so the variants are built from the same baseline."""
-    outcome = run(recipe, _copy(finished, out), quiet=True, log=lambda m: None)
-    assert outcome.resumed and json.loads((out / "stages.json").read_text())["train"] == \
-        json.loads((finished / "stages.json").read_text())["train"]
+def _build_on_a_copy(recipe, finished: Path, out: Path, workers: int = 1) -> Path:
+    """Build a recipe's variants on a copy of a run whose baseline stages are done (the recipe may change
+    the variants only): the same baseline, not trained again. Only the builds: the tests that call it
+    read the variant stages and files, not the measuring and report a run goes on to."""
+    from compress_dqn.run.context import open_run
+    from compress_dqn.run.variants import build_variants
+
+    ctx, resumed = open_run(recipe, _copy(finished, out), quiet=True, log=lambda m: None)  # drops changed variants' stages
+    assert resumed
+    build_variants(ctx, workers)
+    assert json.loads((out / "stages.json").read_text())["train"] == json.loads((finished / "stages.json").read_text())["train"]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -229,22 +235,20 @@ def test_a_variant_with_candidates_keeps_the_best_on_fresh_episodes_the_same_byt
     the baseline on the same fresh episodes; the best one's files are the variant's, byte for byte
     what a variant of its name builds alone, and the losers' are gone. On 2 workers the lone
     variant's candidates are built side by side in pool processes: the same bytes."""
-    from compress_dqn.run.context import reopen_run
-
     student = "student: {net_arch: [2]}, quantize: {mode: float16}, fine_tune: {steps: 2, learning_rate: 1e-4}"  # barely taught: seeds show
     recipe = load_recipe(TINY, [f"variants=[{{name: s, {student}, candidates: {{count: 3, episodes: 8}}}}]", NO_TF_MEMORY])
-    run(recipe, _copy(tiny_baseline, tmp_path / "picked"), quiet=True, log=lambda m: None)
+    _build_on_a_copy(recipe, tiny_baseline, tmp_path / "picked")
     picked = json.loads((tmp_path / "picked" / "stages.json").read_text())["variant:s"]["compression"]["candidates"]
     differences = picked["fresh_differences"]
     assert len(differences) == 3 and len(set(differences)) > 1  # the candidates are different builds
     assert picked["picked"] == differences.index(max(differences)) and picked["seed"] == 200000
     assert not (tmp_path / "picked" / "variants" / "s" / "candidates").exists()
     tflite = "variants/{}/policy.tflite"
-    finish_run(reopen_run(recipe, _copy(tiny_baseline, tmp_path / "pool"), quiet=True, log=lambda m: None), workers=2)
+    _build_on_a_copy(recipe, tiny_baseline, tmp_path / "pool", workers=2)
     assert json.loads((tmp_path / "pool" / "stages.json").read_text())["variant:s"]["compression"]["candidates"] == picked
     assert (tmp_path / "pool" / tflite.format("s")).read_bytes() == (tmp_path / "picked" / tflite.format("s")).read_bytes()
     alone = load_recipe(TINY, [f"variants=[{{name: s.c{picked['picked']}, {student}}}]", NO_TF_MEMORY])
-    _rerun_on_a_copy(alone, tmp_path / "picked", tmp_path / "alone")  # the same baseline, not trained again
+    _build_on_a_copy(alone, tmp_path / "picked", tmp_path / "alone")  # the same baseline, not trained again
     assert (tmp_path / "picked" / tflite.format("s")).read_bytes() == \
         (tmp_path / "alone" / tflite.format(f"s.c{picked['picked']}")).read_bytes()
 
@@ -259,7 +263,7 @@ def test_candidates_qat_teachers_quantize_each_float_build_once_per_teacher_and_
                "quantize: {mode: qat, qat_steps: 20}")
     teachers = "candidates: {count: 2, episodes: 8, qat_teachers: [baseline, float]}"
     recipe = load_recipe(TINY, [f"variants=[{{name: s, {student}, {teachers}}}]", NO_TF_MEMORY])
-    run(recipe, _copy(tiny_baseline, tmp_path / "both"), quiet=True, log=lambda m: None)
+    _build_on_a_copy(recipe, tiny_baseline, tmp_path / "both")
     picked = json.loads((tmp_path / "both" / "stages.json").read_text())["variant:s"]["compression"]["candidates"]
     assert picked["builds"] == ["s.c0.baseline", "s.c0.float", "s.c1.baseline", "s.c1.float"]
     assert picked["qat_teachers"] == ["baseline", "float"] and len(picked["fresh_differences"]) == 4
@@ -269,7 +273,7 @@ def test_candidates_qat_teachers_quantize_each_float_build_once_per_teacher_and_
     # The float teacher alone: the same float builds and the same QAT, so the same returns.
     alone = load_recipe(TINY, [f"variants=[{{name: s, {student}, candidates: {{count: 2, episodes: 8, "
                                "qat_teachers: [float]}}]", NO_TF_MEMORY])
-    _rerun_on_a_copy(alone, tmp_path / "both", tmp_path / "alone")
+    _build_on_a_copy(alone, tmp_path / "both", tmp_path / "alone")
     alone_pick = json.loads((tmp_path / "alone" / "stages.json").read_text())["variant:s"]["compression"]["candidates"]
     assert alone_pick["builds"] == ["s.c0.float", "s.c1.float"]
     assert alone_pick["fresh_differences"] == picked["fresh_differences"][1::2]
