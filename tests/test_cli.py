@@ -84,8 +84,12 @@ def test_kill_during_training_then_rerun_resumes(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "results.json").exists()
-    resumed = cli(*args)
-    assert resumed.returncode == 0, resumed.stderr
+    from click.testing import CliRunner
+
+    from compress_dqn.cli import main
+
+    resumed = CliRunner().invoke(main, args)  # the CLI's own code in this process: no second TensorFlow import
+    assert resumed.exit_code == 0, (resumed.output, resumed.exception)
     assert "resuming from checkpoint at step" in resumed.stderr
     results = json.loads((out / "results.json").read_text())
     assert results["train"]["env_steps"] == 1000
