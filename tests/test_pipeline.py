@@ -12,7 +12,7 @@ from compress_dqn.run import baseline_stages, looks as looks_module, pipeline, v
 from compress_dqn.envs.environment import make_env_from
 from compress_dqn.envs.episodes import random_returns
 from compress_dqn.deploy.litert.policy import TFLitePolicy
-from compress_dqn.run.pipeline import finish_run, run
+from compress_dqn.run.pipeline import run
 from compress_dqn.recipe.schema import load_recipe
 
 from conftest import NO_TF_MEMORY, TINY, variant
