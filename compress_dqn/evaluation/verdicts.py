@@ -156,9 +156,7 @@ def episodes_to_decide(n: int, lo: float, hi: float, mean: float, margin: float)
 def iqm(scores: np.ndarray) -> float:
     """Interquartile mean (Agarwal et al., 2021): the mean of the middle 50% of all scores
     (scipy's trim_mean with 25% cut from each end, over the flattened runs x tasks matrix)."""
-    from scipy.stats import trim_mean
-
-    return float(trim_mean(np.asarray(scores, dtype=np.float64), proportiontocut=0.25, axis=None))
+    return float(iqm_each(np.asarray(scores)[None])[0])
 
 
 def iqm_each(resampled: np.ndarray) -> np.ndarray:

@@ -92,9 +92,9 @@ _NP = {"float": np.float32, "int8_t": np.int8, "uint8_t": np.uint8, "int32_t": n
 
 
 def _c_literals(flat: np.ndarray, ctype: str) -> list[str]:
-    """_c_literal of each value, through Python numbers in one conversion (a large layer's kernel
-    is a million values: one numpy scalar each took seconds)."""
-    if ctype == "float":
+    """Each value as a C literal of ctype, through Python numbers in one conversion (a large layer's
+    kernel is a million values: a numpy scalar each took seconds)."""
+    if ctype == "float":  # exact: a hex float is the float's own bits
         return [f"{v.hex()}f" for v in flat.astype(np.float32).astype(np.float64).tolist()]
     if ctype == "uint64_t":
         return [f"UINT64_C({v})" for v in flat.astype(np.uint64).tolist()]
@@ -102,11 +102,8 @@ def _c_literals(flat: np.ndarray, ctype: str) -> list[str]:
 
 
 def _c_literal(value: Any, ctype: str) -> str:
-    if ctype == "float":
-        return f"{float(np.float32(value)).hex()}f"  # exact: a hex float is the float's own bits
-    if ctype == "uint64_t":
-        return f"UINT64_C({int(value)})"
-    return str(int(value))
+    """One value as a C literal of ctype."""
+    return _c_literals(np.asarray([value]), ctype)[0]
 
 
 def generate_c(source: Any, name: str, compress: bool = True) -> CPolicy:
